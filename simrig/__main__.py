@@ -1,0 +1,5 @@
+import sys
+
+from simrig.cli import main
+
+sys.exit(main())

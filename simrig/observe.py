@@ -1,0 +1,107 @@
+"""Observations: what one stage of the real code produced, as plain data.
+
+An observation copies every output field off the device (dtype, shape,
+values) so later checks and reports never hold vLLM objects or buffers that
+the next step overwrites.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Stage names, in the order the runner runs them.
+LIFECYCLE = "lifecycle"  # finish / add / update through the real runner
+GATHER = "gather"  # GPUModelRunner.gather_batch_req_state
+PREPARE = "prepare"  # GPUModelRunner.prepare_inputs
+PARTITION = "partition"  # PCPManager.partition_batch, one per rank
+POSTPROCESS = "postprocess"  # GPUModelRunner.postprocess_sampled (sampler stand-in)
+DUMMY = "dummy"  # InputBatch.make_dummy with the same shape
+STAGES = (LIFECYCLE, GATHER, PREPARE, PARTITION, POSTPROCESS, DUMMY)
+# Stages a user may switch off; lifecycle always runs.
+OPTIONAL_STAGES = (GATHER, PREPARE, PARTITION, DUMMY)
+
+
+@dataclass(frozen=True)
+class FieldObs:
+    """One output field. ``kind`` is torch / numpy / scalar / list / none."""
+
+    kind: str
+    dtype: str  # "int64", "int32", "bool", "" for non-arrays
+    shape: tuple[int, ...]
+    values: Any  # np.ndarray for arrays, the value itself otherwise
+
+
+@dataclass(frozen=True)
+class ErrorObs:
+    """An exception raised by vLLM code; never lost, never re-raised."""
+
+    type: str
+    message: str
+    req_ids: tuple[str, ...]
+
+
+@dataclass
+class StageObs:
+    stage: str
+    rank: int | None = None  # PCP rank, for the partition stage
+    fields: dict[str, FieldObs] = field(default_factory=dict)
+    duration_s: float = 0.0
+    error: ErrorObs | None = None
+
+
+@dataclass
+class StepObs:
+    """Everything one step produced; ``stages`` in execution order."""
+
+    index: int
+    stages: list[StageObs] = field(default_factory=list)
+
+    def get(self, stage: str, rank: int | None = None) -> StageObs | None:
+        for obs in self.stages:
+            if obs.stage == stage and obs.rank == rank:
+                return obs
+        return None
+
+    @property
+    def errors(self) -> list[StageObs]:
+        return [s for s in self.stages if s.error is not None]
+
+
+def observe_value(value: Any) -> FieldObs:
+    """Copy one value into a FieldObs."""
+    # torch is imported lazily so this module stays usable without it.
+    if type(value).__module__.startswith("torch") and hasattr(value, "dtype"):
+        arr = value.detach().cpu().numpy().copy()
+        return FieldObs("torch", str(value.dtype).removeprefix("torch."), tuple(arr.shape), arr)
+    if isinstance(value, np.ndarray):
+        return FieldObs("numpy", value.dtype.name, value.shape, value.copy())
+    if value is None:
+        return FieldObs("none", "", (), None)
+    if isinstance(value, (bool, int, float, np.generic)):
+        return FieldObs("scalar", type(value).__name__, (), value)
+    if isinstance(value, (list, tuple)):
+        return FieldObs("list", "", (len(value),), list(value))
+    return FieldObs("object", type(value).__name__, (), None)
+
+
+def observe_fields(obj: Any, prefix: str = "") -> dict[str, FieldObs]:
+    """Observe every field of a dataclass or NamedTuple (nested ones flattened
+    as ``outer.inner``)."""
+    if dataclasses.is_dataclass(obj):
+        items = ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    elif hasattr(obj, "_asdict"):
+        items = obj._asdict().items()
+    else:
+        raise TypeError(f"cannot observe {type(obj).__name__}")
+    out: dict[str, FieldObs] = {}
+    for name, value in items:
+        key = prefix + name
+        if dataclasses.is_dataclass(value) or hasattr(value, "_asdict"):
+            out.update(observe_fields(value, key + "."))
+        else:
+            out[key] = observe_value(value)
+    return out

@@ -1,0 +1,189 @@
+"""The runner harness: applies Steps through the real MRV2 code.
+
+One step, in the order GPUModelRunner.execute_model runs it:
+
+    Step --vllm_api--> SchedulerOutput
+      lifecycle   finish_requests / add_requests / update_requests (real)
+                  drafter stand-in writes draft token ids into req_states
+      gather      gather_batch_req_state                    -> BatchReqState
+      prepare     prepare_inputs (eager descriptor)         -> global InputBatch
+      partition   PCPManager.partition_batch, every rank     -> rank-local InputBatch
+      postprocess sampler stand-in + postprocess_sampled    (advances GPU state)
+      dummy       InputBatch.make_dummy(num_reqs, num_tokens) on its own buffers
+
+An exception stops the step where the real runner would stop (dummy still
+runs: cudagraph capture builds it independently). Nothing is raised out of
+``run_step``: every exception becomes part of the observation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from simrig import observe as obs
+from simrig.step import RunnerConfig, Step, synth_token
+from simrig.vllm_api import VllmApi, load
+
+
+class Harness:
+    """A model-less runner built from the installed vLLM, fed one Step at a time."""
+
+    def __init__(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
+                 api: VllmApi | None = None):
+        config.validate()
+        stages = frozenset(stages)
+        unknown = stages - set(obs.OPTIONAL_STAGES)
+        if unknown:
+            raise ValueError(f"stages: unknown stage(s) {sorted(unknown)}; "
+                             f"choose from {', '.join(obs.OPTIONAL_STAGES)}")
+        self.config = config
+        self.stages = stages
+        self.api = api or load()
+        self.runner = self.api.build_runner(config)
+        self.pcp_managers = self.api.build_pcp_managers(config)
+        self.dummy_buffers = self.api.dummy_buffers(config)
+        self.num_steps = 0
+
+    # The hot path: keep it to the real calls and their observations.
+    def run_step(self, step: Step) -> obs.StepObs:
+        result = obs.StepObs(index=self.num_steps)
+        self.num_steps += 1
+        so = self.api.scheduler_output(step)
+        if not self._lifecycle(step, so, result):
+            return self._dummy(step, result)
+        if not step.num_scheduled_tokens or obs.GATHER not in self.stages:
+            return self._dummy(step, result)
+        batch_state = self._timed(result, obs.GATHER, None, step,
+                                  self.runner.gather_batch_req_state, so, False)
+        if batch_state is None:
+            return self._dummy(step, result)
+        if obs.PREPARE in self.stages:
+            self._prepare_partition_postprocess(step, so, batch_state[0], result)
+        return self._dummy(step, result)
+
+    def _lifecycle(self, step: Step, so: Any, result: obs.StepObs) -> bool:
+        runner = self.runner
+
+        def apply() -> None:
+            runner.finish_requests(so)
+            runner.add_requests(so)
+            runner.update_requests(so)
+            self._write_drafts(step)
+
+        return self._timed(result, obs.LIFECYCLE, None, step, apply, observe=False) is not None
+
+    def _write_drafts(self, step: Step) -> None:
+        """Drafter stand-in: draft j of a request at position n is the token at n+1+j."""
+        if not step.spec_tokens:
+            return
+        states = self.runner.req_states
+        for req_id, k in step.spec_tokens.items():
+            idx = states.req_id_to_index.get(req_id)
+            if idx is None or k <= 0:
+                continue  # an unknown id fails loudly in gather, where the runner looks it up
+            n = int(states.num_computed_tokens_np[idx])
+            ids = [synth_token(req_id, n + 1 + j) for j in range(k)]
+            states.draft_tokens[idx, :k] = self.api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
+
+    def _prepare_partition_postprocess(self, step: Step, so: Any, batch_state: Any,
+                                       result: obs.StepObs) -> None:
+        runner = self.runner
+        desc = self.api.batch_descriptor(batch_state.num_tokens)
+        batch = self._timed(result, obs.PREPARE, None, step,
+                            runner.prepare_inputs, so, batch_state, desc, 0)
+        if batch is None:
+            return
+        if obs.PARTITION in self.stages:
+            for rank, manager in enumerate(self.pcp_managers):
+                self._timed(result, obs.PARTITION, rank, step,
+                            manager.partition_batch, batch, desc, extra=_pcp_private_view)
+        self._timed(result, obs.POSTPROCESS, None, step, self._sample, step, batch)
+
+    def _sample(self, step: Step, batch: Any) -> dict[str, Any]:
+        """Sampler stand-in, then the real postprocess_sampled.
+
+        Row i samples (num_logits_i - rejected_i) tokens; the token sampled
+        from a request's logit that ends at sequence position p is
+        synth_token(req, p + 1), so every position has one well-defined id.
+        """
+        torch = self.api.torch
+        n = batch.num_reqs
+        cu = batch.cu_num_logits_np[: n + 1]
+        num_logits = np.diff(cu).astype(np.int32)
+        seq_lens = batch.seq_lens[:n].cpu().numpy()
+        width = max(int(num_logits.max()), 1)
+        sampled = np.zeros((n, width), dtype=np.int64)
+        num_sampled = num_logits.copy()
+        for i, req_id in enumerate(batch.req_ids):
+            first = int(seq_lens[i]) - int(num_logits[i]) + 1
+            sampled[i, : num_logits[i]] = [synth_token(req_id, first + j)
+                                           for j in range(int(num_logits[i]))]
+            num_sampled[i] -= min(step.rejected.get(req_id, 0), int(num_logits[i]) - 1)
+        device = self.api.device
+        num_sampled_t, num_rejected_t = self.api.get_num_sampled_and_rejected(
+            torch.from_numpy(num_sampled).to(device), batch.seq_lens[:n], batch.cu_num_logits,
+            batch.idx_mapping, self.runner.req_states.prefill_len.gpu)
+        self.runner.postprocess_sampled(
+            batch.idx_mapping, torch.from_numpy(sampled).to(device), num_sampled_t,
+            num_rejected_t, batch.query_start_loc)
+        return {"num_sampled": num_sampled_t, "num_rejected": num_rejected_t}
+
+    def _dummy(self, step: Step, result: obs.StepObs) -> obs.StepObs:
+        num_reqs = len(step.num_scheduled_tokens)
+        num_tokens = step.total_num_scheduled_tokens
+        if obs.DUMMY in self.stages and 0 < num_reqs <= num_tokens:
+            self._timed(result, obs.DUMMY, None, step, self.api.InputBatch.make_dummy,
+                        num_reqs, num_tokens, self.dummy_buffers)
+        return result
+
+    def _timed(self, result: obs.StepObs, stage: str, rank: int | None, step: Step,
+               fn: Any, *args: Any, observe: bool = True, extra: Any = None) -> Any:
+        """Run one real call, record its duration, fields and any exception.
+
+        Returns the call's value, or None when it raised (a lifecycle call
+        returns True on success).
+        """
+        record = obs.StageObs(stage=stage, rank=rank)
+        result.stages.append(record)
+        start = time.perf_counter()
+        try:
+            value = fn(*args)
+        except Exception as exc:  # vLLM's exceptions are observations
+            record.duration_s = time.perf_counter() - start
+            record.error = _error_obs(exc, step)
+            return None
+        record.duration_s = time.perf_counter() - start
+        if observe and value is not None:
+            if isinstance(value, dict):
+                record.fields = {k: obs.observe_value(v) for k, v in value.items()}
+            elif type(value) is tuple:  # gather: (BatchReqState, uniform count)
+                record.fields = obs.observe_fields(value[0])
+                record.fields["uniform_decode_token_count"] = obs.observe_value(value[1])
+            else:
+                record.fields = obs.observe_fields(value)
+            if extra is not None:
+                record.fields.update(extra(fn))
+        return True if value is None else value
+
+
+def _pcp_private_view(bound_partition: Any) -> dict[str, obs.FieldObs]:
+    """The manager's restore/gather index arrays (global = gathered[restore])."""
+    manager = bound_partition.__self__
+    out = {}
+    for name in ("_hidden_restore_idx", "_padded_gather_idx", "_gathered_kv_write_mask"):
+        value = getattr(manager, name, None)
+        if value is not None:
+            out["manager." + name.lstrip("_")] = obs.observe_value(value)
+    return out
+
+
+def _error_obs(exc: Exception, step: Step) -> obs.ErrorObs:
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        req_ids: tuple[str, ...] = (exc.args[0],)
+    else:
+        req_ids = tuple(step.num_scheduled_tokens)
+    return obs.ErrorObs(type=type(exc).__name__, message=str(exc)[:500], req_ids=req_ids)

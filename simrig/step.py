@@ -1,0 +1,126 @@
+"""The vLLM-agnostic step model: what a scheduler tells the runner in one step.
+
+A ``Step`` mirrors the information content of vLLM's ``SchedulerOutput`` that
+reaches the MRV2 input path, in plain Python types, so traces survive vLLM
+upgrades. ``simrig.vllm_api`` is the one place that maps it to the installed
+version's classes.
+
+    step k:  finished/preempted ids --> runner frees their slots
+             new requests           --> runner adds state (prefill tokens)
+             cached updates         --> runner refreshes num_computed_tokens
+             num_scheduled_tokens   --> the batch (decode / extend / prefill)
+             spec_tokens            --> draft token count per request
+             rejected               --> sampler outcome (drafts rejected)
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+# Synthesised token ids stay inside a small vocabulary so every id fits the
+# runner's int32 token table with room to spare.
+SYNTH_VOCAB_SIZE = 32_000
+
+
+def synth_token(req_id: str, position: int) -> int:
+    """The deterministic token id at ``position`` of request ``req_id``.
+
+    Prompt tokens, sampled tokens and draft tokens all use this one function,
+    so a trace that carries only lengths still has one well-defined token at
+    every position, and an independent model can predict ``input_ids``.
+    """
+    seed = zlib.crc32(req_id.encode())
+    return (seed * 31 + position * 2_654_435_761) % SYNTH_VOCAB_SIZE
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """The runner-side limits a trace was produced under."""
+
+    max_num_reqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 4096
+    num_speculative_tokens: int = 0
+    pcp_size: int = 1
+    dcp_size: int = 1
+    shard_decode_requests: bool = False
+    block_size: int = 16
+
+    @property
+    def decode_query_len(self) -> int:
+        return 1 + self.num_speculative_tokens
+
+    def validate(self) -> None:
+        for name in ("max_num_reqs", "max_num_batched_tokens", "max_model_len",
+                     "pcp_size", "dcp_size", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        nst = self.num_speculative_tokens
+        if not isinstance(nst, int) or isinstance(nst, bool) or nst < 0:
+            raise ValueError(f"num_speculative_tokens: must be >= 0, got {nst!r}")
+
+
+@dataclass
+class NewRequest:
+    """A request the runner sees for the first time (or again, after preemption)."""
+
+    req_id: str
+    prompt_len: int
+    num_computed_tokens: int = 0
+    max_tokens: int = 16
+    # Tokens handed to the runner; > prompt_len when resuming with outputs.
+    prefill_len: int | None = None
+    # Explicit prompt token ids; None means synthesise with synth_token.
+    prompt_token_ids: list[int] | None = None
+    block_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.prompt_len if self.prefill_len is None else self.prefill_len
+
+    def prefill_token_ids(self) -> list[int]:
+        """All tokens passed to the runner: prompt, then earlier outputs."""
+        n = self.num_prefill_tokens
+        if self.prompt_token_ids is not None:
+            head = list(self.prompt_token_ids)
+        else:
+            head = [synth_token(self.req_id, p) for p in range(self.prompt_len)]
+        return head + [synth_token(self.req_id, p) for p in range(len(head), n)]
+
+
+@dataclass
+class CachedUpdate:
+    """A request the runner already holds, scheduled again."""
+
+    req_id: str
+    num_computed_tokens: int
+    new_block_ids: list[int] | None = None
+    resumed: bool = False
+
+
+@dataclass
+class Step:
+    """One scheduler step, in the order the runner consumes it."""
+
+    new_requests: list[NewRequest] = field(default_factory=list)
+    cached: list[CachedUpdate] = field(default_factory=list)
+    # req_id -> tokens scheduled this step (including draft tokens)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # req_id -> number of draft tokens scheduled (their ids come from the
+    # runner's own drafter; the scheduler only forwards placeholders)
+    spec_tokens: dict[str, int] = field(default_factory=dict)
+    # req_id -> number of draft tokens the sampler rejected this step
+    rejected: dict[str, int] = field(default_factory=dict)
+    finished: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def req_ids(self) -> list[str]:
+        """Scheduled request ids, in the scheduler's order."""
+        return list(self.num_scheduled_tokens)

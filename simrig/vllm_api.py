@@ -1,0 +1,343 @@
+"""The vLLM adapter: the only module in simrig that imports vllm.
+
+It detects the installed version, checks that every entry point simrig drives
+exists with the parameters it calls, maps a vLLM-agnostic ``Step`` to the
+installed ``SchedulerOutput``, and builds a model-less runner whose methods
+are the installed ``GPUModelRunner``'s own.
+
+API drift is reported as one ``VllmApiError`` naming module, attribute and
+version, never as a bare AttributeError deep inside a replay.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from simrig import platform
+from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
+
+
+class VllmApiError(RuntimeError):
+    """The installed vLLM lacks (or changed) something simrig drives."""
+
+    def __init__(self, module: str, attribute: str, version: str, problem: str):
+        self.module, self.attribute, self.version = module, attribute, version
+        super().__init__(f"vLLM {version}: {module}.{attribute}: {problem}")
+
+
+class VllmUnavailable(RuntimeError):
+    """vLLM cannot be imported at all."""
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    module: str
+    attribute: str  # "Class.method" or "name"
+    params: tuple[str, ...] = ()  # parameters simrig passes (must all exist)
+
+
+ENTRY_POINTS: tuple[EntryPoint, ...] = (
+    EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.gather_batch_req_state",
+               ("scheduler_output", "dummy_run")),
+    EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.prepare_inputs",
+               ("scheduler_output", "batch_req_state", "batch_desc", "num_active_loras")),
+    EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.add_requests",
+               ("scheduler_output",)),
+    EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.update_requests",
+               ("scheduler_output",)),
+    EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.finish_requests",
+               ("scheduler_output",)),
+    EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.postprocess_sampled",
+               ("idx_mapping", "sampled_tokens", "num_sampled", "num_rejected",
+                "query_start_loc")),
+    EntryPoint("vllm.v1.worker.gpu.model_runner", "sort_batch_req_ids",
+               ("num_tokens_per_req", "draft_tokens", "decode_query_len")),
+    EntryPoint("vllm.v1.worker.gpu.input_batch", "InputBatch.make_dummy",
+               ("num_reqs", "num_tokens", "input_buffers")),
+    EntryPoint("vllm.v1.worker.gpu.input_batch", "InputBuffers",
+               ("max_num_reqs", "max_num_tokens", "device")),
+    EntryPoint("vllm.v1.worker.gpu.input_batch", "get_num_sampled_and_rejected",
+               ("num_sampled", "seq_lens", "cu_num_logits", "idx_mapping", "prefill_len")),
+    EntryPoint("vllm.v1.worker.gpu.states", "RequestState",
+               ("max_num_reqs", "max_model_len", "max_num_batched_tokens",
+                "num_speculative_steps", "vocab_size", "device")),
+    EntryPoint("vllm.v1.worker.gpu.pcp_manager", "PCPManager",
+               ("pcp_world_size", "pcp_rank", "device", "shard_decode_requests",
+                "max_num_reqs", "max_num_tokens", "dcp_world_size", "dcp_rank")),
+    EntryPoint("vllm.v1.worker.gpu.pcp_manager", "PCPManager.partition_batch",
+               ("input_batch", "batch_desc")),
+    EntryPoint("vllm.v1.worker.gpu.cudagraph_utils", "BatchExecutionDescriptor",
+               ("cg_mode", "num_tokens", "num_reqs")),
+    EntryPoint("vllm.v1.core.sched.output", "SchedulerOutput",
+               ("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
+                "total_num_scheduled_tokens", "scheduled_spec_decode_tokens",
+                "finished_req_ids", "preempted_req_ids")),
+    EntryPoint("vllm.v1.core.sched.output", "NewRequestData",
+               ("req_id", "prompt_token_ids", "sampling_params", "block_ids",
+                "num_computed_tokens", "prefill_token_ids")),
+    EntryPoint("vllm.v1.core.sched.output", "CachedRequestData",
+               ("req_ids", "resumed_req_ids", "new_block_ids", "num_computed_tokens")),
+)
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm")
+    except Exception:  # an editable checkout without metadata
+        mod = importlib.import_module("vllm")
+        return getattr(mod, "__version__", "unknown")
+
+
+def _resolve(ep: EntryPoint, version: str) -> Any:
+    try:
+        obj: Any = importlib.import_module(ep.module)
+    except ImportError as exc:
+        raise VllmApiError(ep.module, ep.attribute, version, f"module not importable ({exc})")
+    for part in ep.attribute.split("."):
+        if not hasattr(obj, part):
+            raise VllmApiError(ep.module, ep.attribute, version, f"attribute {part!r} not found")
+        obj = getattr(obj, part)
+    if ep.params:
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            return obj
+        missing = [p for p in ep.params if p not in sig.parameters]
+        if missing:
+            raise VllmApiError(ep.module, ep.attribute, version,
+                               f"signature lacks parameter(s) {', '.join(missing)}")
+    return obj
+
+
+@dataclass(frozen=True)
+class EntryPointStatus:
+    entry_point: EntryPoint
+    ok: bool
+    problem: str = ""
+
+
+class VllmApi:
+    """Handles on the installed vLLM's classes and functions simrig drives."""
+
+    def __init__(self) -> None:
+        choice = platform.configure()
+        try:
+            import vllm  # noqa: F401
+        except Exception as exc:  # ImportError and anything vLLM raises at import
+            raise VllmUnavailable(f"vllm is not importable: {type(exc).__name__}: {exc}") from None
+        platform.apply_after_import()
+        self.version = _vllm_version()
+        self.platform = choice
+        resolved = {ep.attribute: _resolve(ep, self.version) for ep in ENTRY_POINTS}
+        import torch
+
+        from vllm.config import CUDAGraphMode
+        from vllm.sampling_params import SamplingParams
+
+        self.torch = torch
+        self.device = torch.device(choice.device)
+        self.GPUModelRunner = importlib.import_module(
+            "vllm.v1.worker.gpu.model_runner").GPUModelRunner
+        self.sort_batch_req_ids = resolved["sort_batch_req_ids"]
+        self.InputBatch = importlib.import_module("vllm.v1.worker.gpu.input_batch").InputBatch
+        self.InputBuffers = resolved["InputBuffers"]
+        self.get_num_sampled_and_rejected = resolved["get_num_sampled_and_rejected"]
+        self.RequestState = resolved["RequestState"]
+        self.PCPManager = resolved["PCPManager"]
+        self.BatchExecutionDescriptor = resolved["BatchExecutionDescriptor"]
+        self.SchedulerOutput = resolved["SchedulerOutput"]
+        self.NewRequestData = resolved["NewRequestData"]
+        self.CachedRequestData = resolved["CachedRequestData"]
+        self.CUDAGraphMode = CUDAGraphMode
+        self.SamplingParams = SamplingParams
+
+    # ------------------------------------------------------------------ mapping
+    def scheduler_output(self, step: Step) -> Any:
+        """The installed version's SchedulerOutput carrying ``step``."""
+        new_reqs = []
+        for req in step.new_requests:
+            all_ids = req.prefill_token_ids()
+            new_reqs.append(self.NewRequestData(
+                req_id=req.req_id,
+                prompt_token_ids=all_ids[: req.prompt_len],
+                mm_features=[],
+                sampling_params=self.SamplingParams(max_tokens=req.max_tokens),
+                pooling_params=None,
+                block_ids=(list(req.block_ids),),
+                num_computed_tokens=req.num_computed_tokens,
+                lora_request=None,
+                prefill_token_ids=all_ids,
+            ))
+        cached = self.CachedRequestData(
+            req_ids=[c.req_id for c in step.cached],
+            resumed_req_ids={c.req_id for c in step.cached if c.resumed},
+            new_token_ids=[[] for _ in step.cached],
+            all_token_ids={},
+            new_block_ids=[(list(c.new_block_ids),) if c.new_block_ids is not None else None
+                           for c in step.cached],
+            num_computed_tokens=[c.num_computed_tokens for c in step.cached],
+            num_output_tokens=[0 for _ in step.cached],
+        )
+        return self.SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(step.num_scheduled_tokens),
+            total_num_scheduled_tokens=step.total_num_scheduled_tokens,
+            scheduled_spec_decode_tokens={k: [-1] * n for k, n in step.spec_tokens.items() if n},
+            scheduled_encoder_inputs={},
+            finished_req_ids=set(step.finished),
+            free_encoder_mm_hashes=[],
+            preempted_req_ids=set(step.preempted) or None,
+        )
+
+    def batch_descriptor(self, num_tokens: int) -> Any:
+        """Eager execution (no cudagraph): no token or request padding."""
+        return self.BatchExecutionDescriptor(
+            cg_mode=self.CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=None)
+
+    # ------------------------------------------------------------------- runner
+    def build_runner(self, config: RunnerConfig) -> Any:
+        """A GPUModelRunner without a model: real request state and buffers.
+
+        ``__init__`` needs CUDA streams and a model, so the runner is created
+        with ``__new__`` and given exactly the attributes the input path reads.
+        Collaborators off the boundary are stand-ins (see README).
+        """
+        runner = self.GPUModelRunner.__new__(self.GPUModelRunner)
+        runner.device = self.device
+        runner.max_num_reqs = config.max_num_reqs
+        runner.decode_query_len = config.decode_query_len
+        runner.use_pp = False
+        runner.is_last_pp_rank = False  # no sampler state to maintain
+        runner.pcp_manager = None
+        runner.adaptive_verification = None
+        runner.fast_prefill = None
+        runner.pooling_runner = None
+        runner.pp_handler = None
+        runner.encoder_cache = None
+        runner.prompt_logprobs_worker = None
+        runner.sampler = None
+        runner.kv_block_zeroer = None
+        runner.model_config = SimpleNamespace(rswa_window=None)
+        runner.model_state = ModelStateStandIn()
+        runner.block_tables = BlockTablesStandIn()
+        runner.lora_state = LoraStateStandIn()
+        runner.req_states = self.RequestState(
+            max_num_reqs=config.max_num_reqs,
+            max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            num_speculative_steps=config.num_speculative_tokens,
+            vocab_size=SYNTH_VOCAB_SIZE,
+            device=self.device,
+        )
+        runner.input_buffers = self.InputBuffers(
+            max_num_reqs=config.max_num_reqs,
+            max_num_tokens=config.max_num_batched_tokens,
+            device=self.device,
+        )
+        return runner
+
+    def build_pcp_managers(self, config: RunnerConfig) -> list[Any]:
+        """One real PCPManager per PCP rank (empty when pcp_size == 1)."""
+        if config.pcp_size <= 1:
+            return []
+        return [
+            self.PCPManager(
+                pcp_world_size=config.pcp_size,
+                pcp_rank=rank,
+                device=self.device,
+                shard_decode_requests=config.shard_decode_requests,
+                max_num_reqs=config.max_num_reqs,
+                max_num_tokens=config.max_num_batched_tokens,
+                dcp_world_size=config.dcp_size,
+                dcp_rank=0,
+            )
+            for rank in range(config.pcp_size)
+        ]
+
+    def dummy_buffers(self, config: RunnerConfig) -> Any:
+        return self.InputBuffers(
+            max_num_reqs=config.max_num_reqs,
+            max_num_tokens=config.max_num_batched_tokens,
+            device=self.device,
+        )
+
+
+class ModelStateStandIn:
+    """Stands in for the model-specific state (M-RoPE, Mamba …): plain text
+    models keep nothing here that the input path reads."""
+
+    num_new_sampled_tokens_per_step = 1
+
+    def add_request(self, req_index: int, new_req_data: Any) -> None:
+        pass
+
+    def remove_request(self, req_id: str) -> None:
+        pass
+
+    def apply_staged_writes(self) -> None:
+        pass
+
+    def postprocess_state(self, idx_mapping: Any, num_sampled: Any, num_computed: Any) -> None:
+        pass
+
+
+class BlockTablesStandIn:
+    """Stands in for the KV block tables: records block ids per slot. The input
+    path's outputs (idx_mapping, positions, …) never read them."""
+
+    def __init__(self) -> None:
+        self.block_ids: dict[int, list[int]] = {}
+
+    def append_block_ids(self, req_index: int, block_ids: Any, overwrite: bool) -> None:
+        ids = [b for group in block_ids for b in group] if block_ids else []
+        if overwrite:
+            self.block_ids[req_index] = ids
+        else:
+            self.block_ids.setdefault(req_index, []).extend(ids)
+
+
+class LoraStateStandIn:
+    """Stands in for LoRA bookkeeping: traces carry no adapters."""
+
+    def add_request(self, req_id: str, req_index: int, lora_request: Any) -> None:
+        pass
+
+    def remove_request(self, req_id: str) -> None:
+        pass
+
+
+_api: VllmApi | None = None
+
+
+def load() -> VllmApi:
+    """The adapter for the installed vLLM (built once per process)."""
+    global _api
+    if _api is None:
+        _api = VllmApi()
+    return _api
+
+
+def entry_point_report() -> tuple[str, list[EntryPointStatus]]:
+    """(version, status per entry point) without stopping at the first drift."""
+    platform.configure()
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:
+        raise VllmUnavailable(f"vllm is not importable: {type(exc).__name__}: {exc}") from None
+    platform.apply_after_import()
+    version = _vllm_version()
+    statuses = []
+    for ep in ENTRY_POINTS:
+        try:
+            _resolve(ep, version)
+            statuses.append(EntryPointStatus(ep, True))
+        except VllmApiError as exc:
+            statuses.append(EntryPointStatus(ep, False, str(exc)))
+    return version, statuses
