@@ -1,0 +1,56 @@
+"""`simrig doctor` and the adapter's drift detection."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simrig.vllm_api import EntryPoint, VllmApiError, _resolve
+
+
+def _simrig(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "simrig", *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+
+@pytest.mark.vllm
+def test_doctor_passes_here():
+    proc = _simrig(["doctor"])
+    assert proc.returncode == 0, proc.stderr
+    assert "vllm     0.33.0" in proc.stdout or "vllm " in proc.stdout
+    assert "all entry points usable" in proc.stdout
+    assert proc.stdout.count("ok  ") >= 15
+
+
+def test_doctor_without_vllm_exits_2_with_one_line(tmp_path: Path):
+    fake = tmp_path / "vllm"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('simulated: vllm is broken here')\n")
+    proc = _simrig(["doctor"], env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    error_lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(error_lines) == 1
+    assert "vllm is not importable" in error_lines[0]
+
+
+@pytest.mark.vllm
+def test_drift_names_module_attribute_and_version(vllm_api):
+    missing = EntryPoint("vllm.v1.worker.gpu.input_batch", "InputBatch.make_dummy_v9")
+    with pytest.raises(VllmApiError) as info:
+        _resolve(missing, vllm_api.version)
+    text = str(info.value)
+    assert "vllm.v1.worker.gpu.input_batch.InputBatch.make_dummy_v9" in text
+    assert vllm_api.version in text
+
+
+@pytest.mark.vllm
+def test_drift_in_signature_is_named(vllm_api):
+    changed = EntryPoint("vllm.v1.worker.gpu.input_batch", "InputBatch.make_dummy",
+                         ("num_reqs", "num_tokens", "input_buffers", "num_loras"))
+    with pytest.raises(VllmApiError, match="lacks parameter.*num_loras"):
+        _resolve(changed, vllm_api.version)
