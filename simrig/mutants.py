@@ -1,0 +1,87 @@
+"""The catalogue of seeded regressions ``simrig selftest`` must catch.
+
+Each edit is written against the installed source (dedented: a method body
+is indented 4 spaces) and must match exactly
+once; if vLLM changes the line, the mutant reports that it no longer
+applies (it is then re-targeted, not silently dropped).
+"""
+
+from __future__ import annotations
+
+from simrig.mutate import Mutant
+
+_MR = "vllm.v1.worker.gpu.model_runner"
+_IB = "vllm.v1.worker.gpu.input_batch"
+_PCP = "vllm.v1.worker.gpu.pcp_manager"
+_ST = "vllm.v1.worker.gpu.states"
+
+CATALOGUE: tuple[Mutant, ...] = (
+    Mutant("idx-mapping-host-int32", _MR, "GPUModelRunner.gather_batch_req_state",
+           "idx_mapping_np = np.fromiter(idx_mapping_iter, dtype=np.intp, count=num_reqs)",
+           "idx_mapping_np = np.fromiter(idx_mapping_iter, dtype=np.int32, count=num_reqs)",
+           "the host batch->slot mapping reverts to int32, so every fancy index converts it again"),
+    Mutant("idx-mapping-device-int32", _MR, "GPUModelRunner.prepare_inputs",
+           "idx_mapping_np, device=self.device, dtype=torch.int64",
+           "idx_mapping_np, device=self.device, dtype=torch.int32",
+           "the device batch->slot mapping reverts to int32 (index_select/gather convert on every use)"),
+    Mutant("getitem-to-get", _MR, "GPUModelRunner.gather_batch_req_state",
+           "map(self.req_states.req_id_to_index.__getitem__, req_ids)",
+           "map(self.req_states.req_id_to_index.get, req_ids)",
+           "batch mapping built with dict.get: an unknown request id no longer raises KeyError"),
+    Mutant("dummy-idx-mapping-np-int32", _IB, "InputBatch.make_dummy",
+           "idx_mapping_np = np.arange(num_reqs, dtype=np.intp)",
+           "idx_mapping_np = np.arange(num_reqs, dtype=np.int32)",
+           "the cudagraph dummy batch's host index array drifts to int32 from the real batch's intp"),
+    Mutant("dummy-idx-mapping-int32", _IB, "InputBatch.make_dummy",
+           "idx_mapping = torch.arange(num_reqs, dtype=torch.int64, device=device)",
+           "idx_mapping = torch.arange(num_reqs, dtype=torch.int32, device=device)",
+           "the dummy batch's device index array is int32: graphs captured with the wrong dtype"),
+    Mutant("pcp-local-to-global-int32", _PCP, "PCPManager.partition_batch",
+           "local_req_ids = [",
+           "local_to_global_req_idx_np = local_to_global_req_idx_np.astype(np.int32)\n"
+           "    local_req_ids = [",
+           "the PCP rank-local -> global slot index reverts to int32"),
+    Mutant("sort-key-prefill-first", _MR, "sort_batch_req_ids",
+           "(num := num_tokens_per_req[r]) != decode_query_len",
+           "(num := num_tokens_per_req[r]) == decode_query_len",
+           "batch order puts prefills before decodes; split_decodes_and_prefills misreads the batch"),
+    Mutant("query-start-loc-off-by-one", _MR, "GPUModelRunner.prepare_inputs",
+           "query_start_loc_np[0] = 0\n",
+           "query_start_loc_np[0] = 1\n",
+           "off-by-one at the head of the query_start_loc cumulative sum"),
+    Mutant("pcp-wrong-chunk", _PCP, "PCPManager._iter_rank_chunks",
+           "chunk_indices = (rank, num_chunks - 1 - rank)",
+           "chunk_indices = (rank, num_chunks - 2 - rank)",
+           "DualChunkSwap gives a rank the wrong mirror chunk: one chunk twice, one never"),
+    Mutant("finish-forgets-free-slot", _ST, "RequestState.remove_request",
+           "self.free_indices.append(req_idx)",
+           "pass",
+           "a finished request's slot never returns to the free list (slot leak)"),
+    Mutant("finish-keeps-state", _MR, "GPUModelRunner.finish_requests",
+           "for req_id in sorted(finished_req_ids):\n        self._remove_request(req_id)",
+           "for req_id in sorted(finished_req_ids):\n        pass",
+           "finished and preempted requests are left in the runner's state"),
+    Mutant("update-drops-num-computed", _MR, "GPUModelRunner.update_requests",
+           "num_computed_tokens_np[req_index] = num_computed_tokens",
+           "pass",
+           "the scheduler's num_computed_tokens for cached requests is dropped on the host"),
+    Mutant("is-prefilling-inclusive", _MR, "GPUModelRunner.gather_batch_req_state",
+           "is_prefilling_np = num_computed_prefill_tokens_np < prefill_len_np",
+           "is_prefilling_np = num_computed_prefill_tokens_np <= prefill_len_np",
+           "a request whose prefill is done is still classed as prefilling"),
+    Mutant("add-ignores-prefix-cache", _ST, "RequestState.add_request",
+           "self.num_computed_tokens.stage_write_elem(req_idx, num_computed_tokens)",
+           "self.num_computed_tokens.stage_write_elem(req_idx, 0)",
+           "a new request's prefix-cache hit is forgotten on the device (positions restart at 0)"),
+    Mutant("cu-num-logits-int64", _MR, "GPUModelRunner.prepare_inputs",
+           "cu_num_logits_np = np.arange(num_reqs + 1, dtype=np.int32)",
+           "cu_num_logits_np = np.arange(num_reqs + 1, dtype=np.int64)",
+           "cu_num_logits on the host drifts to int64 from the int32 the kernels and dummy use"),
+    Mutant("slot-order-fifo", _ST, "RequestState.add_request",
+           "req_idx = self.free_indices.pop()",
+           "req_idx = self.free_indices.pop(0)",
+           "slots handed out FIFO instead of LIFO: different slot numbers, same semantics",
+           equivalent=True),
+)
+
+BY_NAME = {m.name: m for m in CATALOGUE}

@@ -1,0 +1,119 @@
+"""``simrig selftest``: would simrig catch the regressions that matter?
+
+For each mutant of the catalogue, a child process applies it to the
+installed vLLM, replays the bundled traces, then fuzzes until the first
+finding or the budget. A mutant is *detected* when it produces a finding
+whose signature the unmutated code does not produce under the same budget.
+
+    parent ── child(baseline) ──> signatures S0 (must hold no new findings)
+           ├─ child(mutant 1) ──> first signature not in S0? time, examples
+           ├─ child(mutant 2) ──> ...
+           └─ scoreboard (CSV, parquet, HTML); exit 1 if any mutant survives
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simrig.mutants import BY_NAME, CATALOGUE
+
+BASELINE = "baseline"
+
+
+@dataclass
+class ChildResult:
+    """What one child process reports (JSON on its result file)."""
+
+    mutant: str
+    applied: bool = True
+    detected: bool = False
+    via: str = ""  # "replay:<trace>" or "fuzz:<mode>"
+    seconds_to_detection: float | None = None
+    examples_to_detection: int | None = None
+    kind: str = ""
+    signature: list[str] = field(default_factory=list)
+    shrunk_steps: int | None = None
+    shrunk_trace: str = ""
+    message: str = ""
+    signatures: list[list[str]] = field(default_factory=list)  # all seen (baseline)
+    new_findings: int = 0  # baseline only: non-known findings on unmutated code
+    elapsed_s: float = 0.0
+    error: str = ""
+
+
+def bundled_traces(root: Path) -> list[Path]:
+    """Regressions first, then samples and the recorded corpus."""
+    out: list[Path] = []
+    for sub in ("regressions", "samples", "recorded"):
+        folder = root / "traces" / sub
+        if folder.is_dir():
+            out += sorted(p for p in folder.iterdir()
+                          if p.name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")))
+    return out
+
+
+def run_child(mutant: str, *, budget_s: float, seed: int, baseline: list[list[str]],
+              traces: list[Path], out_dir: Path, timeout_s: float) -> ChildResult:
+    """Run one mutant (or the baseline) in a fresh interpreter."""
+    with tempfile.TemporaryDirectory(prefix="simrig-selftest-") as tmp:
+        spec = {"mutant": mutant, "budget_s": budget_s, "seed": seed, "baseline": baseline,
+                "traces": [str(t) for t in traces], "out_dir": str(out_dir)}
+        spec_path = Path(tmp) / "spec.json"
+        result_path = Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "simrig.selftest_child", str(spec_path), str(result_path)],
+                capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+        except subprocess.TimeoutExpired:
+            return ChildResult(mutant=mutant, error=f"child timed out after {timeout_s:.0f} s",
+                               elapsed_s=time.monotonic() - start)
+        if not result_path.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            return ChildResult(mutant=mutant, error=f"child exited {proc.returncode}: {tail[0]}",
+                               elapsed_s=time.monotonic() - start)
+        data = json.loads(result_path.read_text())
+        return ChildResult(**data)
+
+
+def scoreboard_rows(results: list[ChildResult]) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        m = BY_NAME.get(r.mutant)
+        row = asdict(r)
+        row.pop("signatures")
+        row["signature"] = " / ".join(r.signature)
+        row["description"] = m.description if m else "unmutated vLLM"
+        row["equivalent"] = bool(m and m.equivalent)
+        row["target"] = f"{m.module}.{m.qualname}" if m else ""
+        if m is None:
+            row["status"] = "clean" if r.new_findings == 0 and not r.error else "NOT CLEAN"
+        elif r.error or not r.applied:
+            row["status"] = "error"
+        elif r.detected:
+            row["status"] = "detected"
+        else:
+            row["status"] = "equivalent" if m.equivalent else "SURVIVED"
+        rows.append(row)
+    return rows
+
+
+def select_mutants(names: list[str] | None) -> list[str]:
+    from simrig.errors import UsageError
+
+    if not names:
+        return [m.name for m in CATALOGUE]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise UsageError(f"--mutants: unknown mutant(s) {', '.join(unknown)}; "
+                         f"`simrig selftest --list` shows the catalogue")
+    return names

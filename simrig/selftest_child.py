@@ -1,0 +1,96 @@
+"""One selftest run in its own interpreter: apply a mutant, then hunt.
+
+    python -m simrig.selftest_child SPEC.json RESULT.json
+
+SPEC holds the mutant name ("baseline" for none), budget, seed, the
+baseline's signatures and the bundled traces. The result is a
+``simrig.selftest.ChildResult`` as JSON. The mutant lives only in this
+process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from simrig.selftest import BASELINE, ChildResult
+
+
+def _signature(finding) -> list[str]:
+    return [finding.kind, finding.stage, finding.field, finding.exception_type]
+
+
+def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[str, ...]],
+                      start: float, collect_all: bool) -> bool:
+    """Replay bundled traces; stop at the first finding with a new signature."""
+    from simrig.checks import Checker
+    from simrig.runner import Harness
+    from simrig.trace import TraceReader
+
+    for path in traces:
+        reader = TraceReader(path)
+        harness = Harness(reader.header.config)
+        checker = Checker(reader.header.config, adversarial=reader.header.adversarial, trace=path)
+        for index, (_, step) in enumerate(reader):
+            for finding in checker.check(index, step, harness.run_step(step)):
+                sig = tuple(_signature(finding))
+                if collect_all:
+                    if list(sig) not in result.signatures:
+                        result.signatures.append(list(sig))
+                    result.new_findings += 0 if finding.known else 1
+                    continue
+                if sig in known or finding.known:
+                    continue
+                result.detected = True
+                result.via = f"replay:{Path(path).name}"
+                result.seconds_to_detection = time.monotonic() - start
+                result.examples_to_detection = 0
+                result.kind = finding.kind
+                result.signature = list(sig)
+                result.shrunk_steps = index + 1  # the trace prefix that reproduces it
+                result.shrunk_trace = path
+                result.message = finding.one_line()
+                reader.close()
+                return True
+    return False
+
+
+def main(spec_path: str, result_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    start = time.monotonic()
+    result = ChildResult(mutant=spec["mutant"])
+    try:
+        from simrig.vllm_api import load
+
+        load()
+        if spec["mutant"] != BASELINE:
+            from simrig import mutate
+            from simrig.mutants import BY_NAME
+
+            try:
+                mutate.apply(BY_NAME[spec["mutant"]])
+            except mutate.MutantError as exc:
+                result.applied = False
+                result.error = str(exc)
+        if result.applied:
+            known = {tuple(s) for s in spec["baseline"]}
+            collect_all = spec["mutant"] == BASELINE
+            found = _replay_until_new(result, spec["traces"], known, start, collect_all)
+            remaining = spec["budget_s"] - (time.monotonic() - start)
+            if not found and remaining > 0:
+                from simrig.selftest_fuzz import fuzz_until_new
+
+                fuzz_until_new(result, known, remaining, spec["seed"], Path(spec["out_dir"]),
+                               start, collect_all)
+    except Exception as exc:  # the scoreboard shows it; the parent goes on
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.elapsed_s = time.monotonic() - start
+    Path(result_path).write_text(json.dumps(asdict(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
