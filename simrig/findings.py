@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from dataclasses import field as dc_field  # `field` is also a Finding attribute
 from typing import Any
 
 # The kinds, as users filter on them.
@@ -31,7 +32,7 @@ class Finding:
     exception_type: str = ""
     trace: str = ""  # source trace (or campaign example) it came from
     known: bool = False  # matches a documented known finding of this vLLM version
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = dc_field(default_factory=dict)
 
     @property
     def signature(self) -> tuple[str, str, str, str]:

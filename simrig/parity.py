@@ -1,0 +1,53 @@
+"""Dummy/real parity: ``InputBatch.make_dummy`` must build what prepare_inputs builds.
+
+Cudagraph capture and profiling run on dummy batches; a graph captured on a
+dummy field of another dtype (or shape) than the real one is replayed with
+the wrong buffer. For each step the dummy stage is built with the real
+batch's (num_reqs, num_tokens), so both are comparable field by field:
+
+    field                         dtype   shape
+    every array in both           =       -
+    SHAPED_FIELDS                 =       =
+    SHAPED_UNLESS_DRAFTS          =       = only when the step has no drafts
+                                          (drafts add logits rows the dummy lacks)
+"""
+
+from __future__ import annotations
+
+from simrig import findings as fk
+from simrig.contract import ARRAY_KINDS, stage_req_ids
+from simrig.findings import Finding
+from simrig.observe import DUMMY, StageObs
+
+SHAPED_FIELDS = (
+    "idx_mapping", "idx_mapping_np", "query_start_loc", "query_start_loc_np", "seq_lens",
+    "seq_lens_cpu_upper_bound", "num_scheduled_tokens", "input_ids", "positions", "is_padding",
+    "cu_num_logits", "cu_num_logits_np", "num_computed_tokens_np", "prefill_len_np",
+    "num_computed_prefill_tokens_np", "is_prefilling_np",
+)
+SHAPED_UNLESS_DRAFTS = ("logits_indices", "expanded_idx_mapping", "expanded_local_pos")
+
+
+def check_parity(index: int, real: StageObs, dummy: StageObs) -> list[Finding]:
+    if real.error is not None or dummy.error is not None:
+        return []
+    drafts = real.fields.get("num_draft_tokens")
+    has_drafts = drafts is not None and bool(drafts.values)
+    shaped = set(SHAPED_FIELDS) | (set() if has_drafts else set(SHAPED_UNLESS_DRAFTS))
+    ids = stage_req_ids(real)
+    out = []
+    for name, r in real.fields.items():
+        d = dummy.fields.get(name)
+        if d is None or r.kind not in ARRAY_KINDS or d.kind not in ARRAY_KINDS:
+            continue
+        if (r.kind, r.dtype) != (d.kind, d.dtype):
+            out.append(Finding(
+                kind=fk.DTYPE_DRIFT, step=index, stage=DUMMY, check="parity", req_ids=ids,
+                field=name, expected=f"{r.kind} {r.dtype}", actual=f"{d.kind} {d.dtype}",
+                message=f"real batch has {r.kind} {r.dtype}, dummy batch {d.kind} {d.dtype}"))
+        elif name in shaped and r.shape != d.shape:
+            out.append(Finding(
+                kind=fk.VALUE_MISMATCH, step=index, stage=DUMMY, check="parity", req_ids=ids,
+                field=name, expected=f"shape {r.shape}", actual=f"shape {d.shape}",
+                message=f"real batch shape {r.shape}, dummy batch shape {d.shape}"))
+    return out

@@ -1,0 +1,269 @@
+"""An independent reference model of the MRV2 input path, built from the Steps alone.
+
+It follows each request's lifecycle (prefill tokens, the scheduler's
+num_computed_tokens) and predicts, from semantics rather than from vLLM's
+code, what gather_batch_req_state and prepare_inputs must produce:
+
+    batch order   requests with drafts first; inside that group and among the
+                  rest: queries of exactly decode_query_len first, then the others
+                  by ascending query length; ties keep the scheduler's order
+    per request   q = scheduled tokens, nc = num_computed (scheduler), k = drafts
+                  seq_len = nc + q, positions nc .. nc+q-1
+                  logits rows = the last 1+k tokens of the query
+                  is_prefilling = nc < prefill_len
+    per token     input id at position p = prefill token p       (p < prefill_len)
+                                         = synth_token(req, p)   (sampled / drafts)
+
+      query_start_loc  0 ─ q0 ─ q0+q1 ─ …        logits_indices: [qsl[i+1]-1-k_i .. qsl[i+1]-1]
+
+Slot numbers are not predicted; instead idx_mapping must be distinct slots in
+[0, max_num_reqs), equal to gather's idx_mapping_np, and stable for a request
+while it lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simrig import findings as fk
+from simrig.findings import Finding
+from simrig.observe import GATHER, PREPARE, StageObs, StepObs
+from simrig.step import RunnerConfig, Step, synth_token
+
+MAX_SHOWN = 12
+
+
+def short(values: Any, limit: int = MAX_SHOWN, at: int = 0) -> str:
+    """A finding-friendly rendering of a value; long arrays show ``limit``
+    items from index ``at`` (the first difference), e.g. ``[40:52] [...] (64 in all)``."""
+    if isinstance(values, np.ndarray):
+        values = values.tolist()
+    if isinstance(values, (list, tuple)):
+        items = list(values)
+        if len(items) <= limit:
+            return "[" + ", ".join(str(v) for v in items) + "]"
+        start = max(0, min(at - limit // 4, len(items) - limit))
+        body = ", ".join(str(v) for v in items[start:start + limit])
+        return f"[{start}:{start + limit}] [{body}] ({len(items)} in all)"
+    return str(values)
+
+
+@dataclass
+class RequestModel:
+    prefill_ids: list[int]  # [prefill_len] tokens handed to the runner
+    num_computed: int
+    slot: int | None = None  # learnt from the first observation
+
+
+@dataclass
+class BatchPrediction:
+    req_ids: list[str]  # batch order
+    num_scheduled: np.ndarray  # [num_reqs]
+    num_drafts: np.ndarray  # [num_reqs]
+    num_computed: np.ndarray  # [num_reqs]
+    prefill_len: np.ndarray  # [num_reqs]
+    query_start_loc: np.ndarray  # [num_reqs + 1]
+    seq_lens: np.ndarray  # [num_reqs]
+    positions: np.ndarray  # [num_tokens]
+    input_ids: np.ndarray  # [num_tokens]
+    cu_num_logits: np.ndarray  # [num_reqs + 1]
+    logits_indices: np.ndarray  # [total_num_logits]
+    token_req: list[str] = field(default_factory=list)  # [num_tokens] owner of each token
+
+    @property
+    def is_prefilling(self) -> np.ndarray:
+        return self.num_computed < self.prefill_len
+
+
+def batch_order(scheduled: dict[str, int], drafts: dict[str, int], decode_query_len: int) -> list[str]:
+    """The batch order the runner must use (see module docstring)."""
+    def bucket(ids: list[str]) -> list[str]:
+        exact = [r for r in ids if scheduled[r] == decode_query_len]
+        others: dict[int, list[str]] = {}
+        for r in ids:
+            if scheduled[r] != decode_query_len:
+                others.setdefault(scheduled[r], []).append(r)
+        return exact + [r for n in sorted(others) for r in others[n]]
+
+    ids = list(scheduled)
+    with_drafts = [r for r in ids if drafts.get(r, 0) > 0]
+    without = [r for r in ids if drafts.get(r, 0) <= 0]
+    return bucket(with_drafts) + bucket(without)
+
+
+class ReferenceModel:
+    def __init__(self, config: RunnerConfig):
+        self.config = config
+        self.reqs: dict[str, RequestModel] = {}
+
+    # ------------------------------------------------------------ lifecycle
+    def apply_lifecycle(self, step: Step) -> None:
+        """finish/preempt, then add, then the scheduler's cached num_computed."""
+        for req_id in (*step.finished, *step.preempted):
+            self.reqs.pop(req_id, None)
+        for req in step.new_requests:
+            self.reqs[req.req_id] = RequestModel(req.prefill_token_ids(), req.num_computed_tokens)
+        for upd in step.cached:
+            if upd.req_id in self.reqs:
+                self.reqs[upd.req_id].num_computed = upd.num_computed_tokens
+
+    def advance(self, step: Step) -> None:
+        """After the step: accepted tokens become computed (drafts may be rejected)."""
+        for req_id, q in step.num_scheduled_tokens.items():
+            req = self.reqs.get(req_id)
+            if req is not None:
+                k = step.spec_tokens.get(req_id, 0)
+                req.num_computed += q - min(step.rejected.get(req_id, 0), k)
+
+    # ----------------------------------------------------------- prediction
+    def predict(self, step: Step) -> BatchPrediction | None:
+        if not step.num_scheduled_tokens or any(r not in self.reqs for r in step.num_scheduled_tokens):
+            return None
+        order = batch_order(step.num_scheduled_tokens, step.spec_tokens, self.config.decode_query_len)
+        q = np.array([step.num_scheduled_tokens[r] for r in order], dtype=np.int64)
+        k = np.array([step.spec_tokens.get(r, 0) for r in order], dtype=np.int64)
+        nc = np.array([self.reqs[r].num_computed for r in order], dtype=np.int64)
+        plen = np.array([len(self.reqs[r].prefill_ids) for r in order], dtype=np.int64)
+        qsl = np.concatenate([[0], np.cumsum(q)])
+        positions, input_ids, token_req, logits = [], [], [], []
+        for i, req_id in enumerate(order):
+            ids = self.reqs[req_id].prefill_ids
+            for p in range(int(nc[i]), int(nc[i] + q[i])):
+                positions.append(p)
+                input_ids.append(ids[p] if p < len(ids) else synth_token(req_id, p))
+                token_req.append(req_id)
+            logits.extend(range(int(qsl[i + 1] - 1 - k[i]), int(qsl[i + 1])))
+        return BatchPrediction(
+            req_ids=order, num_scheduled=q, num_drafts=k, num_computed=nc, prefill_len=plen,
+            query_start_loc=qsl, seq_lens=nc + q, positions=np.array(positions, dtype=np.int64),
+            input_ids=np.array(input_ids, dtype=np.int64),
+            cu_num_logits=np.concatenate([[0], np.cumsum(1 + k)]),
+            logits_indices=np.array(logits, dtype=np.int64), token_req=token_req)
+
+    # ----------------------------------------------------------- comparison
+    def compare(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
+        pred = self.predict(step)
+        if pred is None:
+            return []
+        out: list[Finding] = []
+        gather, prepare = obs.get(GATHER), obs.get(PREPARE)
+        row_ids, tok_ids = pred.req_ids, pred.token_req
+        has_drafts = bool(pred.num_drafts.any())
+        if gather is not None and gather.error is None and gather.fields:
+            cmp = _Comparer(index, gather, out)
+            cmp.list_("req_ids", pred.req_ids)
+            cmp.array("num_scheduled_tokens", pred.num_scheduled, row_ids)
+            cmp.array("prefill_len_np", pred.prefill_len, row_ids)
+            cmp.array("num_computed_prefill_tokens_np", np.minimum(pred.num_computed, pred.prefill_len), row_ids)
+            cmp.array("is_prefilling_np", pred.is_prefilling, row_ids)
+            cmp.scalar("has_prefill", bool(pred.is_prefilling.any()))
+            if has_drafts:
+                cmp.array("num_draft_tokens_np", pred.num_drafts, row_ids)
+        if prepare is not None and prepare.error is None and prepare.fields:
+            cmp = _Comparer(index, prepare, out)
+            cmp.list_("req_ids", pred.req_ids)
+            cmp.scalar("num_tokens", int(pred.num_scheduled.sum()))
+            cmp.array("num_scheduled_tokens", pred.num_scheduled, row_ids)
+            cmp.array("query_start_loc", pred.query_start_loc, row_ids)
+            cmp.array("query_start_loc_np", pred.query_start_loc, row_ids)
+            cmp.array("seq_lens", pred.seq_lens, row_ids)
+            cmp.array("num_computed_tokens_np", pred.num_computed, row_ids)
+            cmp.array("is_prefilling_np", pred.is_prefilling, row_ids)
+            cmp.array("positions", pred.positions, tok_ids)
+            cmp.array("input_ids", pred.input_ids, tok_ids)
+            cmp.array("is_padding", np.zeros(len(tok_ids), dtype=bool), tok_ids)
+            cmp.array("cu_num_logits", pred.cu_num_logits, row_ids)
+            cmp.array("cu_num_logits_np", pred.cu_num_logits, row_ids)
+            logit_ids = [r for r, n in zip(row_ids, 1 + pred.num_drafts) for _ in range(n)]
+            cmp.array("logits_indices", pred.logits_indices, logit_ids)
+            idx = prepare.fields.get("idx_mapping")
+            if idx is not None and idx.kind != "none":
+                cmp.array("expanded_idx_mapping", np.repeat(np.asarray(idx.values), 1 + pred.num_drafts), logit_ids)
+        out.extend(self._check_slots(index, pred, gather, prepare))
+        return out
+
+    def _check_slots(self, index: int, pred: BatchPrediction, gather: StageObs | None,
+                     prepare: StageObs | None) -> list[Finding]:
+        """idx_mapping: distinct in-range slots, equal across stages, stable per request."""
+        out: list[Finding] = []
+        views = [(s, name) for s, name in ((gather, "idx_mapping_np"), (prepare, "idx_mapping_np"),
+                                            (prepare, "idx_mapping"))
+                 if s is not None and s.error is None and name in s.fields and s.fields[name].kind != "none"]
+        if not views:
+            return out
+        first_stage, first_name = views[0]
+        slots = np.asarray(first_stage.fields[first_name].values).astype(np.int64)
+
+        def finding(stage: StageObs, name: str, ids: tuple[str, ...], exp: str, act: str, msg: str) -> None:
+            out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage, check="reference",
+                               req_ids=ids, field=name, expected=exp, actual=act, message=msg))
+
+        for stage, name in views[1:]:
+            other = np.asarray(stage.fields[name].values).astype(np.int64)
+            if other.shape != slots.shape or not np.array_equal(other, slots):
+                finding(stage, name, tuple(pred.req_ids), short(slots), short(other),
+                        f"differs from {first_stage.stage}.{first_name}")
+        if len(slots) != len(pred.req_ids):
+            return out  # the row count itself is reported by compare()
+        if len(set(slots.tolist())) != len(slots):
+            dup = [r for r, s in zip(pred.req_ids, slots) if (slots == s).sum() > 1]
+            finding(first_stage, first_name, tuple(dup), "distinct slots", short(slots),
+                    "two requests of the batch share a slot")
+        bad = [r for r, s in zip(pred.req_ids, slots) if not 0 <= s < self.config.max_num_reqs]
+        if bad:
+            finding(first_stage, first_name, tuple(bad), f"slots in [0, {self.config.max_num_reqs})",
+                    short(slots), "slot out of range")
+        owner = {m.slot: r for r, m in self.reqs.items() if m.slot is not None}
+        for req_id, slot in zip(pred.req_ids, slots.tolist()):
+            model = self.reqs[req_id]
+            if model.slot is not None and model.slot != slot:
+                finding(first_stage, first_name, (req_id,), f"slot {model.slot}", f"slot {slot}",
+                        f"request {req_id} moved slots while live")
+            elif model.slot is None and owner.get(slot, req_id) != req_id:
+                finding(first_stage, first_name, (req_id, owner[slot]), "a free slot", f"slot {slot}",
+                        f"slot {slot} already held by live request {owner[slot]}")
+            model.slot = slot
+        return out
+
+
+class _Comparer:
+    """Compares observed fields of one stage with predictions, appending findings."""
+
+    def __init__(self, index: int, stage: StageObs, out: list[Finding]):
+        self.index, self.stage, self.out = index, stage, out
+
+    def _add(self, name: str, ids: tuple[str, ...], expected: Any, actual: Any, msg: str,
+             at: int = 0) -> None:
+        self.out.append(Finding(kind=fk.VALUE_MISMATCH, step=self.index, stage=self.stage.stage,
+                                check="reference", req_ids=ids, field=name,
+                                expected=short(expected, at=at), actual=short(actual, at=at), message=msg))
+
+    def list_(self, name: str, expected: list[str]) -> None:
+        obs = self.stage.fields.get(name)
+        if obs is not None and list(obs.values or []) != expected:
+            self._add(name, tuple(expected), expected, obs.values, "batch order differs")
+
+    def scalar(self, name: str, expected: Any) -> None:
+        obs = self.stage.fields.get(name)
+        if obs is not None and obs.kind == "scalar" and obs.values != expected:
+            self._add(name, (), expected, obs.values, f"expected {expected}, got {obs.values}")
+
+    def array(self, name: str, expected: np.ndarray, row_ids: list[str]) -> None:
+        obs = self.stage.fields.get(name)
+        if obs is None or obs.kind not in ("numpy", "torch"):
+            return
+        actual = np.asarray(obs.values)
+        if actual.shape != expected.shape:
+            self._add(name, tuple(dict.fromkeys(row_ids)), expected, actual,
+                      f"shape {actual.shape}, expected {expected.shape}")
+            return
+        diff = np.flatnonzero(actual.astype(np.int64) != expected.astype(np.int64))
+        if diff.size:
+            # query_start_loc / cu_num_logits have one more row than requests
+            ids = tuple(dict.fromkeys(row_ids[min(i, len(row_ids) - 1)] for i in diff if row_ids))
+            self._add(name, ids, expected, actual,
+                      f"{diff.size} of {expected.size} values differ (first at index {int(diff[0])})",
+                      at=int(diff[0]))

@@ -1,0 +1,125 @@
+"""The checks on hand-built observations (no vLLM needed)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from simrig import findings as fk
+from simrig.checks import Checker
+from simrig.contract import DriftTracker, check_contract
+from simrig.errors import UsageError
+from simrig.known import KnownFindings, load_known_findings, parse_known_findings
+from simrig.lifecycle_checks import SchedulerContract
+from simrig.observe import ErrorObs, FieldObs, StageObs, StepObs
+from simrig.parity import check_parity
+from simrig.pcp_checks import expected_rows
+from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+
+
+def arr(values, dtype, kind="torch") -> FieldObs:
+    a = np.asarray(values, dtype=dtype)
+    return FieldObs(kind, a.dtype.name, a.shape, a)
+
+
+def test_contract_flags_declared_fields_only():
+    stage = StageObs("prepare", fields={"idx_mapping": arr([1, 2], np.int32),
+                                        "positions": arr([0, 1], np.int64),
+                                        "not_in_table": arr([0], np.int8),
+                                        "prompt_lens": FieldObs("none", "", (), None)})
+    got = check_contract(3, stage)
+    assert [(f.kind, f.check, f.field, f.expected, f.actual, f.step) for f in got] == [
+        (fk.DTYPE_DRIFT, "contract", "idx_mapping", "torch int64", "torch int32", 3)]
+
+
+def test_drift_reports_each_change_once():
+    tracker = DriftTracker()
+    a = StageObs("gather", fields={"idx_mapping_np": arr([1], np.int64, "numpy")})
+    b = StageObs("gather", fields={"idx_mapping_np": arr([1], np.int32, "numpy")})
+    assert tracker.check(0, a) == [] and tracker.check(1, a) == []
+    got = tracker.check(2, b)
+    assert [(f.check, f.expected, f.actual) for f in got] == [("drift", "numpy int64", "numpy int32")]
+    assert tracker.check(3, b) == []
+
+
+def test_parity_dtype_and_shape():
+    real = StageObs("prepare", fields={"seq_lens": arr([3, 4], np.int32), "logits_indices": arr([2, 6], np.int64),
+                                       "num_draft_tokens": FieldObs("scalar", "int", (), 0)})
+    dummy = StageObs("dummy", fields={"seq_lens": arr([3], np.int32), "logits_indices": arr([2, 6], np.int32)})
+    got = {(f.kind, f.field) for f in check_parity(0, real, dummy)}
+    assert got == {(fk.VALUE_MISMATCH, "seq_lens"), (fk.DTYPE_DRIFT, "logits_indices")}
+
+
+def test_lifecycle_rules():
+    cfg = RunnerConfig(max_num_reqs=2, max_num_batched_tokens=10, max_model_len=20)
+    c = SchedulerContract(cfg)
+    assert c.violations(Step(new_requests=[NewRequest("a", 8)], num_scheduled_tokens={"a": 8})) == []
+    rules = {v.rule for v in c.violations(Step(cached=[CachedUpdate("a", 7)], num_scheduled_tokens={"a": 1}))}
+    assert rules == {"num_computed_tokens"} and c.desynced == {"a"}
+    rules = {v.rule for v in c.violations(Step(
+        new_requests=[NewRequest("a", 3), NewRequest("b", 19, num_computed_tokens=15), NewRequest("c", 2)],
+        num_scheduled_tokens={"b": 11, "zz": 1}))}
+    assert rules >= {"duplicate_new_id", "unknown_scheduled_id", "max_num_batched_tokens", "max_num_reqs",
+                     "max_model_len", "prefill_overrun"}
+    c2 = SchedulerContract(cfg)
+    c2.violations(Step(new_requests=[NewRequest("a", 2)], num_scheduled_tokens={"a": 2}))
+    rules = {v.rule for v in c2.violations(Step(finished=["a"], cached=[CachedUpdate("a", 2)],
+                                                num_scheduled_tokens={"a": 1}))}
+    assert rules == {"scheduled_after_finish"}
+
+
+def test_runner_exception_on_valid_input_is_a_finding():
+    cfg = RunnerConfig()
+    checker = Checker(cfg, known=KnownFindings([]))
+    step = Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4})
+    obs = StepObs(0, [StageObs("lifecycle"), StageObs("gather"),
+                      StageObs("prepare", error=ErrorObs("RuntimeError", "boom", ("a",)))])
+    got = checker.check(0, step, obs)
+    assert [(f.kind, f.stage, f.check, f.exception_type) for f in got] == [
+        (fk.EXCEPTION, "prepare", "runner_errors", "RuntimeError")]
+
+
+def test_silent_acceptance_when_nothing_raised():
+    checker = Checker(RunnerConfig(), adversarial=True, known=KnownFindings([]))
+    got = checker.check(0, Step(num_scheduled_tokens={"ghost": 1}), StepObs(0, [StageObs("lifecycle")]))
+    assert {(f.kind, f.req_ids) for f in got} == {(fk.CONTRACT_VIOLATION_INPUT, ("ghost",)),
+                                                  (fk.SILENT_ACCEPTANCE, ("ghost",))}
+
+
+@pytest.mark.parametrize("p,rank,q,expected", [
+    (2, 0, 8, [(0, 0, 2), (0, 6, 2)]),  # chunks 0 and 3 of 4
+    (2, 1, 8, [(0, 2, 2), (0, 4, 2)]),  # chunks 1 and 2
+    (4, 3, 8, [(0, 3, 1), (0, 4, 1)]),  # the pcp_manager docstring picture
+    (2, 1, 1, [(0, 0, 0)]),  # a one-token prefill lands on rank 0; rank 1 idles
+])
+def test_dual_chunk_swap_rows(p, rank, q, expected):
+    cfg = RunnerConfig(pcp_size=p)
+    assert expected_rows(cfg, rank, np.array([q]), np.array([True])) == expected
+
+
+def test_decodes_replicated_or_sharded():
+    q, pref = np.array([1, 1, 1, 8]), np.array([False, False, False, True])
+    rep = RunnerConfig(pcp_size=2)
+    assert expected_rows(rep, 1, q, pref) == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 2, 2), (3, 4, 2)]
+    shard = RunnerConfig(pcp_size=2, shard_decode_requests=True)
+    assert expected_rows(shard, 1, q, pref) == [(1, 0, 1), (3, 2, 2), (3, 4, 2)]
+    dcp = RunnerConfig(pcp_size=2, dcp_size=2)  # 3-token prefill cannot fill 4 chunks: replicated
+    assert expected_rows(dcp, 1, np.array([3]), np.array([True])) == [(0, 0, 3)]
+
+
+def test_known_findings_file_for_0_33_0_is_valid_and_applies():
+    known = load_known_findings("0.33.0")
+    assert len(known) >= 3
+    f = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage="dummy", check="parity", field="logits_indices")
+    assert known.apply([f])[0].known
+    other = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage="prepare", check="contract", field="idx_mapping")
+    assert not known.apply([other])[0].known
+    assert len(load_known_findings("0.0.0-none")) == 0
+
+
+def test_bad_known_findings_file_names_the_field(tmp_path):
+    with pytest.raises(UsageError, match=r"findings\[0\]\.check"):
+        parse_known_findings(json.dumps({"findings": [{"kind": "k", "stage": "s", "field": "f",
+                                                       "explanation": "e"}]}), "x.json")
