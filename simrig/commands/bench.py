@@ -1,0 +1,75 @@
+"""``simrig bench``: run the pytest-benchmark suites, or compare two saved runs.
+
+    simrig bench [--filter EXPR] [--save NAME] [--storage DIR]
+        run tests/bench (pytest-benchmark enabled), print the run's table,
+        keep it as STORAGE/<machine>/NNNN_NAME.json with --save
+    simrig bench --compare RUN_A RUN_B [--fail-on-regression PCT] [--out DIR]
+        ratio table B/A (terminal), CSV + HTML under --out;
+        exit 1 when a median ratio exceeds 1 + PCT/100
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="run the pytest-benchmark suites or compare two saved runs",
+        description="Run tests/bench through pytest-benchmark (micro benchmarks of the "
+                    "MRV2 indexing idioms, per-stage latency of the real input path, the "
+                    "rig's overhead), or compare two saved runs.")
+    p.add_argument("--filter", metavar="EXPR", help="pytest -k expression selecting benchmarks")
+    p.add_argument("--save", metavar="NAME", help="keep the run in the storage under NAME")
+    p.add_argument("--storage", metavar="DIR", type=Path,
+                   help="where saved runs live (default: .benchmarks/ in the checkout)")
+    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
+                   help="compare two runs (file path, saved name, or saved number) "
+                        "instead of running")
+    p.add_argument("--fail-on-regression", metavar="PCT", type=float,
+                   help="with --compare: exit 1 when a median slows by more than PCT percent")
+    p.add_argument("--out", metavar="DIR", type=Path, default=Path("reports") / "bench",
+                   help="with --compare: folder for the CSV and HTML (default: reports/bench)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from simrig import bench
+    from simrig.errors import UsageError
+
+    storage = args.storage or bench.default_storage()
+    if args.compare is None:
+        if args.fail_on_regression is not None:
+            raise UsageError("--fail-on-regression: needs --compare RUN_A RUN_B")
+        status, frame = bench.run_suites(filter_expr=args.filter, save=args.save, storage=storage)
+        if frame is not None:
+            print()
+            print(bench.run_markdown(frame))
+            extra = bench.extra_markdown(frame)
+            if extra:
+                print()
+                print(extra)
+        if args.save and status == 0:
+            print(f"saved as {args.save!r} in {storage}")
+        return 0 if status == 0 else 1
+
+    if args.filter or args.save:
+        raise UsageError("--compare: compares saved runs; drop --filter/--save")
+    path_a = bench.resolve_run(args.compare[0], storage)
+    path_b = bench.resolve_run(args.compare[1], storage)
+    table = bench.compare(bench.load_run(path_a), bench.load_run(path_b),
+                          args.fail_on_regression)
+    print(f"A: {path_a}\nB: {path_b}\n")
+    print(bench.compare_markdown(table))
+    written = bench.write_compare(table, args.out)
+    print()
+    for path in written.values():
+        print(f"wrote {path}")
+    bad = bench.regressions(table)
+    if len(bad):
+        worst = bad.iloc[0]
+        print(f"{len(bad)} benchmark(s) regressed beyond {args.fail_on_regression:g}%: "
+              f"worst {worst['name']} median x{worst['median_ratio']:.3f}")
+        return 1
+    return 0
