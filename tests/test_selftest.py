@@ -1,0 +1,51 @@
+"""The mutation engine and one cheap mutant end to end."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from simrig import mutate
+from simrig.cli import main
+from simrig.mutants import CATALOGUE, Mutant
+
+pytestmark = pytest.mark.vllm
+
+
+def test_catalogue_is_large_and_named():
+    names = [m.name for m in CATALOGUE]
+    assert len(names) == len(set(names))
+    assert sum(not m.equivalent for m in CATALOGUE) >= 12
+    assert all(m.description for m in CATALOGUE)
+
+
+def test_every_mutant_applies_to_the_installed_source(vllm_api):
+    for mutant in CATALOGUE:
+        source = mutate.mutated_source(mutant)
+        assert mutant.new in source, mutant.name
+
+
+def test_stale_edit_is_named(vllm_api):
+    stale = Mutant("stale", "vllm.v1.worker.gpu.model_runner", "sort_batch_req_ids",
+                   "this line is not in vLLM", "x", "a mutant whose target moved")
+    with pytest.raises(mutate.MutantError, match="stale: the edit matches 0 places"):
+        mutate.mutated_source(stale)
+
+
+def test_one_cheap_mutant_end_to_end(tmp_path, capsys):
+    out = tmp_path / "board"
+    status = main(["selftest", "--mutants", "idx-mapping-host-int32", "--budget-per-mutant", "90",
+                   "--skip-baseline", "--out", str(out)])
+    assert status == 0, capsys.readouterr()
+    board = pd.read_csv(out / "scoreboard.csv")
+    row = board.set_index("mutant").loc["idx-mapping-host-int32"]
+    assert row.status == "detected"
+    assert row.kind == "dtype_drift"
+    assert "idx_mapping_np" in row.signature
+    assert (out / "report.html").read_text().count("idx-mapping-host-int32") >= 1
+
+
+def test_unknown_mutant_is_a_usage_error(capsys):
+    assert main(["selftest", "--mutants", "no-such-mutant"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown mutant(s) no-such-mutant" in err and "Traceback" not in err
