@@ -363,6 +363,9 @@ class TraceWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=self.path.name, dir=self.path.parent)
         os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a trace is not
         self._tmp = Path(tmp)
         self._file = _open_text(self._tmp, "w")
         self._file.write(json.dumps(header.to_json(), separators=(",", ":")) + "\n")
