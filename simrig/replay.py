@@ -1,0 +1,419 @@
+"""Replay traces through the real MRV2 input path and tally what happened.
+
+    TraceReader ──Step──► Harness.run_step ──StepObs──► Checker.check ──► findings
+        (stream)             (real vLLM)          │                          │
+                                                  ▼                          ▼
+                                   ReplayRecorder: steps rows, contract tally, findings rows
+                                                  │
+                                                  ▼
+                                   ReplayResult (pandas frames) ──► simrig.report
+
+Nothing per step is kept beyond a few compact row values: observations are
+dropped as soon as the checks have seen them, so memory stays flat on long
+traces. ``--pcp-sizes`` replays the same trace once per PCP world size, with a
+fresh Harness and Checker each time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simrig import observe as obs
+from simrig.errors import UsageError
+from simrig.findings import Finding
+from simrig.progress import Progress
+from simrig.step import RunnerConfig, Step
+from simrig.trace import TraceHeader, TraceReader
+
+TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+STEP_COLUMNS = ("trace", "pcp_size", "step", "line", "stage", "rank", "num_reqs", "num_tokens",
+                "num_new", "num_cached", "num_decode", "num_prefill", "num_spec_tokens",
+                "duration_ms", "error")
+CONTRACT_COLUMNS = ("stage", "field", "kind", "dtype", "count", "first_trace", "first_pcp_size",
+                    "first_step")
+FIRST_FINDINGS = 20  # Finding objects kept whole, for the command's summary lines
+
+
+# ------------------------------------------------------------------ inputs
+def expand_trace_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files as given; a directory becomes its trace files, sorted by name."""
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir()
+                           if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            if not found:
+                raise UsageError(f"{path}: directory holds no *.jsonl, *.jsonl.gz or *.jsonl.zst trace")
+            out.extend(found)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise UsageError(f"{path}: no such trace file or directory")
+    return out
+
+
+def scan_trace(path: str | Path) -> tuple[TraceHeader, int]:
+    """Validate a whole trace without vLLM: (header, number of steps).
+
+    Raises TraceError (``FILE:LINE: field: problem``) at the first bad line.
+    Parsing costs well under a millisecond per step, so a run checks every
+    input before spending the vLLM import and hours of replay on it.
+    """
+    reader = TraceReader(path)
+    count = 0
+    for _ in reader:
+        count += 1
+    return reader.header, count
+
+
+def parse_pcp_sizes(text: str | None) -> list[int] | None:
+    """'1,2,4' -> [1, 2, 4]; None/'' -> None (use each trace's own pcp_size)."""
+    if not text:
+        return None
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise UsageError(f"--pcp-sizes: {part!r} is not a positive integer")
+        if int(part) not in sizes:
+            sizes.append(int(part))
+    return sizes
+
+
+def parse_stages(text: str | None) -> tuple[str, ...]:
+    """'gather,dummy' -> the optional stages to run (lifecycle always runs)."""
+    if not text:
+        return obs.OPTIONAL_STAGES
+    stages = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in obs.OPTIONAL_STAGES]
+    if unknown:
+        raise UsageError(f"--stages: unknown stage {unknown[0]!r}; choose from "
+                         f"{', '.join(obs.OPTIONAL_STAGES)}")
+    chosen = set(stages)
+    if obs.PREPARE in chosen and obs.GATHER not in chosen:
+        raise UsageError("--stages: prepare needs gather (it consumes gather's batch state)")
+    if obs.PARTITION in chosen and obs.PREPARE not in chosen:
+        raise UsageError("--stages: partition needs prepare (it splits prepare's batch)")
+    return tuple(s for s in obs.OPTIONAL_STAGES if s in chosen)
+
+
+# ------------------------------------------------------------- compact rows
+_EMPTY = {"str": "", "int64": 0, "float64": float("nan"), "bool": False}
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, np.integer)):
+        return "int64"
+    if isinstance(value, (float, np.floating)):
+        return "float64"
+    return "str"
+
+
+class ColumnTable:
+    """Append-only rows kept as typed NumPy chunks, strings as int32 codes.
+
+        append(row) -> pending tuples (<= chunk_rows)
+                        | full: one array per column
+                        v
+                      chunks  --to_frame()-->  DataFrame (strings as Categoricals)
+
+    A row costs a few dozen bytes instead of a dict's kilobyte. Columns are
+    fixed by the constructor or by the first row.
+    """
+
+    def __init__(self, columns: dict[str, str] | None = None, chunk_rows: int = 16_384):
+        self.columns: dict[str, str] = {}
+        self.chunk_rows = chunk_rows
+        self._pending: list[tuple] = []
+        self._rows = 0
+        if columns:
+            self._define(columns)
+
+    def _define(self, columns: dict[str, str]) -> None:
+        self.columns = dict(columns)
+        self._chunks: dict[str, list[np.ndarray]] = {c: [] for c in self.columns}
+        self._vocab: dict[str, dict[str, int]] = {c: {} for c, k in self.columns.items() if k == "str"}
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def append(self, row: dict[str, Any]) -> None:
+        if not self.columns:
+            self._define({c: _kind_of(v) for c, v in row.items()})
+        self.append_values(*(row.get(c, _EMPTY[k]) for c, k in self.columns.items()))
+
+    def append_values(self, *values: Any) -> None:
+        """Values in column order (the hot path: no dict per row)."""
+        self._pending.append(values)
+        self._rows += 1
+        if len(self._pending) >= self.chunk_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        for col, values in zip(self.columns, zip(*self._pending)):
+            if self.columns[col] == "str":
+                vocab = self._vocab[col]
+                codes = [vocab.setdefault("" if v is None else str(v), len(vocab)) for v in values]
+                self._chunks[col].append(np.asarray(codes, dtype=np.int32))
+            else:
+                self._chunks[col].append(np.asarray(values, dtype=self.columns[col]))
+        self._pending = []
+
+    def to_frame(self) -> pd.DataFrame:
+        """All rows so far, as a DataFrame (the table stays appendable)."""
+        self._flush()
+        data: dict[str, Any] = {}
+        for col, kind in self.columns.items():
+            parts = self._chunks[col]
+            empty = np.empty(0, dtype=np.int32 if kind == "str" else kind)
+            arr = np.concatenate(parts) if parts else empty
+            if kind == "str":
+                data[col] = pd.Categorical.from_codes(arr, categories=list(self._vocab[col]))
+            else:
+                data[col] = arr
+        return pd.DataFrame(data, columns=list(self.columns))
+
+
+# ------------------------------------------------------- batch composition
+class BatchTracker:
+    """Follows the trace's own request lengths to label each scheduled request.
+
+    A scheduled request is a *prefill* while the tokens computed before the step
+    are fewer than its prefill length (prompt, plus earlier outputs for a
+    resumed request); otherwise a *decode*. An id the trace never added counts
+    as a prefill when it schedules more than 1 + its drafts tokens.
+    Holds only live requests: memory follows the batch, not the trace.
+    """
+
+    def __init__(self) -> None:
+        self.live: dict[str, list[int]] = {}  # req_id -> [computed, prefill_len]
+
+    def observe(self, step: Step) -> tuple[int, int, int]:
+        """(num_decode, num_prefill, num_spec_tokens) of this step."""
+        live = self.live
+        for req_id in step.finished:
+            live.pop(req_id, None)
+        for req_id in step.preempted:
+            live.pop(req_id, None)
+        for req in step.new_requests:
+            live[req.req_id] = [req.num_computed_tokens, req.num_prefill_tokens]
+        for upd in step.cached:
+            state = live.get(upd.req_id)
+            if state is not None:
+                state[0] = upd.num_computed_tokens
+        num_prefill = 0
+        for req_id, n in step.num_scheduled_tokens.items():
+            state = live.get(req_id)
+            if state is None:
+                num_prefill += n > 1 + step.spec_tokens.get(req_id, 0)
+            else:
+                num_prefill += state[0] < state[1]
+                state[0] += n - step.rejected.get(req_id, 0)
+        num_reqs = len(step.num_scheduled_tokens)
+        return num_reqs - num_prefill, num_prefill, sum(step.spec_tokens.values())
+
+
+# ---------------------------------------------------------------- recording
+@dataclass
+class ReplayResult:
+    """Everything a report needs; frames sorted deterministically."""
+
+    steps: pd.DataFrame  # one row per step x stage x rank
+    findings: pd.DataFrame  # Finding.row() + pcp_size
+    contract: pd.DataFrame  # (stage, field, kind, dtype) -> count, first seen
+    first_findings: list[Finding]  # the first new ones, then the first known ones
+    traces: list[str]
+    pcp_sizes: list[int]
+    stages: tuple[str, ...]
+    num_steps: int  # step replays (a trace replayed at 3 PCP sizes counts 3x)
+    replay_s: float  # wall time inside the step loops
+    vllm_version: str = ""
+    device: str = ""
+
+    @property
+    def num_new(self) -> int:
+        return int((~self.findings["known"].astype(bool)).sum()) if len(self.findings) else 0
+
+    def summary(self) -> dict[str, Any]:
+        f = self.findings
+        by_kind = {str(k): int(v) for k, v in f["kind"].value_counts().sort_index().items()
+                   if v} if len(f) else {}
+        return {
+            "steps": self.num_steps,
+            "rows": len(self.steps),
+            "findings": len(f),
+            "findings_by_kind": by_kind,
+            "known": len(f) - self.num_new,
+            "new": self.num_new,
+            "replay_s": round(self.replay_s, 3),
+            "steps_per_s": round(self.num_steps / self.replay_s, 2) if self.replay_s > 0 else 0.0,
+            "traces": list(self.traces),
+            "pcp_sizes": list(self.pcp_sizes),
+            "stages": list(self.stages),
+            "vllm_version": self.vllm_version,
+            "device": self.device,
+        }
+
+
+@dataclass
+class ReplayRecorder:
+    """Accumulates rows across traces and PCP sizes; reusable by campaigns."""
+
+    steps: ColumnTable = field(default_factory=lambda: ColumnTable(
+        {c: ("str" if c in ("trace", "stage", "error") else
+             "float64" if c == "duration_ms" else "int64") for c in STEP_COLUMNS}))
+    findings: ColumnTable = field(default_factory=lambda: ColumnTable(finding_columns()))
+    contract: dict[tuple[str, str, str, str], list[Any]] = field(default_factory=dict)
+    first_findings: list[Finding] = field(default_factory=list)
+    num_findings: int = 0
+    num_new: int = 0
+    num_steps: int = 0
+    replay_s: float = 0.0
+
+    def record(self, trace: str, pcp_size: int, line: int, step: Step, composition: tuple,
+               observation: obs.StepObs, found: list[Finding]) -> None:
+        num_decode, num_prefill, num_spec = composition
+        num_reqs = len(step.num_scheduled_tokens)
+        num_tokens = step.total_num_scheduled_tokens
+        num_new, num_cached = len(step.new_requests), len(step.cached)
+        index = observation.index
+        append = self.steps.append_values
+        contract = self.contract
+        for st in observation.stages:
+            append(trace, pcp_size, index, line, st.stage, -1 if st.rank is None else st.rank,
+                   num_reqs, num_tokens, num_new, num_cached, num_decode, num_prefill, num_spec,
+                   st.duration_s * 1e3, st.error.type if st.error is not None else "")
+            for name, fo in st.fields.items():
+                key = (st.stage, name, fo.kind, fo.dtype)
+                entry = contract.get(key)
+                if entry is None:
+                    contract[key] = [1, trace, pcp_size, index]
+                else:
+                    entry[0] += 1
+        self.num_steps += 1
+        for finding in found:
+            row = finding.row()
+            row["trace"] = row["trace"] or trace
+            row["pcp_size"] = pcp_size
+            self.findings.append(row)
+            self.num_findings += 1
+            self.num_new += not finding.known
+            # Keep the first few new findings and the first few known ones, so
+            # a flood of known findings never hides the first new one.
+            same = sum(f.known == finding.known for f in self.first_findings)
+            if same < FIRST_FINDINGS:
+                self.first_findings.append(finding)
+
+    def result(self, traces: Sequence[str], pcp_sizes: Sequence[int],
+               stages: Sequence[str], vllm_version: str = "", device: str = "") -> ReplayResult:
+        return ReplayResult(
+            steps=sort_rows(self.steps.to_frame(), ("trace", "pcp_size", "step", "stage", "rank")),
+            findings=sort_rows(self.findings.to_frame(),
+                               ("trace", "pcp_size", "step", "stage", "rank", "kind", "check",
+                                "field", "req_ids", "message")),
+            contract=self.contract_frame(),
+            first_findings=sorted(self.first_findings, key=lambda f: f.known), traces=list(traces),
+            pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=self.num_steps,
+            replay_s=self.replay_s, vllm_version=vllm_version, device=device)
+
+    def contract_frame(self) -> pd.DataFrame:
+        rows = [(*key, *value) for key, value in self.contract.items()]
+        frame = pd.DataFrame(rows, columns=list(CONTRACT_COLUMNS))
+        return sort_rows(frame, ("stage", "field", "kind", "dtype"))
+
+
+def finding_columns() -> dict[str, str]:
+    """Findings table schema: Finding.row() plus pcp_size (typed from a blank row)."""
+    blank = Finding(kind="", step=0, stage="", check="").row()
+    blank["pcp_size"] = 0
+    return {c: _kind_of(v) for c, v in blank.items()}
+
+
+def sort_rows(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Stable sort on the keys present; stages sort in execution order."""
+    if frame.empty:
+        return frame.reset_index(drop=True)
+    order = {s: i for i, s in enumerate(obs.STAGES)}
+    cols = [k for k in keys if k in frame.columns]
+
+    def key(col: pd.Series) -> pd.Series:
+        if col.name == "stage":
+            return col.astype(str).map(lambda s: order.get(s, len(order)))
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            return col.astype(str)
+        return col
+
+    return frame.sort_values(cols, key=key, kind="stable").reset_index(drop=True)
+
+
+# ------------------------------------------------------------------- replay
+def replay_trace(path: str | Path, *, pcp_sizes: Sequence[int] | None = None,
+                 stages: Sequence[str] = obs.OPTIONAL_STAGES, progress: Progress | None = None,
+                 recorder: ReplayRecorder | None = None) -> ReplayResult:
+    """Replay one trace (once per PCP size) and return its tables."""
+    return replay_traces([path], pcp_sizes=pcp_sizes, stages=stages, progress=progress,
+                         recorder=recorder)
+
+
+def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | None = None,
+                  stages: Sequence[str] = obs.OPTIONAL_STAGES, progress: Progress | None = None,
+                  recorder: ReplayRecorder | None = None) -> ReplayResult:
+    """Replay traces in order. A malformed line raises TraceError mid-way;
+    callers that must not leave partial output validate first (scan_trace)."""
+    from simrig.checks import Checker
+    from simrig.runner import Harness
+    from simrig.vllm_api import load
+
+    rec = recorder if recorder is not None else ReplayRecorder()
+    api = load()
+    used_sizes: list[int] = []
+    for path in paths:
+        name = str(path)
+        reader = TraceReader(path)  # a bad header fails before a Harness is built
+        header = reader.header
+        reader.close()
+        for size in (pcp_sizes or [header.config.pcp_size]):
+            config = dataclasses.replace(header.config, pcp_size=size)
+            if size not in used_sizes:
+                used_sizes.append(size)
+            _replay_one(name, header, config, stages, rec, progress, Harness, Checker, api)
+    return rec.result([str(p) for p in paths], used_sizes, tuple(stages),
+                      vllm_version=api.version, device=f"{api.device} ({api.platform.mode})")
+
+
+def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Sequence[str],
+                rec: ReplayRecorder, progress: Progress | None, harness_cls: Any,
+                checker_cls: Any, api: Any) -> None:
+    try:
+        harness = harness_cls(config, stages=stages, api=api)
+    except ValueError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+    checker = checker_cls(config, adversarial=header.adversarial, trace=name)
+    tracker = BatchTracker()
+    if progress is not None:
+        progress.begin(f"{name} pcp={config.pcp_size}")
+    reader = TraceReader(name)
+    start = time.perf_counter()
+    try:
+        for line, step in reader:
+            observation = harness.run_step(step)
+            found = checker.check(observation.index, step, observation)
+            rec.record(name, config.pcp_size, line, step, tracker.observe(step), observation, found)
+            if progress is not None:
+                progress.update(rec.num_steps, rec.num_findings, rec.num_new)
+    finally:
+        reader.close()
+        rec.replay_s += time.perf_counter() - start
