@@ -40,6 +40,10 @@ STEP_COLUMNS = ("trace", "pcp_size", "step", "line", "stage", "rank", "num_reqs"
 CONTRACT_COLUMNS = ("stage", "field", "kind", "dtype", "count", "first_trace", "first_pcp_size",
                     "first_step")
 FIRST_FINDINGS = 20  # Finding objects kept whole, for the command's summary lines
+# A known finding usually repeats on every step; past this many rows per
+# (trace, PCP size, signature) it is counted, not listed, so memory and the
+# findings table stay flat on long traces. New findings are always listed.
+KNOWN_ROWS_PER_SIGNATURE = 50
 
 
 # ------------------------------------------------------------------ inputs
@@ -242,6 +246,7 @@ class ReplayResult:
     replay_s: float  # wall time inside the step loops
     vllm_version: str = ""
     device: str = ""
+    known_elided: dict[str, int] = field(default_factory=dict)  # kind -> known rows not listed
 
     @property
     def num_new(self) -> int:
@@ -249,14 +254,17 @@ class ReplayResult:
 
     def summary(self) -> dict[str, Any]:
         f = self.findings
-        by_kind = {str(k): int(v) for k, v in f["kind"].value_counts().sort_index().items()
-                   if v} if len(f) else {}
+        by_kind = {str(k): int(v) for k, v in f["kind"].value_counts().items() if v} if len(f) else {}
+        for kind, count in self.known_elided.items():
+            by_kind[kind] = by_kind.get(kind, 0) + count
+        elided = sum(self.known_elided.values())
         return {
             "steps": self.num_steps,
             "rows": len(self.steps),
-            "findings": len(f),
-            "findings_by_kind": by_kind,
-            "known": len(f) - self.num_new,
+            "findings": len(f) + elided,
+            "findings_by_kind": dict(sorted(by_kind.items())),
+            "known": len(f) + elided - self.num_new,
+            "known_not_listed": elided,
             "new": self.num_new,
             "replay_s": round(self.replay_s, 3),
             "steps_per_s": round(self.num_steps / self.replay_s, 2) if self.replay_s > 0 else 0.0,
@@ -282,6 +290,8 @@ class ReplayRecorder:
     num_new: int = 0
     num_steps: int = 0
     replay_s: float = 0.0
+    known_seen: dict[tuple, int] = field(default_factory=dict)
+    known_elided: dict[str, int] = field(default_factory=dict)  # kind -> rows not listed
 
     def record(self, trace: str, pcp_size: int, line: int, step: Step, composition: tuple,
                observation: obs.StepObs, found: list[Finding]) -> None:
@@ -305,6 +315,13 @@ class ReplayRecorder:
                     entry[0] += 1
         self.num_steps += 1
         for finding in found:
+            if finding.known:
+                key = (trace, pcp_size, finding.check, *finding.signature)
+                seen = self.known_seen[key] = self.known_seen.get(key, 0) + 1
+                if seen > KNOWN_ROWS_PER_SIGNATURE:
+                    self.known_elided[finding.kind] = self.known_elided.get(finding.kind, 0) + 1
+                    self.num_findings += 1
+                    continue
             row = finding.row()
             row["trace"] = row["trace"] or trace
             row["pcp_size"] = pcp_size
@@ -327,7 +344,8 @@ class ReplayRecorder:
             contract=self.contract_frame(),
             first_findings=sorted(self.first_findings, key=lambda f: f.known), traces=list(traces),
             pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=self.num_steps,
-            replay_s=self.replay_s, vllm_version=vllm_version, device=device)
+            replay_s=self.replay_s, vllm_version=vllm_version, device=device,
+            known_elided=dict(self.known_elided))
 
     def contract_frame(self) -> pd.DataFrame:
         rows = [(*key, *value) for key, value in self.contract.items()]
