@@ -1,0 +1,121 @@
+"""``simrig fuzz``: a time-boxed Hypothesis campaign against the real runner."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fuzz", help="fuzz the runner with the stateful scheduler-contract machine",
+        description="Replay traces/regressions/, then run the stateful scheduler machine "
+                    "through the real MRV2 input path until the budget is spent. Each new "
+                    "finding class is shrunk to a minimal v1 trace under OUT/shrunk/. "
+                    "Exit 1 when a class is neither known nor a loud rejection of an "
+                    "adversarial violation.")
+    p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
+                   help="wall-clock budget for exploring (default 60); shrinking a late find "
+                        "may take up to a quarter more")
+    p.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
+    p.add_argument("--mode", choices=("valid", "adversarial"), default="valid",
+                   help="valid: never break the contract; adversarial: also send unknown, "
+                        "finished and duplicate ids (default valid)")
+    p.add_argument("--pcp-sizes", default="1,2", metavar="LIST",
+                   help="PCP world sizes to draw configs from, e.g. 1,2,4,8 (default 1,2)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="report directory (default reports/fuzz-<UTC time>)")
+    p.add_argument("--database", default=".cache/hypothesis", metavar="DIR",
+                   help="Hypothesis example database, reused by later campaigns "
+                        "(default .cache/hypothesis; 'none' disables it)")
+    p.add_argument("--max-examples", type=int, default=None, metavar="N",
+                   help="stop after N examples even if budget remains")
+    p.add_argument("--stages", default=None, metavar="LIST",
+                   help="optional stages to run: gather,prepare,partition,dummy (default all)")
+    p.add_argument("--violations", default=None, metavar="LIST",
+                   help="adversarial violations: unknown_id,finished_id,unknown_cached,"
+                        "duplicate_new (default all)")
+    p.add_argument("--steps-per-example", type=int, default=20, metavar="N",
+                   help="rules per machine example (default 20)")
+    p.add_argument("--regressions", default="traces/regressions", metavar="DIR",
+                   help="regression traces replayed first (default traces/regressions)")
+    p.add_argument("--no-regressions", action="store_true", help="skip the regression replay")
+    p.add_argument("--save-regressions", action="store_true",
+                   help="also copy each failing shrunk trace into the regressions folder")
+    p.add_argument("--progress", choices=("tty", "plain", "quiet"), default=None,
+                   help="progress on stderr (default tty on a terminal, else plain)")
+    p.set_defaults(func=run)
+
+
+def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    from simrig.errors import UsageError
+
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{name}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise UsageError(f"{name}: expected positive integers, got {text!r}")
+    if allowed is not None and any(v not in allowed for v in values):
+        raise UsageError(f"{name}: each must be one of {allowed}, got {text!r}")
+    return values
+
+
+def options_from_args(args: argparse.Namespace):
+    from simrig.errors import UsageError
+    from simrig.fuzz import CampaignOptions
+    from simrig.report import check_out_dir, default_out_dir
+    from simrig.replay import parse_stages
+    from strategies.machine import VIOLATIONS
+
+    if args.budget <= 0:
+        raise UsageError(f"--budget: must be > 0 seconds, got {args.budget}")
+    if args.max_examples is not None and args.max_examples < 1:
+        raise UsageError(f"--max-examples: must be >= 1, got {args.max_examples}")
+    if args.steps_per_example < 1:
+        raise UsageError(f"--steps-per-example: must be >= 1, got {args.steps_per_example}")
+    violations = None
+    if args.violations is not None:
+        violations = tuple(v.strip() for v in args.violations.split(",") if v.strip())
+        bad = [v for v in violations if v not in VIOLATIONS]
+        if bad or not violations:
+            raise UsageError(f"--violations: unknown {bad or args.violations!r}; "
+                             f"choose from {', '.join(VIOLATIONS)}")
+    out = Path(args.out) if args.out else default_out_dir("fuzz")
+    check_out_dir(out)  # refuse a bad --out before spending the budget
+    regressions = Path(args.regressions)
+    if not args.no_regressions and regressions.exists() and not regressions.is_dir():
+        raise UsageError(f"--regressions: {regressions} is not a directory")
+    return CampaignOptions(
+        budget_s=args.budget, seed=args.seed, mode=args.mode,
+        pcp_sizes=_int_list(args.pcp_sizes, "--pcp-sizes", (1, 2, 4, 8)), out_dir=out,
+        database=None if args.database.lower() == "none" else Path(args.database),
+        max_examples=args.max_examples, save_regressions=args.save_regressions,
+        regressions_dir=regressions, replay_regressions=not args.no_regressions,
+        stages=parse_stages(args.stages), violations=violations,
+        steps_per_example=args.steps_per_example, progress=args.progress)
+
+
+def run(args: argparse.Namespace) -> int:
+    from simrig.fuzz import Campaign
+
+    options = options_from_args(args)
+    campaign = Campaign(options)
+    status = campaign.run()
+    s = campaign.summary()
+    print(f"fuzz {s['mode']}: {s['examples']} examples, {s['steps']} steps in {s['elapsed_s']:.1f} s "
+          f"({s['examples_per_s']:.2f} examples/s, {s['steps_per_s']:.2f} steps/s), "
+          f"stopped by {s['stopped_by']}")
+    print(f"findings: {s['findings']} in {s['finding_classes']} classes "
+          f"({s['failing_classes']} failing, {s['loud_rejections']} loud rejections "
+          f"of {s['violations_sent']} violations)")
+    for cls in sorted(campaign.classes.values(), key=lambda c: c.key):
+        mark = "FAIL" if cls.failing else ("loud" if cls.loud else "known")
+        where = cls.trace_path or cls.source
+        steps = f" {len(cls.steps)} steps" if cls.steps is not None else ""
+        print(f"  {mark} x{cls.count} {cls.first.one_line()[:160]}\n       -> {where}{steps}")
+    for text in campaign.stats.rig_errors:
+        print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
+    print(f"report: {options.out_dir}")
+    return status

@@ -1,0 +1,418 @@
+"""Fuzz campaigns: the stateful scheduler machine against the real runner, for a time budget.
+
+    1. replay traces/regressions/*  (every shrunk failure found so far)
+    2. loop until the budget is spent:                        one Hypothesis run ("chunk")
+         SchedulerContractMachine examples ──► findings ──► new finding class? ─► fail the example
+                                                                                  │ Hypothesis shrinks it;
+                                                                                  │ every failing run is a
+                                                                                  ▼ candidate, smallest kept
+                                                         class tolerated from the next chunk on
+    3. each class: its smallest failing run ─► --out/shrunk/*.jsonl (v1 trace), replayed to confirm
+    4. report (simrig.report), campaign.json figures, junit.xml (one testcase per class)
+
+A finding class is (kind, stage, field, exception type) plus whether it was a
+loud rejection of an adversarial violation (the expected reaction). Exit
+status 1 means a class that is neither known nor a loud rejection.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simrig.findings import Finding
+from simrig.observe import OPTIONAL_STAGES
+from simrig.replay import BatchTracker, ReplayRecorder
+from simrig.shrink import class_key, replay_with_checks
+from simrig.step import RunnerConfig, Step
+
+Key = tuple[str, str, str, str, bool]  # signature + loud rejection
+
+
+@dataclass
+class CampaignOptions:
+    budget_s: float = 60.0
+    seed: int = 0
+    mode: str = "valid"
+    pcp_sizes: tuple[int, ...] = (1, 2)
+    out_dir: Path = Path("reports/fuzz")
+    database: Path | None = Path(".cache/hypothesis")
+    max_examples: int | None = None  # stop after this many examples (else budget only)
+    save_regressions: bool = False
+    regressions_dir: Path = Path("traces/regressions")
+    replay_regressions: bool = True
+    stages: tuple[str, ...] = OPTIONAL_STAGES
+    extra_checks: Sequence[Any] = ()  # fn(index, step, obs) -> list[Finding]
+    violations: tuple[str, ...] | None = None  # adversarial violations (default: all)
+    steps_per_example: int = 20  # Hypothesis stateful_step_count
+    chunk_examples: int = 10  # examples per Hypothesis run
+    shrink_grace_s: float | None = None  # extra time to finish a shrink (default budget/4, <= 120 s)
+    progress: str | None = None  # tty / plain / quiet (default: tty when stderr is one)
+    configs: Any = None  # strategy of RunnerConfig (default: small configs over pcp_sizes)
+
+
+@dataclass
+class FindingClass:
+    key: Key
+    first: Finding
+    count: int = 0
+    source: str = "campaign"  # "campaign" or the regression trace it came from
+    steps: list[Step] | None = None  # smallest failing run (campaign classes)
+    violations: dict[int, str] = field(default_factory=dict)
+    config: RunnerConfig | None = None
+    trace_path: str = ""
+    reproduced: bool | None = None
+
+    @property
+    def loud(self) -> bool:
+        return self.key[4]
+
+    @property
+    def failing(self) -> bool:
+        return not self.first.known and not self.loud
+
+    def size(self) -> tuple[int, int, int]:
+        steps = self.steps or []
+        return (len(steps), sum(len(s.num_scheduled_tokens) for s in steps),
+                sum(s.total_num_scheduled_tokens for s in steps))
+
+
+@dataclass
+class CampaignStats:
+    examples: int = 0
+    steps: int = 0
+    findings: int = 0  # finding occurrences (before dedupe)
+    loud_rejections: int = 0
+    violations_sent: int = 0
+    chunks: int = 0
+    regression_traces: int = 0
+    regression_steps: int = 0
+    elapsed_s: float = 0.0
+    stopped_by: str = "budget"
+    rig_errors: list[str] = field(default_factory=list)
+
+
+class Campaign:
+    """One fuzz campaign; ``run()`` returns the exit status."""
+
+    def __init__(self, options: CampaignOptions):
+        from strategies.machine import MODES
+
+        if options.mode not in MODES:
+            from simrig.errors import UsageError
+
+            raise UsageError(f"--mode: must be one of {', '.join(MODES)}, got {options.mode!r}")
+        self.options = options
+        self.stats = CampaignStats()
+        self.classes: dict[Key, FindingClass] = {}
+        self.tolerated: set[Key] = set()  # classes already shrunk (or known)
+        self.recorder = ReplayRecorder()  # steps rows and dtype tallies, as replay keeps them
+        self.interrupted = False
+        self._start = 0.0
+        self._chunk_failed = False
+        self._progress: Any = None
+
+    # ------------------------------------------------------------ time
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._start
+
+    def _grace(self) -> float:
+        o = self.options
+        return o.shrink_grace_s if o.shrink_grace_s is not None else min(120.0, o.budget_s / 4)
+
+    def _examples_done(self) -> bool:
+        m = self.options.max_examples
+        return m is not None and self.stats.examples >= m
+
+    def stopped(self) -> bool:
+        """Rules stop running the real code: interrupted, past the budget while
+        exploring, or past budget + grace while shrinking."""
+        if self.interrupted:
+            return True
+        over = self._elapsed() > self.options.budget_s or self._examples_done()
+        if over and not self._chunk_failed:
+            return True
+        return self._elapsed() > self.options.budget_s + self._grace()
+
+    # ------------------------------------------------------------ machine hooks
+    def _on_step(self, machine: Any, index: int, step: Step, obs: Any,
+                 found: list[Finding]) -> list[Finding]:
+        st = self.stats
+        st.steps += 1
+        st.findings += len(found)
+        violation = machine.violations.get(index)
+        st.violations_sent += violation is not None
+        st.loud_rejections += any(f.extra.get("loud_rejection") for f in found)
+        tracker = machine.__dict__.setdefault("_batch_tracker", BatchTracker())
+        self.recorder.record(f"example-{st.examples}", machine.config.pcp_size, index + 2, step,
+                             tracker.observe(step), obs, found)
+        failing = []
+        for f in found:
+            key = class_key(f)
+            cls = self.classes.get(key)
+            if cls is None:
+                cls = self.classes[key] = FindingClass(key, f)
+            cls.count += 1
+            if key in self.tolerated or f.known:
+                continue
+            failing.append(f)
+            self._offer(cls, machine)
+        if failing:
+            self._chunk_failed = True
+        self._tick()
+        return failing
+
+    def _offer(self, cls: FindingClass, machine: Any) -> None:
+        """Keep the smallest failing run seen for a class (Hypothesis shrinks towards it)."""
+        steps = list(machine.steps)
+        candidate = FindingClass(cls.key, cls.first, steps=steps)
+        if cls.steps is None or candidate.size() < cls.size():
+            cls.steps, cls.violations, cls.config = steps, dict(machine.violations), machine.config
+
+    def _on_teardown(self, machine: Any) -> None:
+        if machine.steps:
+            self.stats.examples += 1
+
+    def _tick(self) -> None:
+        if self._progress is not None:
+            failing = sum(1 for c in self.classes.values() if c.failing)
+            self._progress.label = f"fuzz {self.options.mode} | example {self.stats.examples:,}"
+            self._progress.update(self.stats.steps, len(self.classes), failing)
+
+    # ------------------------------------------------------------ phases
+    def run(self) -> int:
+        from simrig.progress import Progress
+
+        from simrig.vllm_api import load
+
+        o = self.options
+        load()  # the one-off vLLM import (~15 s) is not part of the budget
+        self._start = time.perf_counter()
+        self._progress = Progress(mode=o.progress, label=f"fuzz {o.mode}")
+        handlers = _install_signal_handlers(self)
+        try:
+            if o.replay_regressions:
+                self._progress.begin("regressions")
+                self.replay_regressions()
+            self._progress.begin("campaign")
+            self.explore()
+        finally:
+            _restore_signal_handlers(handlers)
+            self.stats.elapsed_s = round(self._elapsed(), 3)
+            self._progress.close()
+            self.finish()
+        return self.exit_status()
+
+    def replay_regressions(self) -> None:
+        paths = sorted(p for p in Path(self.options.regressions_dir).glob("*.jsonl*") if p.is_file())
+        for path in paths:
+            if self.interrupted:
+                return
+            found, num_steps = replay_with_checks(path, self.options.extra_checks, self.options.stages)
+            self.stats.regression_traces += 1
+            self.stats.regression_steps += num_steps
+            for f in found:
+                key = class_key(f)
+                cls = self.classes.get(key)
+                if cls is None:
+                    cls = self.classes[key] = FindingClass(key, f, source=str(path),
+                                                           trace_path=str(path), reproduced=True)
+                cls.count += 1
+                self.tolerated.add(key)  # already has a minimal trace: do not shrink it again
+
+    def explore(self) -> None:
+        from hypothesis import HealthCheck, Phase, Verbosity, settings
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        from hypothesis.stateful import get_state_machine_test
+
+        from strategies.machine import VIOLATIONS, MachineSettings, SchedulerContractMachine
+
+        o = self.options
+        machine_settings = MachineSettings(
+            mode=o.mode, configs=o.configs if o.configs is not None else _default_configs(o.pcp_sizes),
+            stages=o.stages, extra_checks=tuple(o.extra_checks),
+            violations=o.violations if o.violations is not None else VIOLATIONS,
+            on_step=self._on_step, on_teardown=self._on_teardown, stopped=self.stopped)
+        machine = SchedulerContractMachine.bind(machine_settings)
+        database = DirectoryBasedExampleDatabase(str(o.database)) if o.database else None
+        key = f"simrig-fuzz:{o.mode}:{','.join(map(str, o.pcp_sizes))}".encode()
+        while not self.stopped():
+            chunk = self.stats.chunks
+            self.stats.chunks += 1
+            self._chunk_failed = False
+            phases = [Phase.generate, Phase.target, Phase.shrink]
+            if chunk == 0 and database is not None:
+                phases.insert(0, Phase.reuse)  # earlier campaigns' failures first
+            hyp = settings(max_examples=o.chunk_examples, deadline=None, database=database,
+                           phases=phases, stateful_step_count=o.steps_per_example,
+                           suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
+                           report_multiple_bugs=False, print_blob=False)
+            test = get_state_machine_test(machine, settings=hyp)
+            test._hypothesis_internal_use_seed = o.seed * 1_000_003 + chunk
+            test._hypothesis_internal_database_key = key
+            try:
+                test()
+            except Exception as exc:  # noqa: BLE001 -- sorted below
+                self._after_failure(exc)
+            self.tolerated.update(k for k, c in self.classes.items() if c.steps is not None)
+            self.tolerated.update(k for k, c in self.classes.items() if c.first.known)
+        if self.interrupted:
+            self.stats.stopped_by = "signal"
+        elif self._examples_done():
+            self.stats.stopped_by = "max_examples"
+
+    def _after_failure(self, exc: BaseException) -> None:
+        """Hypothesis re-raises the shrunk example's error (or a Flaky one after
+        we stopped mid-shrink). Our own findings are already recorded; anything
+        else is a bug in the rig."""
+        import traceback
+
+        from hypothesis.errors import Flaky
+
+        from strategies.machine import NewFinding
+
+        errors = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else [exc]
+        for err in errors:
+            if isinstance(err, NewFinding) or (isinstance(err, Flaky) and self.stopped()):
+                continue
+            text = "".join(traceback.format_exception(err))
+            self.stats.rig_errors.append(text)
+            self.interrupted = True  # a rig bug stops the campaign: fix it first
+
+    # ------------------------------------------------------------ output
+    def finish(self) -> None:
+        """Shrunk traces, report, campaign figures and JUnit XML; runs in
+        ``finally`` so an interrupted campaign still leaves everything found."""
+        import shutil
+
+        from simrig.report import write_report
+        from simrig.shrink import write_shrunk
+
+        out = Path(self.options.out_dir)
+        staging = out.parent / f".{out.name}-shrunk-staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            for cls in sorted(self.classes.values(), key=lambda c: c.key):
+                if cls.steps is not None and not cls.trace_path:
+                    write_shrunk(cls, self.options, staging)
+            summary = self.summary()
+            result = self.recorder.result([], list(self.options.pcp_sizes), self.options.stages)
+            write_report(out, result.steps, self.findings_frame(), result.contract, summary,
+                         extra_tables={"campaign": _one_row(summary), "occurrences": result.findings},
+                         title="simrig fuzz campaign")
+            if any(staging.iterdir()):
+                os.replace(staging, out / "shrunk")
+            (out / "junit.xml").write_text(junit_xml(self), encoding="utf-8")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def exit_status(self) -> int:
+        return 1 if (any(c.failing for c in self.classes.values()) or self.stats.rig_errors) else 0
+
+    def summary(self) -> dict[str, Any]:
+        st, o = self.stats, self.options
+        elapsed = max(st.elapsed_s, 1e-9)
+        by_kind: dict[str, int] = {}
+        for cls in self.classes.values():
+            by_kind[cls.key[0]] = by_kind.get(cls.key[0], 0) + cls.count
+        return {
+            "command": "fuzz", "mode": o.mode, "seed": o.seed, "budget_s": o.budget_s,
+            "pcp_sizes": list(o.pcp_sizes), "stages": list(o.stages),
+            "elapsed_s": st.elapsed_s, "stopped_by": st.stopped_by, "chunks": st.chunks,
+            "examples": st.examples, "steps": st.steps,
+            "examples_per_s": round(st.examples / elapsed, 3),
+            "steps_per_s": round(st.steps / elapsed, 3),
+            "findings": st.findings, "finding_classes": len(self.classes),
+            "failing_classes": sum(c.failing for c in self.classes.values()),
+            "loud_rejections": st.loud_rejections, "violations_sent": st.violations_sent,
+            "findings_by_kind": dict(sorted(by_kind.items())),
+            "regression_traces": st.regression_traces, "regression_steps": st.regression_steps,
+            "rig_errors": len(st.rig_errors), "exit_status": self.exit_status(),
+        }
+
+    def findings_frame(self) -> Any:
+        import pandas as pd
+
+        rows = []
+        for cls in sorted(self.classes.values(), key=lambda c: c.key):
+            row = cls.first.row()
+            row.update(count=cls.count, loud_rejection=cls.loud, failing=cls.failing,
+                       source=cls.source, shrunk_trace=cls.trace_path,
+                       shrunk_steps=len(cls.steps) if cls.steps is not None else -1,
+                       reproduced="" if cls.reproduced is None else str(cls.reproduced),
+                       pcp_size=cls.config.pcp_size if cls.config else -1)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def _default_configs(pcp_sizes: Sequence[int]) -> Any:
+    from hypothesis import strategies as st
+
+    from strategies.configs import runner_configs
+
+    return runner_configs(pcp_sizes=st.sampled_from(tuple(pcp_sizes)))
+
+
+def _install_signal_handlers(campaign: Campaign) -> dict[int, Any]:
+    """First SIGINT/SIGTERM: stop cleanly (rules stop, report is written).
+    A second one interrupts at once (the report is still written in finally)."""
+    def handler(signum: int, frame: Any) -> None:
+        if campaign.interrupted:
+            raise KeyboardInterrupt
+        campaign.interrupted = True
+
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return old
+
+
+def _restore_signal_handlers(old: dict[int, Any]) -> None:
+    for sig, h in old.items():
+        signal.signal(sig, h)
+
+
+def _one_row(summary: dict[str, Any]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame([{k: (v if not isinstance(v, (list, dict)) else str(v))
+                          for k, v in summary.items()}])
+
+
+def junit_xml(campaign: Campaign) -> str:
+    """One testcase per finding class: failure when failing, skipped when known,
+    passed (with a note) for loud rejections."""
+    from xml.sax.saxutils import escape, quoteattr
+
+    classes = sorted(campaign.classes.values(), key=lambda c: c.key)
+    failures = sum(c.failing for c in classes) + len(campaign.stats.rig_errors)
+    cases = []
+    for cls in classes:
+        name = quoteattr(":".join(str(x) for x in cls.key[:4]) + (" (loud rejection)" if cls.loud else ""))
+        body = escape(f"{cls.first.one_line()}\ncount={cls.count} trace={cls.trace_path}")
+        if cls.failing:
+            inner = f'<failure message={quoteattr(cls.first.one_line()[:200])}>{body}</failure>'
+        elif cls.first.known:
+            inner = f'<skipped message="known finding">{body}</skipped>'
+        else:
+            inner = f"<system-out>{body}</system-out>"
+        cases.append(f'  <testcase classname="simrig.fuzz.{campaign.options.mode}" name={name} '
+                     f'time="0">{inner}</testcase>')
+    for i, text in enumerate(campaign.stats.rig_errors):
+        cases.append(f'  <testcase classname="simrig.fuzz.rig" name="rig_error_{i}" time="0">'
+                     f'<error message="simrig bug">{escape(text)}</error></testcase>')
+    if not cases:
+        cases.append(f'  <testcase classname="simrig.fuzz.{campaign.options.mode}" name="no findings" time="0"/>')
+    return ('<?xml version="1.0" encoding="utf-8"?>\n'
+            f'<testsuite name="simrig fuzz {campaign.options.mode}" tests="{len(cases)}" '
+            f'failures="{failures}" time="{campaign.stats.elapsed_s}">\n' + "\n".join(cases)
+            + "\n</testsuite>\n")

@@ -1,0 +1,87 @@
+"""Shrunk failures as v1 traces, and the replay that confirms them.
+
+Hypothesis shrinks a failing machine example; the campaign keeps the smallest
+failing run per finding class (fewest steps, then requests, then tokens).
+This module writes that run as a trace whose header says what it reproduces:
+
+    {"format": "simrig-trace", "version": 1, "adversarial": true,
+     "source": {"kind": "shrunk", "signature": ["key_error", "gather", "", "KeyError"],
+                "loud_rejection": true, "violation_steps": {"0": "unknown_id"}, ...}, ...}
+
+and replays it through a fresh Harness + Checker (+ the campaign's extra
+checks) to confirm the same class comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from simrig import findings as fk
+from simrig.findings import Finding
+from simrig.observe import OPTIONAL_STAGES
+from simrig.trace import TraceHeader, TraceReader, write_trace
+
+
+def class_key(finding: Finding) -> tuple[str, str, str, str, bool]:
+    """Finding class: (kind, stage, field, exception type, loud rejection)."""
+    return (*finding.signature, bool(finding.extra.get("loud_rejection")))
+
+
+def trace_name(key: tuple[str, str, str, str, bool]) -> str:
+    kind, stage, fld, exc_type, loud = key
+    parts = (kind, stage, fld.replace(".", "_").replace("/", "_"), exc_type, "loud" if loud else "")
+    return "-".join(p for p in parts if p)
+
+
+def write_shrunk(cls: Any, options: Any, staging: Path) -> Path:
+    """Write a FindingClass's smallest run under STAGING/ (moved to OUT/shrunk/
+    with the report), replay it, set ``cls.trace_path`` (final path) and
+    ``cls.reproduced``; copy failing ones into the regressions folder when asked."""
+    header = TraceHeader(config=cls.config, adversarial=options.mode == "adversarial", source={
+        "kind": "shrunk", "tool": "simrig fuzz", "seed": options.seed, "mode": options.mode,
+        "signature": list(cls.key[:4]), "loud_rejection": cls.key[4],
+        "violation_steps": {str(k): v for k, v in sorted(cls.violations.items())}})
+    path = Path(staging) / f"{trace_name(cls.key)}.jsonl"
+    write_trace(path, header, cls.steps)
+    cls.trace_path = str(Path(options.out_dir) / "shrunk" / path.name)
+    found, _ = replay_with_checks(path, options.extra_checks, options.stages)
+    cls.reproduced = cls.key in {class_key(f) for f in found}
+    if options.save_regressions and cls.failing:
+        write_trace(Path(options.regressions_dir) / path.name, header, cls.steps)
+    return path
+
+
+def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),
+                       stages: Sequence[str] = OPTIONAL_STAGES) -> tuple[list[Finding], int]:
+    """Replay one trace through a fresh Harness + Checker + extra checks.
+
+    Unlike ``simrig.replay`` it also runs the campaign's extra checks and marks
+    loud rejections from the header's ``source.violation_steps``, so a shrunk
+    trace replays to exactly the finding class it was shrunk for. An
+    adversarial trace that names no violation steps counts every KeyError as
+    a loud rejection.
+    """
+    from simrig.checks import Checker
+    from simrig.runner import Harness
+    from strategies.machine import run_checks
+
+    reader = TraceReader(path)
+    header = reader.header
+    violations = {int(k): v for k, v in (header.source.get("violation_steps") or {}).items()}
+    harness = Harness(header.config, stages=stages)
+    checker = Checker(header.config, adversarial=header.adversarial, trace=str(path))
+    found: list[Finding] = []
+    count = 0
+    for _, step in reader:
+        obs = harness.run_step(step)
+        step_found = run_checks(checker, extra_checks, obs.index, step, obs,
+                                violations.get(obs.index), str(path))
+        if header.adversarial and not violations:
+            for f in step_found:
+                if f.kind in (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT):
+                    f.extra["loud_rejection"] = True
+        found.extend(step_found)
+        count += 1
+    return found, count

@@ -1,0 +1,270 @@
+"""``SchedulerContractMachine``: Hypothesis plays the scheduler against the real runner.
+
+    rules (scheduler side, strategies.model)        after every scheduled step
+    ───────────────────────────────────────         ───────────────────────────────────────
+    arrive / abort / preempt / resume        ──►    Harness.run_step(step)   (real MRV2 code)
+    schedule (prefill chunk, decode, spec)          Checker.check + extra checks
+    adversarial only: unknown_id, finished_id,      fail on any finding the settings call
+      unknown_cached, duplicate_new                 "failing" -> NewFinding(steps, findings)
+
+Mode ``valid`` never breaks the contract, so any finding is a runner (or rig)
+bug. Mode ``adversarial`` also sends contract violations, each as a step of
+its own; the runner must reject them loudly. A KeyError (or a Checker
+contract_violation_input) on such a step is a *loud rejection*: the expected
+behaviour, still recorded as a finding class. A violation that no stage
+raises on is a ``silent_acceptance``.
+
+Every Step the machine sends is recorded with its violation tag, so a failing
+example becomes a v1 trace that ``simrig replay`` reproduces.
+
+    Machine = SchedulerContractMachine.bind(MachineSettings(mode="adversarial"))
+    run_state_machine_as_test(Machine, settings=settings(max_examples=20))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from simrig import findings as fk
+from simrig.findings import Finding
+from simrig.observe import OPTIONAL_STAGES, StepObs
+from simrig.step import CachedUpdate, RunnerConfig, Step
+from strategies._validate import check_choice
+from strategies.configs import runner_configs
+from strategies.model import Plan, Row, SchedulerModel
+from strategies.requests import prefix_cache_hits, prompt_lengths
+from strategies.steps import draw_plan
+
+MODES = ("valid", "adversarial")
+# Violations the runner must reject by raising.
+UNKNOWN_ID = "unknown_id"  # scheduled id never sent
+FINISHED_ID = "finished_id"  # scheduled id already finished
+UNKNOWN_CACHED = "unknown_cached"  # cached update for an id never sent
+DUPLICATE_NEW = "duplicate_new"  # new request for an id the runner still holds
+VIOLATIONS = (UNKNOWN_ID, FINISHED_ID, UNKNOWN_CACHED, DUPLICATE_NEW)
+# Finding kinds that mean "the runner (or the contract check) refused the input".
+LOUD_KINDS = (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT)
+
+ExtraCheck = Callable[[int, Step, StepObs], list[Finding]]
+
+
+@dataclass
+class MachineSettings:
+    """How a machine class runs; bind with ``SchedulerContractMachine.bind``."""
+
+    mode: str = "valid"
+    configs: st.SearchStrategy[RunnerConfig] = field(default_factory=runner_configs)
+    stages: Sequence[str] = OPTIONAL_STAGES
+    extra_checks: Sequence[ExtraCheck] = ()
+    violations: Sequence[str] = VIOLATIONS
+    max_new_tokens: int = 8
+    # hook(machine, index, step, obs, findings) -> findings that fail the example;
+    # default: every finding that is neither known nor a loud rejection.
+    on_step: Callable[..., list[Finding]] | None = None
+    # Called with each machine once its example ends (campaign statistics).
+    on_teardown: Callable[[Any], None] | None = None
+    # True -> rules stop running the real code (a campaign that ran out of time).
+    stopped: Callable[[], bool] = lambda: False
+
+    def validate(self) -> None:
+        check_choice("mode", self.mode, MODES)
+        for v in self.violations:
+            check_choice("violations", v, VIOLATIONS)
+
+
+class NewFinding(AssertionError):
+    """An example produced findings its settings call failing."""
+
+    def __init__(self, findings: list[Finding], steps: list[Step], violations: dict[int, str],
+                 config: RunnerConfig):
+        self.findings, self.steps, self.violations, self.config = findings, steps, violations, config
+        super().__init__("; ".join(f.one_line() for f in findings[:3]))
+
+
+def is_loud_rejection(finding: Finding) -> bool:
+    return bool(finding.extra.get("loud_rejection"))
+
+
+def default_failing(machine: Any, index: int, step: Step, obs: StepObs,
+                    findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if not f.known and not is_loud_rejection(f)]
+
+
+def runner_error_findings(index: int, step: Step, obs: StepObs, reported: list[Finding],
+                          trace: str = "") -> list[Finding]:
+    """A finding for every exception the checks did not already report, so no
+    runner failure is ever dropped (kind key_error or exception)."""
+    covered = {(f.stage, f.rank, f.exception_type) for f in reported}
+    out = []
+    for stage in obs.errors:
+        err = stage.error
+        if (stage.stage, stage.rank, err.type) in covered:
+            continue
+        out.append(Finding(kind=fk.KEY_ERROR if err.type == "KeyError" else fk.EXCEPTION,
+                           step=index, stage=stage.stage, check="runner", rank=stage.rank,
+                           req_ids=tuple(err.req_ids), message=err.message,
+                           exception_type=err.type, trace=trace))
+    return out
+
+
+def silent_acceptance_finding(index: int, step: Step, obs: StepObs, violation: str,
+                              reported: list[Finding], trace: str = "") -> list[Finding]:
+    """A violation no stage raised on, unless the checks already said so."""
+    if obs.errors or any(f.kind == fk.SILENT_ACCEPTANCE for f in reported):
+        return []
+    stage = "lifecycle" if violation in (UNKNOWN_CACHED, DUPLICATE_NEW) else "gather"
+    return [Finding(kind=fk.SILENT_ACCEPTANCE, step=index, stage=stage, check="machine",
+                    req_ids=tuple(step.num_scheduled_tokens), field=violation,
+                    message=f"{violation}: runner accepted the step without failing", trace=trace)]
+
+
+def run_checks(checker: Any, extra_checks: Sequence[ExtraCheck], index: int, step: Step,
+               obs: StepObs, violation: str | None, trace: str = "") -> list[Finding]:
+    """All findings of one step: Checker, extra checks, then the fallbacks above;
+    loud rejections of a violation step are marked in ``extra``."""
+    found = list(checker.check(index, step, obs))
+    for check in extra_checks:
+        found.extend(check(index, step, obs))
+    found += runner_error_findings(index, step, obs, found, trace)
+    if violation is not None:
+        found += silent_acceptance_finding(index, step, obs, violation, found, trace)
+        for f in found:
+            if f.kind in LOUD_KINDS:
+                f.extra["loud_rejection"] = True
+                f.extra["violation"] = violation
+    for f in found:
+        f.trace = f.trace or trace
+    return found
+
+
+class SchedulerContractMachine(RuleBasedStateMachine):
+    """Unbound, it runs ``MachineSettings()`` (valid mode, small configs)."""
+
+    machine_settings = MachineSettings()
+
+    @classmethod
+    def bind(cls, machine_settings: MachineSettings) -> type[SchedulerContractMachine]:
+        machine_settings.validate()
+        name = f"{cls.__name__}_{machine_settings.mode}"
+        return type(name, (cls,), {"machine_settings": machine_settings})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: SchedulerModel | None = None
+        self.harness: Any = None
+        self.checker: Any = None
+        self.steps: list[Step] = []  # every Step sent, in order
+        self.violations: dict[int, str] = {}  # step index -> violation tag
+        self.findings: list[Finding] = []
+        self._ghosts = 0
+
+    # ------------------------------------------------------------ set-up
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        from simrig.checks import Checker
+        from simrig.runner import Harness
+
+        ms = self.machine_settings
+        config = data.draw(ms.configs, label="config")
+        self.model = SchedulerModel(config)
+        self.harness = Harness(config, stages=ms.stages)
+        self.checker = Checker(config, adversarial=ms.mode == "adversarial", trace="hypothesis")
+
+    @property
+    def config(self) -> RunnerConfig:
+        return self.model.config
+
+    # ------------------------------------------------------------ scheduler events
+    @rule(data=st.data())
+    def arrive(self, data: st.DataObject) -> None:
+        cfg = self.config
+        if len(self.model.waiting()) >= 2 * cfg.max_num_reqs:
+            return
+        prompt_len = data.draw(prompt_lengths(max_model_len=cfg.max_model_len), label="prompt_len")
+        hit = data.draw(prefix_cache_hits(prompt_len, block_size=cfg.block_size), label="prefix_hit")
+        max_tokens = data.draw(st.integers(1, self.machine_settings.max_new_tokens), label="max_tokens")
+        self.model.arrive(prompt_len, max_tokens, hit)
+
+    @precondition(lambda self: self.model is not None and self.model.held())
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        self.model.abort(data.draw(st.sampled_from([r.req_id for r in self.model.held()])))
+
+    @precondition(lambda self: self.model is not None and self.model.preemptable())
+    @rule(data=st.data())
+    def preempt(self, data: st.DataObject) -> None:
+        self.model.preempt(data.draw(st.sampled_from([r.req_id for r in self.model.preemptable()])))
+
+    @precondition(lambda self: self.model is not None and self.model.preempted())
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        req = data.draw(st.sampled_from(self.model.preempted()))
+        self.model.resume(req.req_id, data.draw(prefix_cache_hits(req.num_tokens,
+                                                                  block_size=self.config.block_size)))
+
+    @rule(data=st.data())
+    def schedule(self, data: st.DataObject) -> None:
+        if not self.model.waiting() and not self.model.schedulable_running():
+            self.arrive(data)  # keep the scheduler busy: most rules should send a step
+        plan = draw_plan(data.draw, self.model)
+        if plan is not None:
+            self._send(self.model.build_step(plan), None)
+
+    # ------------------------------------------------------------ violations
+    @precondition(lambda self: self.machine_settings.mode == "adversarial"
+                  and self.model is not None and self.machine_settings.violations)
+    @rule(data=st.data())
+    def violate(self, data: st.DataObject) -> None:
+        """One contract violation, as a step of its own (one rule, so violations
+        stay a minority of the steps)."""
+        possible = [v for v in self.machine_settings.violations
+                    if v in (UNKNOWN_ID, UNKNOWN_CACHED)
+                    or (v == FINISHED_ID and self.model.finished_ids())
+                    or (v == DUPLICATE_NEW and self.model.schedulable_running())]
+        if not possible:
+            return
+        violation = data.draw(st.sampled_from(possible), label="violation")
+        if violation == UNKNOWN_ID:
+            step = Step(num_scheduled_tokens={self._ghost(): 1})
+        elif violation == UNKNOWN_CACHED:
+            ghost = self._ghost()
+            step = Step(cached=[CachedUpdate(ghost, 0)], num_scheduled_tokens={ghost: 1})
+        elif violation == FINISHED_ID:
+            step = Step(num_scheduled_tokens={data.draw(st.sampled_from(self.model.finished_ids())): 1})
+        else:
+            req = data.draw(st.sampled_from(self.model.schedulable_running()))
+            self.model.resend_as_new(req.req_id)
+            limit, _ = self.model.max_rows(req, self.config.max_num_batched_tokens)
+            step = self.model.build_step(Plan([Row(req.req_id, limit)]))
+        self._send(step, violation)
+
+    def _ghost(self) -> str:
+        self._ghosts += 1
+        return f"ghost{self._ghosts}"
+
+    # ------------------------------------------------------------ the real code
+    def _send(self, step: Step, violation: str | None) -> None:
+        ms = self.machine_settings
+        if ms.stopped():
+            return
+        index = len(self.steps)
+        self.steps.append(step)
+        if violation is not None:
+            self.violations[index] = violation
+        obs = self.harness.run_step(step)
+        found = run_checks(self.checker, ms.extra_checks, index, step, obs, violation, "hypothesis")
+        self.findings.extend(found)
+        hook = ms.on_step or default_failing
+        failing = hook(self, index, step, obs, found)
+        if failing:
+            raise NewFinding(failing, list(self.steps), dict(self.violations), self.config)
+
+    def teardown(self) -> None:
+        if self.machine_settings.on_teardown is not None and self.model is not None:
+            self.machine_settings.on_teardown(self)
+

@@ -1,0 +1,211 @@
+"""A small model of the scheduler's side of the contract: request state only.
+
+Each request moves through
+
+    arrive --> waiting --(sent as new, prefill chunks)--> running --(decode / spec decode)--+
+                 ^                                            |  |                        |
+                 |                                  preempt   |  | finish / abort          |
+                 +--- resume (new again, all tokens, --------+  +--> told in the next step's
+                      prefix-cache hit)                               finished list
+
+and the model turns one scheduling decision (a ``Plan``) into one
+``simrig.step.Step`` that obeys the contract the runner relies on:
+
+    cached num_computed_tokens(k+1) == num_computed(k) + scheduled(k) - rejected(k)
+    a request samples only once its prefill is done (then num_tokens grows)
+    drafts only past prefill, drafts <= num_speculative_tokens, scheduled = 1 + drafts
+    sum(scheduled) <= max_num_batched_tokens, held requests <= max_num_reqs
+    num_computed + scheduled <= max_model_len
+
+It is plain Python (no Hypothesis) so strategies, the stateful machine and
+tests share one definition of "valid".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+
+WAITING = "waiting"  # not held by the runner; sent as new when scheduled
+RUNNING = "running"  # held by the runner
+PREEMPTED = "preempted"  # released by the runner; waits for resume
+FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    req_id: str
+    prompt_len: int
+    max_tokens: int
+    num_tokens: int  # prompt + outputs the scheduler knows
+    num_computed: int = 0
+    prefill_len: int = 0  # tokens handed to the runner when last sent as new
+    state: str = WAITING
+    prefix_hit: int = 0  # tokens a prefix-cache hit covers when next sent as new
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < self.prefill_len
+
+    @property
+    def num_outputs(self) -> int:
+        return self.num_tokens - self.prompt_len
+
+
+@dataclass
+class Row:
+    """One scheduled request in a plan."""
+
+    req_id: str
+    num_tokens: int  # scheduled tokens, drafts included
+    drafts: int = 0
+    rejected: int = 0
+
+
+@dataclass
+class Plan:
+    rows: list[Row] = field(default_factory=list)
+
+
+class SchedulerModel:
+    """Request state as the scheduler sees it, plus what the runner holds."""
+
+    def __init__(self, config: RunnerConfig, id_prefix: str = "r"):
+        config.validate()
+        self.config = config
+        self.id_prefix = id_prefix
+        self.reqs: dict[str, Request] = {}
+        self.pending_finished: list[str] = []  # told to the runner in the next step
+        self.pending_preempted: list[str] = []  # released in the next step
+        self.steps: list[Step] = []
+        self._next_id = 0
+
+    # ------------------------------------------------------------ events
+    def arrive(self, prompt_len: int, max_tokens: int, prefix_hit: int = 0) -> str:
+        if not 1 <= prompt_len <= self.config.max_model_len:
+            raise ValueError(f"prompt_len {prompt_len} outside 1..{self.config.max_model_len}")
+        if not 0 <= prefix_hit < prompt_len:
+            raise ValueError(f"prefix_hit {prefix_hit} must leave a token to compute")
+        req_id = f"{self.id_prefix}{self._next_id}"
+        self._next_id += 1
+        self.reqs[req_id] = Request(req_id, prompt_len, max_tokens, num_tokens=prompt_len,
+                                    prefix_hit=prefix_hit)
+        return req_id
+
+    def abort(self, req_id: str) -> None:
+        req = self.reqs[req_id]
+        if req.state == RUNNING and req_id not in self.pending_preempted:
+            self.pending_finished.append(req_id)
+        req.state = FINISHED
+
+    def preempt(self, req_id: str) -> None:
+        req = self.reqs[req_id]
+        assert req.state == RUNNING and req_id not in self.pending_preempted
+        self.pending_preempted.append(req_id)
+
+    def resume(self, req_id: str, prefix_hit: int) -> None:
+        """A preempted request waits again; it is sent as new with all its tokens."""
+        req = self.reqs[req_id]
+        assert req.state == PREEMPTED
+        if not 0 <= prefix_hit < req.num_tokens:
+            raise ValueError(f"prefix_hit {prefix_hit} must leave a token to compute")
+        req.state, req.prefix_hit = WAITING, prefix_hit
+
+    def resend_as_new(self, req_id: str) -> None:
+        """Adversarial: the next plan sends a request the runner still holds as new."""
+        req = self.reqs[req_id]
+        assert req.state == RUNNING and req_id not in self.pending_preempted
+        req.state, req.prefix_hit = WAITING, 0
+
+    # ------------------------------------------------------------ queries
+    def held(self) -> list[Request]:
+        return [r for r in self.reqs.values() if r.state == RUNNING]
+
+    def schedulable_running(self) -> list[Request]:
+        return [r for r in self.held() if r.req_id not in self.pending_preempted]
+
+    def preemptable(self) -> list[Request]:
+        return self.schedulable_running()
+
+    def waiting(self) -> list[Request]:
+        return [r for r in self.reqs.values() if r.state == WAITING]
+
+    def preempted(self) -> list[Request]:
+        return [r for r in self.reqs.values()
+                if r.state == PREEMPTED and r.req_id not in self.pending_preempted]
+
+    def finished_ids(self) -> list[str]:
+        """Finished ids the runner has already been told about."""
+        return [r.req_id for r in self.reqs.values()
+                if r.state == FINISHED and r.req_id not in self.pending_finished]
+
+    def free_slots(self) -> int:
+        # Preempted (and finished) requests are released before new ones are added.
+        staying = [r for r in self.held() if r.req_id not in self.pending_preempted]
+        return self.config.max_num_reqs - len(staying)
+
+    def max_rows(self, req: Request, budget: int) -> tuple[int, int]:
+        """(max tokens, max drafts) req may be scheduled for under ``budget``."""
+        if req.state == WAITING:
+            remaining = req.num_tokens - req.prefix_hit
+            return min(remaining, budget), 0
+        if req.prefilling:
+            return min(req.prefill_len - req.num_computed, budget), 0
+        room = self.config.max_model_len - req.num_tokens  # drafts land at num_tokens..
+        drafts = min(self.config.num_speculative_tokens, budget - 1, room,
+                     req.max_tokens - req.num_outputs - 1)
+        return 1 + max(drafts, 0), max(drafts, 0)
+
+    def can_schedule(self, req: Request) -> bool:
+        if req.state == WAITING:
+            return True
+        return req.prefilling or req.num_tokens < self.config.max_model_len
+
+    # ------------------------------------------------------------ steps
+    def build_step(self, plan: Plan) -> Step:
+        """Apply a plan: the Step the runner receives, then the sampler outcome."""
+        cfg = self.config
+        step = Step(finished=list(self.pending_finished), preempted=list(self.pending_preempted))
+        for req_id in self.pending_preempted:
+            req = self.reqs[req_id]
+            if req.state == RUNNING:  # an abort between preempt and this step wins
+                req.state = PREEMPTED
+            req.num_computed, req.prefix_hit = 0, 0
+        self.pending_finished, self.pending_preempted = [], []
+        total = 0
+        for row in plan.rows:
+            req = self.reqs[row.req_id]
+            assert row.req_id not in step.num_scheduled_tokens, f"{row.req_id} scheduled twice"
+            if req.state == WAITING:
+                assert row.drafts == 0
+                assert len(self.held()) < cfg.max_num_reqs, "no free request slot"
+                req.state, req.num_computed, req.prefill_len = RUNNING, req.prefix_hit, req.num_tokens
+                step.new_requests.append(NewRequest(
+                    req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.prefix_hit,
+                    max_tokens=req.max_tokens,
+                    prefill_len=req.num_tokens if req.num_tokens > req.prompt_len else None))
+            else:
+                assert req.state == RUNNING, f"{row.req_id} is {req.state}"
+                step.cached.append(CachedUpdate(req.req_id, req.num_computed))
+            limit, max_drafts = self.max_rows(req, cfg.max_num_batched_tokens - total)
+            assert 1 <= row.num_tokens <= limit and 0 <= row.rejected <= row.drafts <= max_drafts
+            if row.drafts:
+                assert row.num_tokens == 1 + row.drafts
+                step.spec_tokens[row.req_id] = row.drafts
+                if row.rejected:
+                    step.rejected[row.req_id] = row.rejected
+            assert req.num_computed + row.num_tokens <= cfg.max_model_len
+            step.num_scheduled_tokens[row.req_id] = row.num_tokens
+            total += row.num_tokens
+        assert step.num_scheduled_tokens, "a step schedules at least one request"
+        for row in plan.rows:  # sampler outcome
+            req = self.reqs[row.req_id]
+            req.num_computed += row.num_tokens - row.rejected
+            if req.num_computed >= req.prefill_len:  # prefill done: one token (+accepted drafts)
+                req.num_tokens = req.num_computed + 1
+                if req.num_outputs >= req.max_tokens or req.num_tokens >= cfg.max_model_len:
+                    req.state = FINISHED
+                    self.pending_finished.append(req.req_id)
+        self.steps.append(step)
+        return step

@@ -1,0 +1,59 @@
+"""Strategies for single requests as the scheduler first sends them.
+
+    prompt_len  1 .. max_model_len        (a prompt may fill the whole context)
+    max_tokens  1 .. max_new_tokens       (output budget)
+    prefix hit  0, block_size, 2*block_size … < prompt_len   (prefix cache)
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from hypothesis.errors import InvalidArgument
+
+from simrig.step import NewRequest
+from strategies._validate import check_bool, check_int
+
+
+def prompt_lengths(*, max_model_len: int = 256, min_len: int = 1) -> st.SearchStrategy[int]:
+    """Prompt lengths in ``min_len .. max_model_len``; shrinks towards short prompts."""
+    check_int("max_model_len", max_model_len, minimum=1)
+    check_int("min_len", min_len, minimum=1, maximum=max_model_len)
+    return st.integers(min_len, max_model_len)
+
+
+def prefix_cache_hits(prompt_len: int, *, block_size: int = 16) -> st.SearchStrategy[int]:
+    """Tokens a prefix-cache hit may cover: whole blocks, always leaving at least
+    one token to compute (the scheduler never schedules zero tokens)."""
+    check_int("prompt_len", prompt_len, minimum=1)
+    check_int("block_size", block_size, minimum=1)
+    max_blocks = (prompt_len - 1) // block_size
+    return st.integers(0, max_blocks).map(lambda b: b * block_size)
+
+
+@st.composite
+def _new_requests(draw, max_model_len: int, max_new_tokens: int, block_size: int,
+                  prefix_caching: bool, req_id: str | None) -> NewRequest:
+    prompt_len = draw(prompt_lengths(max_model_len=max_model_len))
+    hit = draw(prefix_cache_hits(prompt_len, block_size=block_size)) if prefix_caching else 0
+    rid = req_id if req_id is not None else draw(request_ids())
+    return NewRequest(req_id=rid, prompt_len=prompt_len, num_computed_tokens=hit,
+                      max_tokens=draw(st.integers(1, max_new_tokens)))
+
+
+def new_requests(*, max_model_len: int = 256, max_new_tokens: int = 16, block_size: int = 16,
+                 prefix_caching: bool = True, req_id: str | None = None) -> st.SearchStrategy[NewRequest]:
+    """A ``simrig.step.NewRequest`` as sent on first arrival (never a resume)."""
+    check_int("max_model_len", max_model_len, minimum=1)
+    check_int("max_new_tokens", max_new_tokens, minimum=1)
+    check_int("block_size", block_size, minimum=1)
+    check_bool("prefix_caching", prefix_caching)
+    if req_id is not None and (not isinstance(req_id, str) or not req_id):
+        raise InvalidArgument(f"req_id={req_id!r} must be a non-empty string or None")
+    return _new_requests(max_model_len, max_new_tokens, block_size, prefix_caching, req_id)
+
+
+def request_ids() -> st.SearchStrategy[str]:
+    """Request ids shaped like vLLM's (``cmpl-<hex>-0``) plus short ones."""
+    hexes = st.text("0123456789abcdef", min_size=1, max_size=8)
+    return st.one_of(st.from_regex(r"\Ar[0-9]{1,3}\Z"), hexes.map(lambda h: f"cmpl-{h}-0"))

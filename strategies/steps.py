@@ -1,0 +1,145 @@
+"""Strategies for scheduler steps that obey the runner's contract.
+
+``scheduler_steps(config=...)`` draws a whole life: arrivals, chunked
+prefills, decodes, spec decodes with rejections, finishes, aborts,
+preemptions and resumes (sent again as new requests carrying all their
+tokens, possibly with a prefix-cache hit). Every step is built by
+``strategies.model.SchedulerModel``, the single definition of "valid".
+
+One step's plan, in the scheduler's order (running first, then waiting):
+
+    running r0: prefilling  -> chunk 1..remaining        (full chunk is the simplest)
+    running r1: decoding    -> 1 + k drafts, k <= num_speculative_tokens, rejected <= k
+    waiting r2: new/resumed -> chunk 1..remaining - prefix hit
+    ... until the token budget or the request slots run out
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import strategies as st
+
+from simrig.step import RunnerConfig, Step
+from strategies._validate import check_int
+from strategies.configs import runner_configs
+from strategies.model import WAITING, Plan, Row, SchedulerModel
+from strategies.requests import prefix_cache_hits, prompt_lengths
+
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+
+def draw_plan(draw: Draw, model: SchedulerModel) -> Plan | None:
+    """Draw one scheduling decision for ``model`` (None: nothing schedulable).
+
+    Shared by the ``scheduler_steps`` strategy and the stateful machine, whose
+    rules pass ``data.draw``. Choices shrink towards "schedule everyone, whole
+    prefills, no drafts, no rejections".
+    """
+    cfg = model.config
+    budget = cfg.max_num_batched_tokens
+    slots = model.free_slots()
+    rows: list[Row] = []
+    candidates = [r for r in model.schedulable_running() if model.can_schedule(r)]
+    candidates += model.waiting()
+    for req in candidates:
+        if budget <= 0:
+            break
+        is_new = req.state == WAITING
+        if is_new and slots <= 0:
+            continue
+        # Skip one in four (the budget or policy may leave a request out);
+        # shrinks to "schedule it". The first candidate is never left out.
+        if rows or req is not candidates[0]:
+            if draw(st.integers(0, 3)) == 3:
+                continue
+        limit, max_drafts = model.max_rows(req, budget)
+        if limit < 1:
+            continue
+        if not (is_new or req.prefilling):  # decode, maybe with drafts
+            drafts = draw(st.integers(0, max_drafts)) if max_drafts else 0
+            rejected = draw(st.integers(0, drafts)) if drafts else 0
+            row = Row(req.req_id, 1 + drafts, drafts, rejected)
+        else:
+            chunked = draw(st.booleans())
+            row = Row(req.req_id, draw(st.integers(1, limit)) if chunked and limit > 1 else limit)
+        rows.append(row)
+        budget -= row.num_tokens
+        slots -= is_new
+    if not rows:
+        return None
+    return Plan(rows)
+
+
+def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
+    """Between steps: maybe an arrival, abort, preemption or resume."""
+    cfg = model.config
+    kind = draw(st.sampled_from(("none", "arrive", "abort", "preempt", "resume")))
+    if kind == "arrive" or not model.reqs:
+        prompt_len = draw(prompt_lengths(max_model_len=cfg.max_model_len))
+        hit = draw(prefix_cache_hits(prompt_len, block_size=cfg.block_size))
+        model.arrive(prompt_len, draw(st.integers(1, max_new_tokens)), hit)
+    elif kind == "abort" and model.held():
+        model.abort(draw(st.sampled_from([r.req_id for r in model.held()])))
+    elif kind == "preempt" and model.preemptable():
+        model.preempt(draw(st.sampled_from([r.req_id for r in model.preemptable()])))
+    elif kind == "resume" and model.preempted():
+        req = draw(st.sampled_from(model.preempted()))
+        model.resume(req.req_id, draw(prefix_cache_hits(req.num_tokens, block_size=cfg.block_size)))
+
+
+@st.composite
+def _scheduler_steps(draw, config: st.SearchStrategy[RunnerConfig], min_steps: int,
+                     max_steps: int, max_new_tokens: int) -> list[Step]:
+    cfg = draw(config)
+    model = SchedulerModel(cfg)
+    target = draw(st.integers(min_steps, max_steps))
+    attempts = 0
+    while len(model.steps) < target and attempts < 4 * max_steps + 8:
+        attempts += 1
+        draw_event(draw, model, max_new_tokens)
+        plan = draw_plan(draw, model)
+        if plan is not None:
+            model.build_step(plan)
+    return model.steps
+
+
+def scheduler_steps(*, config: st.SearchStrategy[RunnerConfig] | None = None, min_steps: int = 1,
+                    max_steps: int = 10, max_new_tokens: int = 16) -> st.SearchStrategy[list[Step]]:
+    """Lists of ``simrig.step.Step`` a correct scheduler could send, in order.
+
+    ``config`` is a strategy for the runner config the steps are valid under
+    (default ``runner_configs()``); draw it with ``st.shared`` to obtain the
+    config a given list was made for, or use ``scheduled_runs()``.
+    """
+    from strategies._validate import check_strategy
+
+    config = runner_configs() if config is None else check_strategy("config", config)
+    check_int("min_steps", min_steps, minimum=0)
+    check_int("max_steps", max_steps, minimum=max(min_steps, 1))
+    check_int("max_new_tokens", max_new_tokens, minimum=1)
+    return _scheduler_steps(config, min_steps, max_steps, max_new_tokens)
+
+
+def scheduled_runs(*, config: st.SearchStrategy[RunnerConfig] | None = None, min_steps: int = 1,
+                   max_steps: int = 10, max_new_tokens: int = 16
+                   ) -> st.SearchStrategy[tuple[RunnerConfig, list[Step]]]:
+    """``(config, steps)`` pairs: the steps are valid under that config."""
+    from strategies._validate import check_strategy
+
+    config = runner_configs() if config is None else check_strategy("config", config)
+
+    @st.composite
+    def build(draw) -> tuple[RunnerConfig, list[Step]]:
+        cfg = draw(config)
+        return cfg, draw(scheduler_steps(config=st.just(cfg), min_steps=min_steps,
+                                         max_steps=max_steps, max_new_tokens=max_new_tokens))
+
+    return build()
+
+
+def scheduler_step(*, config: st.SearchStrategy[RunnerConfig] | None = None
+                   ) -> st.SearchStrategy[Step]:
+    """A single first step (only new requests) under a config's budget and slots."""
+    return scheduler_steps(config=config, min_steps=1, max_steps=1).map(lambda steps: steps[0])

@@ -1,0 +1,126 @@
+"""Strategies: arguments are validated, and generated steps obey the scheduler contract."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from simrig.lifecycle_checks import SchedulerContract
+from simrig.step import RunnerConfig
+from strategies import (CudagraphDescriptor, cudagraph_descriptors, new_requests, prompt_lengths,
+                        runner_configs, scheduled_runs, scheduler_step, scheduler_steps)
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _independent_contract(config: RunnerConfig, steps) -> None:
+    """The contract written out once more, independently of strategies.model."""
+    computed: dict[str, int] = {}
+    prefill: dict[str, int] = {}
+    for step in steps:
+        for r in (*step.finished, *step.preempted):
+            computed.pop(r)
+        assert len(computed) + len(step.new_requests) <= config.max_num_reqs
+        for req in step.new_requests:
+            assert req.req_id not in computed
+            assert 0 <= req.num_computed_tokens < req.num_prefill_tokens <= config.max_model_len
+            computed[req.req_id], prefill[req.req_id] = req.num_computed_tokens, req.num_prefill_tokens
+        for upd in step.cached:
+            assert upd.num_computed_tokens == computed[upd.req_id]
+        assert 0 < step.total_num_scheduled_tokens <= config.max_num_batched_tokens
+        assert len(step.num_scheduled_tokens) <= config.max_num_reqs
+        for req_id, n in step.num_scheduled_tokens.items():
+            k = step.spec_tokens.get(req_id, 0)
+            nc = computed[req_id]
+            assert nc + n <= config.max_model_len
+            if k:
+                assert nc >= prefill[req_id], "drafts only past prefill"
+                assert n == 1 + k and k <= config.num_speculative_tokens
+            if nc >= prefill[req_id]:
+                assert n == 1 + k, "a decode row is 1 + drafts"
+            computed[req_id] = nc + n - step.rejected.get(req_id, 0)
+
+
+@FAST
+@given(scheduled_runs(max_steps=12))
+def test_generated_steps_obey_the_contract(run):
+    config, steps = run
+    assert steps
+    _independent_contract(config, steps)
+    contract = SchedulerContract(config)  # the Checker's own rules agree
+    for step in steps:
+        assert contract.violations(step) == []
+
+
+@FAST
+@given(st.data())
+def test_runner_configs_respect_arguments(data):
+    config = data.draw(runner_configs(pcp_sizes=st.sampled_from((2, 4)), max_num_reqs=st.integers(1, 3)))
+    config.validate()
+    assert config.pcp_size in (2, 4) and 1 <= config.max_num_reqs <= 3
+    assert config.max_num_batched_tokens >= config.max_num_reqs
+
+
+@FAST
+@given(st.integers(1, 64), st.integers(1, 64), st.data())
+def test_cudagraph_descriptors_never_pad_below_the_batch(tokens, reqs, data):
+    reqs = min(reqs, tokens)
+    desc = data.draw(cudagraph_descriptors(tokens, reqs))
+    assert isinstance(desc, CudagraphDescriptor) and desc.num_tokens >= tokens
+    if desc.mode == "FULL":
+        assert reqs <= desc.num_reqs <= desc.num_tokens
+    else:
+        assert desc.num_reqs is None
+    assert desc.mode != "NONE" or desc.num_tokens == tokens
+
+
+def test_strategies_reach_resume_spec_rejection_and_prefix_hits():
+    """Each hard-to-reach contract feature is generated at all (deterministic run)."""
+    cfg = runner_configs(num_speculative_tokens=st.just(2), pcp_sizes=st.just(1))
+    seen = {"resume": 0, "rejected": 0, "prefix_hit": 0, "preempted": 0, "chunked": 0}
+
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(scheduled_runs(config=cfg, max_steps=12))
+    def probe(run):
+        for s in run[1]:
+            seen["resume"] += any((q.prefill_len or 0) > q.prompt_len for q in s.new_requests)
+            seen["rejected"] += bool(s.rejected)
+            seen["prefix_hit"] += any(q.num_computed_tokens > 0 for q in s.new_requests)
+            seen["preempted"] += bool(s.preempted)
+            seen["chunked"] += any(s.num_scheduled_tokens[q.req_id] < q.num_prefill_tokens
+                                   - q.num_computed_tokens for q in s.new_requests)
+
+    probe()
+    assert all(seen.values()), seen
+
+
+@FAST
+@given(scheduler_step(config=runner_configs(max_num_reqs=st.just(2))))
+def test_a_single_step_only_sends_new_requests(step):
+    assert step.new_requests and not step.cached
+    assert set(step.num_scheduled_tokens) == {r.req_id for r in step.new_requests}
+
+
+@FAST
+@given(new_requests(max_model_len=40, block_size=8))
+def test_new_requests_fit_the_context(req):
+    assert 1 <= req.prompt_len <= 40 and req.num_computed_tokens % 8 == 0
+    assert req.num_computed_tokens < req.prompt_len
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: scheduler_steps(config=RunnerConfig()), "must be a SearchStrategy"),
+    (lambda: scheduler_steps(min_steps=-1), "min_steps=-1"),
+    (lambda: scheduler_steps(min_steps=5, max_steps=2), "max_steps=2"),
+    (lambda: runner_configs(pcp_sizes=2), "pcp_sizes=2"),
+    (lambda: prompt_lengths(max_model_len=0), "max_model_len=0"),
+    (lambda: new_requests(prefix_caching="yes"), "prefix_caching"),
+    (lambda: cudagraph_descriptors(4, 8), "num_reqs=8"),
+    (lambda: cudagraph_descriptors(4, 2, modes=("EAGER",)), "modes='EAGER'"),
+])
+def test_bad_arguments_raise_invalid_argument(build, message):
+    with pytest.raises(InvalidArgument, match=message.replace("(", r"\(")):
+        build()
