@@ -60,6 +60,11 @@ class RunnerConfig:
         nst = self.num_speculative_tokens
         if not isinstance(nst, int) or isinstance(nst, bool) or nst < 0:
             raise ValueError(f"num_speculative_tokens: must be >= 0, got {nst!r}")
+        # vLLM shards decodes across PCP ranks only without DCP: DCP shards the
+        # KV cache, so every decode must run on every DCP rank
+        # (ParallelConfig.pcp_shard_decode_requests).
+        if self.shard_decode_requests and self.dcp_size > 1:
+            raise ValueError(f"shard_decode_requests: requires dcp_size 1, got dcp_size {self.dcp_size}")
 
 
 @dataclass

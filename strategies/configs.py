@@ -43,7 +43,10 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
 
     ``max_num_batched_tokens`` is raised to at least ``max_num_reqs`` (a
     scheduler budget below one token per request slot is not a configuration
-    vLLM accepts); ``dcp_size`` only appears with PCP > 1.
+    vLLM accepts); ``dcp_size`` only appears with PCP > 1, and
+    ``shard_decode_requests`` only with PCP > 1 and DCP 1 (vLLM's
+    ``ParallelConfig.pcp_shard_decode_requests``: DCP needs every decode on
+    every rank).
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
@@ -56,14 +59,15 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     def build(draw) -> RunnerConfig:
         reqs = draw(max_num_reqs)
         pcp = draw(pcp_sizes)
+        dcp = draw(dcp_sizes) if pcp > 1 else 1
         config = RunnerConfig(
             max_num_reqs=reqs,
             max_num_batched_tokens=max(draw(max_num_batched_tokens), reqs),
             max_model_len=draw(max_model_len),
             num_speculative_tokens=draw(num_speculative_tokens),
             pcp_size=pcp,
-            dcp_size=draw(dcp_sizes) if pcp > 1 else 1,
-            shard_decode_requests=draw(shard_decode_requests) if pcp > 1 else False,
+            dcp_size=dcp,
+            shard_decode_requests=draw(shard_decode_requests) if pcp > 1 and dcp == 1 else False,
             block_size=draw(block_size))
         config.validate()  # a strategy argument produced an impossible value
         return config
