@@ -69,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
         mark = "known" if finding.known else "NEW"
         where = f"{finding.trace}: " if finding.trace else ""
         print(f"  [{mark}] {where}{finding.one_line()}")
-    if summary["findings"] > SHOWN_FINDINGS:
-        print(f"  ... {summary['findings'] - SHOWN_FINDINGS} more in {report / 'findings.csv'}")
+    listed = summary["findings"] - summary.get("known_not_listed", 0)
+    if listed > SHOWN_FINDINGS:
+        print(f"  ... {listed - SHOWN_FINDINGS} more in {report / 'findings.csv'}")
+    if summary.get("known_not_listed"):
+        print(f"  ({summary['known_not_listed']:,} repeats of known findings counted, not listed)")
     print(f"report: {report / 'report.html'}")
     return summary["exit_status"]
