@@ -15,10 +15,11 @@ from simrig import observe as obs
 from simrig.cli import main
 from simrig.errors import UsageError
 from simrig.progress import PLAIN, QUIET, TTY, Progress
-from simrig.replay import (BatchTracker, ColumnTable, expand_trace_paths, parse_pcp_sizes,
+from simrig.replay import (BatchTracker, expand_trace_paths, parse_pcp_sizes,
                            parse_stages, replay_trace, replay_traces)
 from simrig.report import REPORT_FILES, write_report
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.tables import ColumnTable
 from simrig.trace import TraceError, TraceHeader, read_trace, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
