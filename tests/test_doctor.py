@@ -54,3 +54,22 @@ def test_drift_in_signature_is_named(vllm_api):
                          ("num_reqs", "num_tokens", "input_buffers", "num_loras"))
     with pytest.raises(VllmApiError, match="lacks parameter.*num_loras"):
         _resolve(changed, vllm_api.version)
+
+
+@pytest.mark.vllm
+def test_api_drift_ends_a_replay_with_one_line_and_exit_2(vllm_api, monkeypatch, capsys, tmp_path):
+    import simrig.vllm_api as adapter
+    from simrig.cli import main
+
+    drifted = adapter.ENTRY_POINTS + (
+        EntryPoint("vllm.v1.worker.gpu.pcp_manager", "PCPManager.partition_batch_v2"),)
+    monkeypatch.setattr(adapter, "ENTRY_POINTS", drifted)
+    monkeypatch.setattr(adapter, "_api", None)  # force a fresh check of the install
+    sample = Path(__file__).resolve().parents[1] / "traces" / "samples" / "chunked_prefill.jsonl"
+    status = main(["replay", str(sample), "--out", str(tmp_path / "rep"), "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
+    assert f"vLLM {vllm_api.version}: vllm.v1.worker.gpu.pcp_manager.PCPManager.partition_batch_v2" in err
+    assert not (tmp_path / "rep").exists()
