@@ -25,36 +25,32 @@ def _signature(finding) -> list[str]:
 
 def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[str, ...]],
                       start: float, collect_all: bool) -> bool:
-    """Replay bundled traces; stop at the first finding with a new signature."""
-    from simrig.checks import Checker
-    from simrig.runner import Harness
-    from simrig.trace import TraceReader
+    """Replay bundled traces (loud rejections marked from each header); stop
+    after the first trace that shows a finding class outside ``known``."""
+    from simrig.shrink import replay_with_checks
 
     for path in traces:
-        reader = TraceReader(path)
-        harness = Harness(reader.header.config)
-        checker = Checker(reader.header.config, adversarial=reader.header.adversarial, trace=path)
-        for index, (_, step) in enumerate(reader):
-            for finding in checker.check(index, step, harness.run_step(step)):
-                sig = tuple(_signature(finding))
-                if collect_all:
-                    if list(sig) not in result.signatures:
-                        result.signatures.append(list(sig))
-                    result.new_findings += 0 if finding.known else 1
-                    continue
-                if sig in known or finding.known:
-                    continue
-                result.detected = True
-                result.via = f"replay:{Path(path).name}"
-                result.seconds_to_detection = time.monotonic() - start
-                result.examples_to_detection = 0
-                result.kind = finding.kind
-                result.signature = list(sig)
-                result.shrunk_steps = index + 1  # the trace prefix that reproduces it
-                result.shrunk_trace = path
-                result.message = finding.one_line()
-                reader.close()
-                return True
+        found, _ = replay_with_checks(path)
+        for finding in found:
+            sig = tuple(_signature(finding))
+            if collect_all:
+                if list(sig) not in result.signatures:
+                    result.signatures.append(list(sig))
+                loud = bool(finding.extra.get("loud_rejection"))
+                result.new_findings += 0 if (finding.known or loud) else 1
+                continue
+            if sig in known or finding.known:
+                continue
+            result.detected = True
+            result.via = f"replay:{Path(path).name}"
+            result.seconds_to_detection = time.monotonic() - start
+            result.examples_to_detection = 0
+            result.kind = finding.kind
+            result.signature = list(sig)
+            result.shrunk_steps = finding.step + 1  # the trace prefix that shows it
+            result.shrunk_trace = path
+            result.message = finding.one_line()
+            return True
     return False
 
 

@@ -162,6 +162,11 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         self.violations: dict[int, str] = {}  # step index -> violation tag
         self.findings: list[Finding] = []
         self._ghosts = 0
+        # Ids the runner was told finished (and not re-added since): what a
+        # finished_id violation may schedule. Derived from the steps actually
+        # sent, not from the model, whose finishes are only pending until the
+        # next planned step carries them.
+        self._released: list[str] = []
 
     # ------------------------------------------------------------ set-up
     @initialize(data=st.data())
@@ -224,7 +229,7 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         stay a minority of the steps)."""
         possible = [v for v in self.machine_settings.violations
                     if v in (UNKNOWN_ID, UNKNOWN_CACHED)
-                    or (v == FINISHED_ID and self.model.finished_ids())
+                    or (v == FINISHED_ID and self._released)
                     or (v == DUPLICATE_NEW and self.model.schedulable_running())]
         if not possible:
             return
@@ -235,7 +240,7 @@ class SchedulerContractMachine(RuleBasedStateMachine):
             ghost = self._ghost()
             step = Step(cached=[CachedUpdate(ghost, 0)], num_scheduled_tokens={ghost: 1})
         elif violation == FINISHED_ID:
-            step = Step(num_scheduled_tokens={data.draw(st.sampled_from(self.model.finished_ids())): 1})
+            step = Step(num_scheduled_tokens={data.draw(st.sampled_from(self._released)): 1})
         else:
             req = data.draw(st.sampled_from(self.model.schedulable_running()))
             self.model.resend_as_new(req.req_id)
@@ -254,6 +259,9 @@ class SchedulerContractMachine(RuleBasedStateMachine):
             return
         index = len(self.steps)
         self.steps.append(step)
+        added = {r.req_id for r in step.new_requests}
+        self._released = [r for r in self._released if r not in added]
+        self._released += [r for r in step.finished if r not in self._released and r not in added]
         if violation is not None:
             self.violations[index] = violation
         obs = self.harness.run_step(step)

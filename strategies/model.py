@@ -135,11 +135,6 @@ class SchedulerModel:
         return [r for r in self.reqs.values()
                 if r.state == PREEMPTED and r.req_id not in self.pending_preempted]
 
-    def finished_ids(self) -> list[str]:
-        """Finished ids the runner has already been told about."""
-        return [r.req_id for r in self.reqs.values()
-                if r.state == FINISHED and r.req_id not in self.pending_finished]
-
     def free_slots(self) -> int:
         # Preempted (and finished) requests are released before new ones are added.
         staying = [r for r in self.held() if r.req_id not in self.pending_preempted]
