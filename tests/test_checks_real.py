@@ -13,6 +13,7 @@ from simrig import findings as fk
 from simrig.checks import Checker
 from simrig.observe import StepObs
 from simrig.runner import Harness
+from simrig.snapshot import scenario_steps
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 pytestmark = pytest.mark.vllm
@@ -31,16 +32,7 @@ CONFIGS = {
 def clean_steps() -> list[Step]:
     """Fresh + chunked prefill, decode, spec decode with a rejection, preempt and
     resume as new (prefill_len > prompt_len), explicit token ids, prefix hit."""
-    return [
-        Step(new_requests=[NewRequest("a", 40), NewRequest("b", 20), NewRequest("c", 5)],
-             num_scheduled_tokens={"a": 40, "b": 20, "c": 4}),
-        Step(cached=[CachedUpdate("a", 40), CachedUpdate("b", 20), CachedUpdate("c", 4)],
-             num_scheduled_tokens={"a": 1, "b": 1, "c": 1}),
-        Step(cached=[CachedUpdate("a", 41), CachedUpdate("b", 21), CachedUpdate("c", 5)],
-             num_scheduled_tokens={"a": 3, "b": 1, "c": 3}, spec_tokens={"a": 2, "c": 2},
-             rejected={"a": 1}),
-        Step(cached=[CachedUpdate("a", 43), CachedUpdate("b", 22), CachedUpdate("c", 8)],
-             num_scheduled_tokens={"a": 1, "b": 1, "c": 1}),
+    return scenario_steps() + [
         Step(preempted=["b"], finished=["c"],
              new_requests=[NewRequest("b", 20, prefill_len=24),
                            NewRequest("d", 6, prompt_token_ids=[11, 12, 13, 14, 15, 16]),

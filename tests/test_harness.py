@@ -7,24 +7,15 @@ import pytest
 
 from simrig import observe as obs
 from simrig.runner import Harness
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step, synth_token
+from simrig.snapshot import scenario_steps
+from simrig.step import NewRequest, RunnerConfig, Step, synth_token
 
 pytestmark = pytest.mark.vllm
 
 
 def _sequence() -> list[Step]:
-    """Fresh prefill, chunked prefill, decodes, then a spec-decode step."""
-    return [
-        Step(new_requests=[NewRequest("a", 40), NewRequest("b", 20), NewRequest("c", 5)],
-             num_scheduled_tokens={"a": 40, "b": 20, "c": 4}),  # c is chunked
-        Step(cached=[CachedUpdate("a", 40), CachedUpdate("b", 20), CachedUpdate("c", 4)],
-             num_scheduled_tokens={"a": 1, "b": 1, "c": 1}),
-        Step(cached=[CachedUpdate("a", 41), CachedUpdate("b", 21), CachedUpdate("c", 5)],
-             num_scheduled_tokens={"a": 3, "b": 1, "c": 3}, spec_tokens={"a": 2, "c": 2},
-             rejected={"a": 1}),
-        Step(cached=[CachedUpdate("a", 43), CachedUpdate("b", 22), CachedUpdate("c", 8)],
-             num_scheduled_tokens={"a": 1, "b": 1, "c": 1}),
-    ]
+    """Fresh prefill (c chunked), decodes, a spec-decode step with a rejection, decodes."""
+    return scenario_steps()
 
 
 @pytest.fixture(scope="module")
