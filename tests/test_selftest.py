@@ -49,3 +49,15 @@ def test_unknown_mutant_is_a_usage_error(capsys):
     assert main(["selftest", "--mutants", "no-such-mutant"]) == 2
     err = capsys.readouterr().err
     assert "unknown mutant(s) no-such-mutant" in err and "Traceback" not in err
+
+
+def test_fuzz_phase_detects_a_mutant_when_no_trace_does(tmp_path):
+    from simrig.selftest import run_child
+
+    result = run_child("sort-key-prefill-first", budget_s=60, seed=0, baseline=[], traces=[],
+                       out_dir=tmp_path, timeout_s=300)
+    assert result.error == ""
+    assert result.detected and result.via == "fuzz:valid"
+    assert result.kind == "value_mismatch"
+    assert result.examples_to_detection >= 1
+    assert 1 <= result.shrunk_steps <= 3
