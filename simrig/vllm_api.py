@@ -94,6 +94,17 @@ def _vllm_version() -> str:
         return getattr(mod, "__version__", "unknown")
 
 
+def _import_vllm() -> platform.PlatformChoice:
+    """Pick the platform, import vllm, apply the post-import plumbing."""
+    choice = platform.configure()
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # ImportError and anything vLLM raises at import
+        raise VllmUnavailable(f"vllm is not importable: {type(exc).__name__}: {exc}") from None
+    platform.apply_after_import()
+    return choice
+
+
 def _resolve(ep: EntryPoint, version: str) -> Any:
     try:
         obj: Any = importlib.import_module(ep.module)
@@ -126,12 +137,7 @@ class VllmApi:
     """Handles on the installed vLLM's classes and functions simrig drives."""
 
     def __init__(self) -> None:
-        choice = platform.configure()
-        try:
-            import vllm  # noqa: F401
-        except Exception as exc:  # ImportError and anything vLLM raises at import
-            raise VllmUnavailable(f"vllm is not importable: {type(exc).__name__}: {exc}") from None
-        platform.apply_after_import()
+        choice = _import_vllm()
         self.version = _vllm_version()
         self.platform = choice
         resolved = {ep.attribute: _resolve(ep, self.version) for ep in ENTRY_POINTS}
@@ -326,12 +332,7 @@ def load() -> VllmApi:
 
 def entry_point_report() -> tuple[str, list[EntryPointStatus]]:
     """(version, status per entry point) without stopping at the first drift."""
-    platform.configure()
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:
-        raise VllmUnavailable(f"vllm is not importable: {type(exc).__name__}: {exc}") from None
-    platform.apply_after_import()
+    _import_vllm()
     version = _vllm_version()
     statuses = []
     for ep in ENTRY_POINTS:
