@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from simrig.commands.record import add_scheduler_options, check_out, print_summary, setup_from_args
+from simrig.commands.record import add_scheduler_options, print_summary, setup_from_args
 from simrig.errors import UsageError
 
 
@@ -19,11 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "that hit vLLM's prefix cache. Requests are clamped to --max-model-len.")
     p.add_argument("--format", required=True, choices=("azure", "burstgpt", "mooncake"))
     p.add_argument("file", metavar="FILE", help="the workload file")
-    p.add_argument("--out", required=True, metavar="TRACE", help="output trace (.jsonl[.gz|.zst])")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="first N requests only")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply arrival times (0.5 = twice the load; default 1)")
-    p.add_argument("--steps", type=int, default=None, metavar="N", help="stop after N steps")
     add_scheduler_options(p, max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=2048,
                           num_kv_blocks=4096)
     p.set_defaults(func=run)
@@ -33,14 +29,9 @@ def run(args: argparse.Namespace) -> int:
     from simrig import workloads
     from simrig.record import record_to_file
 
-    check_out(args.out)
+    setup = setup_from_args(args)
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit: must be >= 1, got {args.limit}")
-    if args.time_scale <= 0:
-        raise UsageError(f"--time-scale: must be > 0, got {args.time_scale}")
-    if args.steps is not None and args.steps < 1:
-        raise UsageError(f"--steps: must be >= 1, got {args.steps}")
-    setup = setup_from_args(args)
     reqs = workloads.read_file(args.format, args.file, args.limit)
     if not reqs:
         raise UsageError(f"{args.file}:0: file: no requests")

@@ -10,7 +10,12 @@ from simrig.errors import UsageError
 
 def add_scheduler_options(p: argparse.ArgumentParser, *, max_model_len: int, max_num_seqs: int = 16,
                           max_num_batched_tokens: int = 256, num_kv_blocks: int = 256) -> None:
-    """Scheduler knobs shared by ``record`` and ``import``."""
+    """Output and scheduler knobs shared by ``record`` and ``import``."""
+    p.add_argument("--out", required=True, metavar="TRACE", help="output trace (.jsonl[.gz|.zst])")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="stop after N steps (default: until the workload drains)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival times (0.5 = twice the load; default 1)")
     g = p.add_argument_group("scheduler")
     g.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
                    help=f"running requests (default {max_num_seqs})")
@@ -34,8 +39,14 @@ def add_scheduler_options(p: argparse.ArgumentParser, *, max_model_len: int, max
 
 
 def setup_from_args(args: argparse.Namespace):
+    """Validate the shared options; the scheduler setup they describe."""
     from simrig.vllm_scheduler import SchedulerSetup
 
+    check_out(args.out)
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps: must be >= 1, got {args.steps}")
+    if args.time_scale <= 0:
+        raise UsageError(f"--time-scale: must be > 0, got {args.time_scale}")
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "pcp_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
@@ -78,11 +89,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "synthetic:requests=N,rate=R,prompt=LO-HI,output=LO-HI,shared_prefix=F "
                     "(also prefixes, prefix_len, seed), or azure:PATH, burstgpt:PATH, mooncake:PATH.")
     p.add_argument("--workload", required=True, metavar="SPEC", help="workload SPEC")
-    p.add_argument("--steps", type=int, default=None, metavar="N",
-                   help="stop after N steps (default: until the workload drains)")
-    p.add_argument("--out", required=True, metavar="TRACE", help="output trace (.jsonl[.gz|.zst])")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply arrival times (0.5 = twice the load; default 1)")
     add_scheduler_options(p, max_model_len=2048)
     p.set_defaults(func=run)
 
@@ -91,11 +97,6 @@ def run(args: argparse.Namespace) -> int:
     from simrig import workloads
     from simrig.record import record_to_file
 
-    check_out(args.out)
-    if args.steps is not None and args.steps < 1:
-        raise UsageError(f"--steps: must be >= 1, got {args.steps}")
-    if args.time_scale <= 0:
-        raise UsageError(f"--time-scale: must be > 0, got {args.time_scale}")
     setup = setup_from_args(args)
     reqs = workloads.parse_spec(args.workload)
     clamped = workloads.clamp(reqs, setup.max_model_len)
