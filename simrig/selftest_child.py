@@ -19,10 +19,6 @@ from pathlib import Path
 from simrig.selftest import BASELINE, ChildResult
 
 
-def _signature(finding) -> list[str]:
-    return [finding.kind, finding.stage, finding.field, finding.exception_type]
-
-
 def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[str, ...]],
                       start: float, collect_all: bool) -> bool:
     """Replay bundled traces (loud rejections marked from each header); stop
@@ -32,7 +28,7 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
     for path in traces:
         found, _ = replay_with_checks(path)
         for finding in found:
-            sig = tuple(_signature(finding))
+            sig = finding.signature
             if collect_all:
                 if list(sig) not in result.signatures:
                     result.signatures.append(list(sig))
