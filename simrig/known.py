@@ -12,6 +12,7 @@ A finding whose (kind, stage, field, check) matches an entry is marked
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -82,14 +83,19 @@ def parse_known_findings(text: str, path: str) -> KnownFindings:
     return KnownFindings(entries, str(doc.get("vllm_version", "")), path)
 
 
+@functools.lru_cache(maxsize=None)
 def load_known_findings(vllm_version: str) -> KnownFindings:
-    """The known findings of ``vllm_version`` (empty when none are documented)."""
+    """The known findings of ``vllm_version`` (empty when none are documented).
+
+    Cached: a campaign builds a Checker per example, and the baseline file
+    does not change during a run."""
     path = known_findings_path(vllm_version)
     if not path.is_file():
         return KnownFindings([], vllm_version)
     return parse_known_findings(path.read_text(encoding="utf-8"), str(path))
 
 
+@functools.lru_cache(maxsize=None)
 def installed_vllm_version() -> str:
     """The installed vLLM's version from package metadata, without importing vllm."""
     from importlib.metadata import PackageNotFoundError, version
