@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from simrig.errors import UsageError
-    from simrig.trace import TraceError
+    from simrig.sources.trace import TraceError
     from simrig.vllm_api import VllmApiError, VllmUnavailable
 
     parser = build_parser()

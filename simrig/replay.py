@@ -31,7 +31,7 @@ from simrig.findings import Finding
 from simrig.progress import Progress
 from simrig.step import RunnerConfig, Step
 from simrig.tables import ColumnTable, kind_of
-from simrig.trace import TraceHeader, TraceReader
+from simrig.sources.trace import TraceHeader, TraceReader
 
 TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 STEP_COLUMNS = ("trace", "pcp_size", "step", "line", "stage", "rank", "num_reqs", "num_tokens",

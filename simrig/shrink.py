@@ -21,7 +21,7 @@ from typing import Any
 from simrig import findings as fk
 from simrig.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
-from simrig.trace import TraceHeader, TraceReader, write_trace
+from simrig.sources.trace import TraceHeader, TraceReader, write_trace
 
 
 def class_key(finding: Finding) -> tuple[str, str, str, str, bool]:

@@ -12,12 +12,12 @@ import pytest
 
 from simrig.cli import main
 from simrig.errors import UsageError
-from simrig.record import continuity_problems, stats_of
-from simrig.record import replay_problems as replay_errors
-from simrig.sampler import SyntheticSampler
+from simrig.sources.record import continuity_problems, stats_of
+from simrig.sources.record import replay_problems as replay_errors
+from simrig.sources.sampler import SyntheticSampler
 from simrig.step import CachedUpdate, NewRequest, Step, synth_token
-from simrig.trace import TraceReader, read_trace
-from simrig.workloads import clamp, parse_spec
+from simrig.sources.trace import TraceReader, read_trace
+from simrig.sources.workloads import clamp, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "traces" / "recorded"

@@ -20,7 +20,7 @@ from simrig.replay import (BatchTracker, expand_trace_paths, parse_pcp_sizes,
 from simrig.report import REPORT_FILES, write_report
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 from simrig.tables import ColumnTable
-from simrig.trace import TraceError, TraceHeader, read_trace, write_trace
+from simrig.sources.trace import TraceError, TraceHeader, read_trace, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "traces" / "samples"

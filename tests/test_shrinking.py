@@ -10,7 +10,7 @@ from simrig import findings as fk
 from simrig.fuzz import Campaign, CampaignOptions
 from simrig.shrink import class_key, replay_with_checks
 from simrig.step import RunnerConfig
-from simrig.trace import read_trace
+from simrig.sources.trace import read_trace
 
 pytestmark = pytest.mark.vllm
 

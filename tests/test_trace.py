@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
-from simrig.trace import TraceError, TraceHeader, TraceReader, TraceWriter, read_trace, write_trace
+from simrig.sources.trace import TraceError, TraceHeader, TraceReader, TraceWriter, read_trace, write_trace
 
 HERE = Path(__file__).resolve().parent
 MALFORMED = HERE / "malformed"

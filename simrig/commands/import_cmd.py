@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig import workloads
-    from simrig.record import record_to_file
+    from simrig.sources import workloads
+    from simrig.sources.record import record_to_file
 
     setup = setup_from_args(args)
     if args.limit is not None and args.limit < 1:

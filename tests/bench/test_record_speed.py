@@ -16,10 +16,10 @@ import statistics
 
 import pytest
 
-from simrig.record import record
-from simrig.sampler import SyntheticSampler
+from simrig.sources.record import record
+from simrig.sources.sampler import SyntheticSampler
 from simrig.vllm_scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
-from simrig.workloads import parse_spec
+from simrig.sources.workloads import parse_spec
 
 STEPS = 200
 CASES = {

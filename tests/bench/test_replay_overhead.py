@@ -22,7 +22,7 @@ import pytest
 
 from simrig.replay import replay_trace
 from simrig.runner import Harness
-from simrig.trace import read_trace
+from simrig.sources.trace import read_trace
 
 pytestmark = [pytest.mark.bench, pytest.mark.vllm]
 

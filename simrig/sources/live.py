@@ -6,7 +6,7 @@ Enable in a deployment (simrig installed next to vLLM)::
     SIMRIG_RECORD_MAX_MB=64                trace JSON per file (before gzip), then rotate
     SIMRIG_RECORD_MAX_FILES=16             files kept per scheduler (oldest deleted)
 
-vLLM loads ``simrig.live:register`` through its ``vllm.general_plugins`` entry
+vLLM loads ``simrig.sources.live:register`` through its ``vllm.general_plugins`` entry
 point; with SIMRIG_RECORD unset it does nothing. Otherwise it wraps
 ``Scheduler.schedule`` and ``Scheduler.update_from_output``:
 
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from simrig.step import NewRequest, RunnerConfig, Step
-from simrig.trace import TraceHeader, TraceWriter, step_to_json
+from simrig.sources.trace import TraceHeader, TraceWriter, step_to_json
 
-log = logging.getLogger("simrig.live")
+log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"
 _instances = itertools.count()
 

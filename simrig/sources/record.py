@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from simrig.sampler import SyntheticSampler
+from simrig.sources.sampler import SyntheticSampler
 from simrig.step import Step
-from simrig.trace import TraceHeader, TraceWriter
-from simrig.workloads import WorkloadRequest
+from simrig.sources.trace import TraceHeader, TraceWriter
+from simrig.sources.workloads import WorkloadRequest
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Workloads: who arrives when, with how many prompt and output tokens.
 
 A workload is a list of ``WorkloadRequest`` sorted by arrival time (seconds,
-first arrival at 0). It is vLLM-agnostic; ``simrig.record`` feeds it to the
+first arrival at 0). It is vLLM-agnostic; ``simrig.sources.record`` feeds it to the
 real scheduler.
 
 SPEC grammar (``simrig record --workload SPEC``)::
