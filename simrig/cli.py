@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from simrig.errors import UsageError
     from simrig.sources.trace import TraceError
-    from simrig.vllm_api import VllmApiError, VllmUnavailable
+    from simrig.adapters.runner import VllmApiError, VllmUnavailable
 
     parser = build_parser()
     args = parser.parse_args(argv)

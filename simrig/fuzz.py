@@ -188,7 +188,7 @@ class Campaign:
     def run(self) -> int:
         from simrig.progress import Progress
 
-        from simrig.vllm_api import load
+        from simrig.adapters.runner import load
 
         o = self.options
         load()  # the one-off vLLM import (~15 s) is not part of the budget

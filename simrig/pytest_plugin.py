@@ -29,7 +29,7 @@ from strategies import (  # noqa: F401  (re-exported)
 @pytest.fixture(scope="session")
 def simrig_api() -> Any:
     """The installed vLLM, loaded once per session (~15 s on first use)."""
-    from simrig.vllm_api import load
+    from simrig.adapters.runner import load
 
     return load()
 

@@ -312,7 +312,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
     callers that must not leave partial output validate first (scan_trace)."""
     from simrig.checks import Checker
     from simrig.runner import Harness
-    from simrig.vllm_api import load
+    from simrig.adapters.runner import load
 
     rec = recorder if recorder is not None else ReplayRecorder()
     api = load()

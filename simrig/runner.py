@@ -26,7 +26,7 @@ import numpy as np
 
 from simrig import observe as obs
 from simrig.step import RunnerConfig, Step, synth_token
-from simrig.vllm_api import VllmApi, load
+from simrig.adapters.runner import VllmApi, load
 
 
 class Harness:

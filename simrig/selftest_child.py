@@ -55,11 +55,11 @@ def main(spec_path: str, result_path: str) -> int:
     start = time.monotonic()
     result = ChildResult(mutant=spec["mutant"])
     try:
-        from simrig.vllm_api import load
+        from simrig.adapters.runner import load
 
         load()
         if spec["mutant"] != BASELINE:
-            from simrig import mutate
+            from simrig.adapters import mutate
             from simrig.mutants import BY_NAME
 
             try:

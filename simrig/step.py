@@ -2,7 +2,7 @@
 
 A ``Step`` mirrors the information content of vLLM's ``SchedulerOutput`` that
 reaches the MRV2 input path, in plain Python types, so traces survive vLLM
-upgrades. ``simrig.vllm_api`` is the one place that maps it to the installed
+upgrades. ``simrig.adapters.runner`` is the one place that maps it to the installed
 version's classes.
 
     step k:  finished/preempted ids --> runner frees their slots

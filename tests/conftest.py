@@ -8,6 +8,6 @@ import pytest
 @pytest.fixture(scope="session")
 def vllm_api():
     """The real installed vLLM, loaded once (the import costs ~15 s on CPU)."""
-    from simrig.vllm_api import load
+    from simrig.adapters.runner import load
 
     return load()

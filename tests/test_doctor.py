@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from simrig.vllm_api import EntryPoint, VllmApiError, _resolve
+from simrig.adapters.runner import EntryPoint, VllmApiError, _resolve
 
 
 def _simrig(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -58,7 +58,7 @@ def test_drift_in_signature_is_named(vllm_api):
 
 @pytest.mark.vllm
 def test_api_drift_ends_a_replay_with_one_line_and_exit_2(vllm_api, monkeypatch, capsys, tmp_path):
-    import simrig.vllm_api as adapter
+    import simrig.adapters.runner as adapter
     from simrig.cli import main
 
     drifted = adapter.ENTRY_POINTS + (

@@ -12,7 +12,7 @@ from simrig.sources.record import replay_problems as replay_errors
 from simrig.sources.sampler import SyntheticSampler
 from simrig.step import NewRequest, Step
 from simrig.sources.trace import TraceReader, step_to_json
-from simrig.vllm_scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
+from simrig.adapters.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 from simrig.sources.workloads import parse_spec
 
 SETUP = SchedulerSetup(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=512,

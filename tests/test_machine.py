@@ -21,7 +21,7 @@ RUN = settings(max_examples=4, stateful_step_count=8, deadline=None, database=No
 
 @pytest.fixture(scope="module")
 def api():
-    from simrig.vllm_api import load
+    from simrig.adapters.runner import load
 
     return load()
 

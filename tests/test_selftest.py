@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from simrig import mutate
+from simrig.adapters import mutate
 from simrig.cli import main
 from simrig.mutants import CATALOGUE, Mutant
 

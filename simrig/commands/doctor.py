@@ -22,8 +22,8 @@ def _version(dist: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig import platform
-    from simrig.vllm_api import entry_point_report
+    from simrig.adapters import platform
+    from simrig.adapters.runner import entry_point_report
 
     choice = platform.configure()
     print(f"simrig   {_version('simrig')}")

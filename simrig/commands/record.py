@@ -40,7 +40,7 @@ def add_scheduler_options(p: argparse.ArgumentParser, *, max_model_len: int, max
 
 def setup_from_args(args: argparse.Namespace):
     """Validate the shared options; the scheduler setup they describe."""
-    from simrig.vllm_scheduler import SchedulerSetup
+    from simrig.adapters.scheduler import SchedulerSetup
 
     check_out(args.out)
     if args.steps is not None and args.steps < 1:

@@ -141,7 +141,7 @@ class LiveRecorder:
         self.pending: OrderedDict[int, Step] = OrderedDict()
 
     def on_schedule(self, so: Any) -> None:
-        from simrig.vllm_scheduler import step_from_output
+        from simrig.adapters.scheduler import step_from_output
 
         self.pending[id(so)] = step_from_output(so, keep_token_ids=False)
 
@@ -168,7 +168,7 @@ class LiveRecorder:
 
 
 def recorder_for(scheduler: Any, directory: str, *, max_mb: float = 64.0, max_files: int = 16) -> LiveRecorder:
-    from simrig.vllm_scheduler import runner_config_of, vllm_version
+    from simrig.adapters.scheduler import runner_config_of, vllm_version
 
     config = runner_config_of(scheduler)
     stem = f"sched-{os.getpid()}-{next(_instances)}"
@@ -202,7 +202,7 @@ def attach(scheduler: Any, recorder: LiveRecorder) -> None:
 
 
 def _count_rejected(so: Any, model_runner_output: Any, into: dict[str, int]) -> None:
-    from simrig.vllm_scheduler import rejected_from_output
+    from simrig.adapters.scheduler import rejected_from_output
 
     into.update(rejected_from_output(so, model_runner_output))
 
@@ -233,7 +233,7 @@ def register() -> None:
         return
     max_mb = float(os.environ.get(ENV_MAX_MB, "64"))
     max_files = int(os.environ.get(ENV_MAX_FILES, "16"))
-    from simrig.vllm_scheduler import scheduler_class
+    from simrig.adapters.scheduler import scheduler_class
 
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):
@@ -254,7 +254,7 @@ def register() -> None:
 
 def unregister() -> None:
     """Undo ``register`` (Schedulers built later are not recorded)."""
-    from simrig.vllm_scheduler import scheduler_class
+    from simrig.adapters.scheduler import scheduler_class
 
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):

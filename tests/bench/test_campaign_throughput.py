@@ -19,7 +19,7 @@ CONFIG = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=128, max_model_len=
 @pytest.mark.parametrize("stages", [("gather",), ("gather", "prepare", "partition", "dummy")],
                          ids=["gather-only", "all-stages"])
 def test_campaign_steps_per_second(benchmark, stages):
-    from simrig.vllm_api import load
+    from simrig.adapters.runner import load
 
     load()
     counted = {"steps": 0}

@@ -18,7 +18,7 @@ import pytest
 
 from simrig.sources.record import record
 from simrig.sources.sampler import SyntheticSampler
-from simrig.vllm_scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
+from simrig.adapters.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 from simrig.sources.workloads import parse_spec
 
 STEPS = 200

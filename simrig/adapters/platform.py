@@ -68,7 +68,7 @@ def configure(force_cpu: bool | None = None) -> PlatformChoice:
 
     if "vllm.platforms" in sys.modules and os.environ.get("VLLM_TARGET_DEVICE") != "cpu":
         raise RuntimeError(
-            "simrig: vllm was imported before simrig.platform.configure(); "
+            "simrig: vllm was imported before simrig.adapters.platform.configure(); "
             "import simrig first so the CPU platform can be selected"
         )
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"

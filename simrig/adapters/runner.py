@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from simrig import platform
+from simrig.adapters import platform
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 

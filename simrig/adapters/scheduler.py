@@ -1,6 +1,6 @@
 """vLLM adapter for the scheduler side: the real v1 ``Scheduler``, offline.
 
-Together with ``simrig.vllm_api`` this is the adapter layer: the only other
+Together with ``simrig.adapters.runner`` this is the adapter layer: the only other
 module that touches vllm. Everything around it (workloads, the synthetic
 sampler, the record loop, the live recorder) speaks simrig's own types.
 
@@ -65,7 +65,7 @@ class SchedulerSetup:
 
 def _vllm() -> Any:
     """Import the scheduler-side vLLM names (platform first, as everywhere)."""
-    from simrig import platform
+    from simrig.adapters import platform
 
     platform.configure()
     import vllm  # noqa: F401
