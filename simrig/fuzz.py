@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simrig.findings import Finding
+from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.replay import BatchTracker, ReplayRecorder
 from simrig.shrink import class_key, replay_with_checks

@@ -49,7 +49,7 @@ def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
 @pytest.fixture
 def simrig_checker() -> Callable[..., Any]:
     """Factory: ``simrig_checker(config, adversarial=False)`` -> a fresh Checker."""
-    from simrig.checks import Checker
+    from simrig.checks.checker import Checker
 
     def make(config: Any, adversarial: bool = False, trace: str = "pytest") -> Any:
         return Checker(config, adversarial=adversarial, trace=trace)

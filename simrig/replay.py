@@ -27,7 +27,7 @@ import pandas as pd
 
 from simrig import observe as obs
 from simrig.errors import UsageError
-from simrig.findings import Finding
+from simrig.checks.findings import Finding
 from simrig.progress import Progress
 from simrig.step import RunnerConfig, Step
 from simrig.tables import ColumnTable, kind_of
@@ -310,7 +310,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
                   recorder: ReplayRecorder | None = None) -> ReplayResult:
     """Replay traces in order. A malformed line raises TraceError mid-way;
     callers that must not leave partial output validate first (scan_trace)."""
-    from simrig.checks import Checker
+    from simrig.checks.checker import Checker
     from simrig.runner import Harness
     from simrig.adapters.runner import load
 

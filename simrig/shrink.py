@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simrig import findings as fk
-from simrig.findings import Finding
+from simrig.checks import findings as fk
+from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.sources.trace import TraceHeader, TraceReader, write_trace
 
@@ -63,7 +63,7 @@ def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),
     adversarial trace that names no violation steps counts every KeyError as
     a loud rejection.
     """
-    from simrig.checks import Checker
+    from simrig.checks.checker import Checker
     from simrig.runner import Harness
     from strategies.machine import run_checks
 

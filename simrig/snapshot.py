@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simrig.contract import CONTRACT
+from simrig.checks.contract import CONTRACT
 from simrig.errors import UsageError
 from simrig.observe import POSTPROCESS, StepObs
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step

@@ -30,8 +30,8 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from simrig import findings as fk
-from simrig.findings import Finding
+from simrig.checks import findings as fk
+from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES, StepObs
 from simrig.step import CachedUpdate, RunnerConfig, Step
 from strategies._validate import check_choice
@@ -171,7 +171,7 @@ class SchedulerContractMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ set-up
     @initialize(data=st.data())
     def setup(self, data: st.DataObject) -> None:
-        from simrig.checks import Checker
+        from simrig.checks.checker import Checker
         from simrig.runner import Harness
 
         ms = self.machine_settings

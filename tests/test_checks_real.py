@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from simrig import findings as fk
-from simrig.checks import Checker
+from simrig.checks import findings as fk
+from simrig.checks.checker import Checker
 from simrig.observe import StepObs
 from simrig.runner import Harness
 from simrig.snapshot import scenario_steps

@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from simrig import findings as fk
-from simrig.checks import Checker
-from simrig.contract import DriftTracker, check_contract
+from simrig.checks import findings as fk
+from simrig.checks.checker import Checker
+from simrig.checks.contract import DriftTracker, check_contract
 from simrig.errors import UsageError
-from simrig.known import KnownFindings, load_known_findings, parse_known_findings
-from simrig.lifecycle_checks import SchedulerContract
+from simrig.checks.known import KnownFindings, load_known_findings, parse_known_findings
+from simrig.checks.lifecycle import SchedulerContract
 from simrig.observe import ErrorObs, FieldObs, StageObs, StepObs
-from simrig.parity import check_parity
-from simrig.pcp_checks import expected_rows
+from simrig.checks.parity import check_parity
+from simrig.checks.pcp import expected_rows
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from simrig.reference import ReferenceModel, batch_order, short
+from simrig.checks.reference import ReferenceModel, batch_order, short
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step, synth_token
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import strategies as st
 
-from simrig import findings as fk
+from simrig.checks import findings as fk
 from simrig.fuzz import Campaign, CampaignOptions
 from simrig.shrink import class_key, replay_with_checks
 from simrig.step import RunnerConfig

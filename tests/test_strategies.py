@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from simrig.lifecycle_checks import SchedulerContract
+from simrig.checks.lifecycle import SchedulerContract
 from simrig.step import RunnerConfig
 from strategies import (CudagraphDescriptor, cudagraph_descriptors, new_requests, prompt_lengths,
                         runner_configs, scheduled_runs, scheduler_step, scheduler_steps)

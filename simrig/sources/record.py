@@ -218,7 +218,7 @@ def replay_problems(header: TraceHeader, steps, api: Any = None) -> list[str]:
     """Replay ``steps`` through the real runner harness and the checker: every
     exception a stage raised and every new finding, one line each (findings
     the checker marks ``known`` for this vLLM version are not counted)."""
-    from simrig.checks import Checker
+    from simrig.checks.checker import Checker
     from simrig.runner import Harness
 
     harness = Harness(header.config, api=api)

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from simrig import findings as fk
-from simrig.contract import stage_req_ids
-from simrig.findings import Finding
+from simrig.checks import findings as fk
+from simrig.checks.contract import stage_req_ids
+from simrig.checks.findings import Finding
 from simrig.observe import StageObs
-from simrig.reference import short
+from simrig.checks.reference import short
 from simrig.step import RunnerConfig
 
 Row = tuple[int, int, int]  # (global batch index, query offset, length)

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from simrig import findings as fk
-from simrig.findings import Finding
+from simrig.checks import findings as fk
+from simrig.checks.findings import Finding
 from simrig.observe import GATHER, PREPARE, StageObs, StepObs
 from simrig.step import RunnerConfig, Step, synth_token
 

@@ -14,9 +14,9 @@ batch's (num_reqs, num_tokens), so both are comparable field by field:
 
 from __future__ import annotations
 
-from simrig import findings as fk
-from simrig.contract import ARRAY_KINDS, stage_req_ids
-from simrig.findings import Finding
+from simrig.checks import findings as fk
+from simrig.checks.contract import ARRAY_KINDS, stage_req_ids
+from simrig.checks.findings import Finding
 from simrig.observe import DUMMY, StageObs
 
 SHAPED_FIELDS = (

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simrig.errors import UsageError
-from simrig.findings import Finding
+from simrig.checks.findings import Finding
 
 BASELINE_DIR = Path(os.environ.get("SIMRIG_BASELINES",
-                                   Path(__file__).resolve().parent.parent / "reports" / "baselines"))
+                                   Path(__file__).resolve().parents[2] / "reports" / "baselines"))
 KEY_FIELDS = ("kind", "stage", "field", "check")
 
 

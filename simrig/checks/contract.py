@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simrig import findings as fk
-from simrig.findings import Finding
+from simrig.checks import findings as fk
+from simrig.checks.findings import Finding
 from simrig.observe import DUMMY, GATHER, PARTITION, PREPARE, StageObs
 
 INTP = np.dtype(np.intp).name  # "int64" on 64-bit platforms

@@ -21,14 +21,14 @@ marked ``known=True``.
 
 from __future__ import annotations
 
-from simrig.contract import DriftTracker, check_contract
-from simrig.findings import Finding
-from simrig.known import KnownFindings, installed_vllm_version, load_known_findings
-from simrig.lifecycle_checks import SchedulerContract
+from simrig.checks.contract import DriftTracker, check_contract
+from simrig.checks.findings import Finding
+from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
+from simrig.checks.lifecycle import SchedulerContract
 from simrig.observe import DUMMY, PARTITION, PREPARE, StepObs
-from simrig.parity import check_parity
-from simrig.pcp_checks import check_pcp
-from simrig.reference import ReferenceModel
+from simrig.checks.parity import check_parity
+from simrig.checks.pcp import check_pcp
+from simrig.checks.reference import ReferenceModel
 from simrig.step import RunnerConfig, Step
 
 

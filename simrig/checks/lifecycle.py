@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simrig import findings as fk
-from simrig.findings import Finding
+from simrig.checks import findings as fk
+from simrig.checks.findings import Finding
 from simrig.observe import GATHER, LIFECYCLE, StepObs
 from simrig.step import RunnerConfig, Step
 
