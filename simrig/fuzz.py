@@ -8,7 +8,7 @@
                                                                                   ▼ candidate, smallest kept
                                                          class tolerated from the next chunk on
     3. each class: its smallest failing run ─► --out/shrunk/*.jsonl (v1 trace), replayed to confirm
-    4. report (simrig.report), campaign.json figures, junit.xml (one testcase per class)
+    4. report (simrig.report.writer), campaign.json figures, junit.xml (one testcase per class)
 
 A finding class is (kind, stage, field, exception type) plus whether it was a
 loud rejection of an adversarial violation (the expected reaction). Exit
@@ -290,7 +290,7 @@ class Campaign:
         ``finally`` so an interrupted campaign still leaves everything found."""
         import shutil
 
-        from simrig.report import write_report
+        from simrig.report.writer import write_report
         from simrig.shrink import write_shrunk
 
         out = Path(self.options.out_dir)

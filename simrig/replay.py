@@ -6,7 +6,7 @@
                                    ReplayRecorder: steps rows, contract tally, findings rows
                                                   │
                                                   ▼
-                                   ReplayResult (pandas frames) ──► simrig.report
+                                   ReplayResult (pandas frames) ──► simrig.report.writer
 
 Nothing per step is kept beyond a few compact row values: observations are
 dropped as soon as the checks have seen them, so memory stays flat on long
@@ -30,7 +30,7 @@ from simrig.errors import UsageError
 from simrig.checks.findings import Finding
 from simrig.progress import Progress
 from simrig.step import RunnerConfig, Step
-from simrig.tables import ColumnTable, kind_of
+from simrig.report.tables import ColumnTable, kind_of
 from simrig.sources.trace import TraceHeader, TraceReader
 
 TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")

@@ -13,7 +13,7 @@ from simrig.checks import findings as fk
 from simrig.checks.checker import Checker
 from simrig.observe import StepObs
 from simrig.runner import Harness
-from simrig.snapshot import scenario_steps
+from simrig.report.snapshot import scenario_steps
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 pytestmark = pytest.mark.vllm

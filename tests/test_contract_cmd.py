@@ -7,7 +7,7 @@ import json
 import pytest
 
 from simrig.cli import main
-from simrig.snapshot import load_snapshot
+from simrig.report.snapshot import load_snapshot
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 
 from simrig import observe as obs
 from simrig.runner import Harness
-from simrig.snapshot import scenario_steps
+from simrig.report.snapshot import scenario_steps
 from simrig.step import NewRequest, RunnerConfig, Step, synth_token
 
 pytestmark = pytest.mark.vllm

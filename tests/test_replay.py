@@ -17,9 +17,9 @@ from simrig.errors import UsageError
 from simrig.progress import PLAIN, QUIET, TTY, Progress
 from simrig.replay import (BatchTracker, expand_trace_paths, parse_pcp_sizes,
                            parse_stages, replay_trace, replay_traces)
-from simrig.report import REPORT_FILES, write_report
+from simrig.report.writer import REPORT_FILES, write_report
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
-from simrig.tables import ColumnTable
+from simrig.report.tables import ColumnTable
 from simrig.sources.trace import TraceError, TraceHeader, read_trace, write_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,12 +193,12 @@ def test_report_write_is_atomic_and_replaces_an_earlier_report(tmp_path, monkeyp
     html = (out / "report.html").read_text()
     assert html.count("<img") == 2 and "&lt;b&gt;KeyError" in html and "<b>KeyError" not in html
     # an interrupted rewrite leaves the earlier report whole and no temporary dirs
-    import simrig.report
+    import simrig.report.writer
 
     def boom(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(simrig.report, "render_html", boom)
+    monkeypatch.setattr(simrig.report.writer, "render_html", boom)
     with pytest.raises(KeyboardInterrupt):
         write_report(out, steps, findings, contract, {"new": 0})
     assert [p.name for p in tmp_path.iterdir()] == ["rep"]

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_snapshot(args: argparse.Namespace) -> int:
-    from simrig.snapshot import build_snapshot, write_snapshot
+    from simrig.report.snapshot import build_snapshot, write_snapshot
 
     snapshot = build_snapshot()
     out = args.out or DEFAULT_OUT.format(version=snapshot["vllm_version"])
@@ -40,7 +40,7 @@ def run_snapshot(args: argparse.Namespace) -> int:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from simrig.snapshot import diff_snapshots, load_snapshot
+    from simrig.report.snapshot import diff_snapshots, load_snapshot
 
     a, b = load_snapshot(args.a), load_snapshot(args.b)
     rows = diff_snapshots(a, b)

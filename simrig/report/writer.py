@@ -139,7 +139,7 @@ td.msg{max-width:420px;word-break:break-word}
 
 def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findings: pd.DataFrame,
                 contract: pd.DataFrame, extra_tables: dict[str, pd.DataFrame]) -> str:
-    from simrig import plots
+    from simrig.report import plots
 
     e = html.escape
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
