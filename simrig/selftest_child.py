@@ -23,7 +23,7 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
                       start: float, collect_all: bool) -> bool:
     """Replay bundled traces (loud rejections marked from each header); stop
     after the first trace that shows a finding class outside ``known``."""
-    from simrig.shrink import replay_with_checks
+    from simrig.campaign.shrink import replay_with_checks
 
     for path in traces:
         found, _ = replay_with_checks(path)

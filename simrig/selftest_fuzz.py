@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simrig.fuzz import Campaign, CampaignOptions
+from simrig.campaign.fuzz import Campaign, CampaignOptions
 from simrig.selftest import ChildResult
 
 SHRINK_S = 30.0

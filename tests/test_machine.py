@@ -83,7 +83,7 @@ def test_a_failing_extra_check_raises_new_finding_with_the_steps(api):
 
 def test_plugin_fixtures_drive_generated_steps(simrig_harness, simrig_checker):
     """The pytest11 fixtures + re-exported strategies, as a vLLM test suite would use them."""
-    from simrig.pytest_plugin import given, scheduled_runs
+    from simrig.campaign.pytest_plugin import given, scheduled_runs
 
     seen = []
 

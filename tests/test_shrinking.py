@@ -7,8 +7,8 @@ import pytest
 from hypothesis import strategies as st
 
 from simrig.checks import findings as fk
-from simrig.fuzz import Campaign, CampaignOptions
-from simrig.shrink import class_key, replay_with_checks
+from simrig.campaign.fuzz import Campaign, CampaignOptions
+from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.step import RunnerConfig
 from simrig.sources.trace import read_trace
 

@@ -64,7 +64,7 @@ def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> t
 
 def options_from_args(args: argparse.Namespace):
     from simrig.errors import UsageError
-    from simrig.fuzz import CampaignOptions
+    from simrig.campaign.fuzz import CampaignOptions
     from simrig.report.writer import check_out_dir, default_out_dir
     from simrig.replay import parse_stages
     from strategies.machine import VIOLATIONS
@@ -98,7 +98,7 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.fuzz import Campaign
+    from simrig.campaign.fuzz import Campaign
 
     options = options_from_args(args)
     campaign = Campaign(options)

@@ -28,7 +28,7 @@ from typing import Any
 from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.replay import BatchTracker, ReplayRecorder
-from simrig.shrink import class_key, replay_with_checks
+from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.step import RunnerConfig, Step
 
 Key = tuple[str, str, str, str, bool]  # signature + loud rejection
@@ -291,7 +291,7 @@ class Campaign:
         import shutil
 
         from simrig.report.writer import write_report
-        from simrig.shrink import write_shrunk
+        from simrig.campaign.shrink import write_shrunk
 
         out = Path(self.options.out_dir)
         staging = out.parent / f".{out.name}-shrunk-staging"
@@ -405,13 +405,13 @@ def junit_xml(campaign: Campaign) -> str:
             inner = f'<skipped message="known finding">{body}</skipped>'
         else:
             inner = f"<system-out>{body}</system-out>"
-        cases.append(f'  <testcase classname="simrig.fuzz.{campaign.options.mode}" name={name} '
+        cases.append(f'  <testcase classname="simrig.campaign.fuzz.{campaign.options.mode}" name={name} '
                      f'time="0">{inner}</testcase>')
     for i, text in enumerate(campaign.stats.rig_errors):
-        cases.append(f'  <testcase classname="simrig.fuzz.rig" name="rig_error_{i}" time="0">'
+        cases.append(f'  <testcase classname="simrig.campaign.fuzz.rig" name="rig_error_{i}" time="0">'
                      f'<error message="simrig bug">{escape(text)}</error></testcase>')
     if not cases:
-        cases.append(f'  <testcase classname="simrig.fuzz.{campaign.options.mode}" name="no findings" time="0"/>')
+        cases.append(f'  <testcase classname="simrig.campaign.fuzz.{campaign.options.mode}" name="no findings" time="0"/>')
     return ('<?xml version="1.0" encoding="utf-8"?>\n'
             f'<testsuite name="simrig fuzz {campaign.options.mode}" tests="{len(cases)}" '
             f'failures="{failures}" time="{campaign.stats.elapsed_s}">\n' + "\n".join(cases)

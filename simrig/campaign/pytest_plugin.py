@@ -5,7 +5,7 @@
         harness, checker = simrig_harness(config), simrig_checker(config)
         ...
 
-    from simrig.pytest_plugin import given, scheduled_runs     # strategies, re-exported
+    from simrig.campaign.pytest_plugin import given, scheduled_runs     # strategies, re-exported
     @given(scheduled_runs())
     def test_any_valid_schedule(simrig_harness, run): ...
 
