@@ -7,7 +7,7 @@ import pytest
 
 from simrig.adapters import mutate
 from simrig.cli import main
-from simrig.mutants import CATALOGUE, Mutant
+from simrig.selftest.catalogue import CATALOGUE, Mutant
 
 pytestmark = pytest.mark.vllm
 
@@ -52,7 +52,7 @@ def test_unknown_mutant_is_a_usage_error(capsys):
 
 
 def test_fuzz_phase_detects_a_mutant_when_no_trace_does(tmp_path):
-    from simrig.selftest import run_child
+    from simrig.selftest.driver import run_child
 
     result = run_child("sort-key-prefill-first", budget_s=60, seed=0, baseline=[], traces=[],
                        out_dir=tmp_path, timeout_s=300)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simrig.mutants import BY_NAME, CATALOGUE
+from simrig.selftest.catalogue import BY_NAME, CATALOGUE
 
 BASELINE = "baseline"
 
@@ -72,7 +72,7 @@ def run_child(mutant: str, *, budget_s: float, seed: int, baseline: list[list[st
         start = time.monotonic()
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "simrig.selftest_child", str(spec_path), str(result_path)],
+                [sys.executable, "-m", "simrig.selftest.child", str(spec_path), str(result_path)],
                 capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
         except subprocess.TimeoutExpired:
             return ChildResult(mutant=mutant, error=f"child timed out after {timeout_s:.0f} s",

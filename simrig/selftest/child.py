@@ -1,10 +1,10 @@
 """One selftest run in its own interpreter: apply a mutant, then hunt.
 
-    python -m simrig.selftest_child SPEC.json RESULT.json
+    python -m simrig.selftest.child SPEC.json RESULT.json
 
 SPEC holds the mutant name ("baseline" for none), budget, seed, the
 baseline's signatures and the bundled traces. The result is a
-``simrig.selftest.ChildResult`` as JSON. The mutant lives only in this
+``simrig.selftest.driver.ChildResult`` as JSON. The mutant lives only in this
 process.
 """
 
@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from simrig.selftest import BASELINE, ChildResult
+from simrig.selftest.driver import BASELINE, ChildResult
 
 
 def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[str, ...]],
@@ -60,7 +60,7 @@ def main(spec_path: str, result_path: str) -> int:
         load()
         if spec["mutant"] != BASELINE:
             from simrig.adapters import mutate
-            from simrig.mutants import BY_NAME
+            from simrig.selftest.catalogue import BY_NAME
 
             try:
                 mutate.apply(BY_NAME[spec["mutant"]])
@@ -73,7 +73,7 @@ def main(spec_path: str, result_path: str) -> int:
             found = _replay_until_new(result, spec["traces"], known, start, collect_all)
             remaining = spec["budget_s"] - (time.monotonic() - start)
             if not found and remaining > 0:
-                from simrig.selftest_fuzz import fuzz_until_new
+                from simrig.selftest.fuzz_phase import fuzz_until_new
 
                 fuzz_until_new(result, known, remaining, spec["seed"], Path(spec["out_dir"]),
                                start, collect_all)

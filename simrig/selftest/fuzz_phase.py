@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from simrig.campaign.fuzz import Campaign, CampaignOptions
-from simrig.selftest import ChildResult
+from simrig.selftest.driver import ChildResult
 
 SHRINK_S = 30.0
 VALID_SHARE = 0.6  # of the remaining budget; adversarial gets the rest
