@@ -311,7 +311,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
     """Replay traces in order. A malformed line raises TraceError mid-way;
     callers that must not leave partial output validate first (scan_trace)."""
     from simrig.checks.checker import Checker
-    from simrig.runner import Harness
+    from simrig.harness import Harness
     from simrig.adapters.runner import load
 
     rec = recorder if recorder is not None else ReplayRecorder()

@@ -172,7 +172,7 @@ class SchedulerContractMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def setup(self, data: st.DataObject) -> None:
         from simrig.checks.checker import Checker
-        from simrig.runner import Harness
+        from simrig.harness import Harness
 
         ms = self.machine_settings
         config = data.draw(ms.configs, label="config")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simrig import observe as obs
-from simrig.runner import Harness
+from simrig.harness import Harness
 from simrig.report.snapshot import scenario_steps
 from simrig.step import NewRequest, RunnerConfig, Step, synth_token
 

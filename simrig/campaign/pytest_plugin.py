@@ -38,7 +38,7 @@ def simrig_api() -> Any:
 def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
     """Factory: ``simrig_harness(config, stages=...)`` -> a fresh ready Harness."""
     from simrig.observe import OPTIONAL_STAGES
-    from simrig.runner import Harness
+    from simrig.harness import Harness
 
     def make(config: Any, stages: Iterable[str] = OPTIONAL_STAGES) -> Any:
         return Harness(config, stages=stages, api=simrig_api)

@@ -64,7 +64,7 @@ def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),
     a loud rejection.
     """
     from simrig.checks.checker import Checker
-    from simrig.runner import Harness
+    from simrig.harness import Harness
     from strategies.machine import run_checks
 
     reader = TraceReader(path)

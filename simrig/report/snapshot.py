@@ -77,7 +77,7 @@ def snapshot_from_observations(observations: list[StepObs], vllm_version: str,
 
 def build_snapshot(api: Any = None) -> dict[str, Any]:
     """Run the built-in scenario through the real installed vLLM."""
-    from simrig.runner import Harness
+    from simrig.harness import Harness
 
     harness = Harness(SCENARIO_CONFIG, api=api)
     observations = [harness.run_step(step) for step in scenario_steps()]

@@ -219,7 +219,7 @@ def replay_problems(header: TraceHeader, steps, api: Any = None) -> list[str]:
     exception a stage raised and every new finding, one line each (findings
     the checker marks ``known`` for this vLLM version are not counted)."""
     from simrig.checks.checker import Checker
-    from simrig.runner import Harness
+    from simrig.harness import Harness
 
     harness = Harness(header.config, api=api)
     checker = Checker(header.config, adversarial=header.adversarial)

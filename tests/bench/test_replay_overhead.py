@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from simrig.replay import replay_trace
-from simrig.runner import Harness
+from simrig.harness import Harness
 from simrig.sources.trace import read_trace
 
 pytestmark = [pytest.mark.bench, pytest.mark.vllm]

@@ -69,7 +69,7 @@ def _stage_medians(results: list[obs.StepObs]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("pcp_size", [1, 2, 4], ids=lambda p: f"pcp{p}")
 def test_stage_latency(benchmark, vllm_api, bench_trace, pcp_size: int) -> None:
-    from simrig.runner import Harness
+    from simrig.harness import Harness
 
     trace = bench_trace.with_pcp(pcp_size)
     results: list[obs.StepObs] = []
@@ -120,7 +120,7 @@ def _bare_replay(api: Any, runner: Any, dummy_buffers: Any, steps: list) -> int:
 
 
 def test_rig_overhead(benchmark, vllm_api, bench_trace) -> None:
-    from simrig.runner import Harness
+    from simrig.harness import Harness
 
     trace = bench_trace.with_pcp(1)  # no partition: both paths make the same real calls
     bare_s: list[float] = []
