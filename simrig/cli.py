@@ -34,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from simrig.adapters.runner import VllmApiError, VllmUnavailable
     from simrig.errors import UsageError
     from simrig.sources.trace import TraceError
-    from simrig.adapters.runner import VllmApiError, VllmUnavailable
 
     parser = build_parser()
     args = parser.parse_args(argv)

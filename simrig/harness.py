@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from simrig import observe as obs
-from simrig.step import RunnerConfig, Step, synth_token
 from simrig.adapters.runner import VllmApi, load
+from simrig.step import RunnerConfig, Step, synth_token
 
 
 class Harness:

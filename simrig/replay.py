@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from simrig import observe as obs
-from simrig.errors import UsageError
 from simrig.checks.findings import Finding
+from simrig.errors import UsageError
 from simrig.progress import Progress
-from simrig.step import RunnerConfig, Step
 from simrig.report.tables import ColumnTable, kind_of
 from simrig.sources.trace import TraceHeader, TraceReader
+from simrig.step import RunnerConfig, Step
 
 TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 STEP_COLUMNS = ("trace", "pcp_size", "step", "line", "stage", "rank", "num_reqs", "num_tokens",
@@ -144,7 +144,7 @@ class BatchTracker:
                 num_prefill += n > 1 + step.spec_tokens.get(req_id, 0)
             else:
                 num_prefill += state[0] < state[1]
-                state[0] += n - step.rejected.get(req_id, 0)
+                state[0] += step.num_accepted(req_id)
         num_reqs = len(step.num_scheduled_tokens)
         return num_reqs - num_prefill, num_prefill, sum(step.spec_tokens.values())
 
@@ -310,8 +310,6 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
                   recorder: ReplayRecorder | None = None) -> ReplayResult:
     """Replay traces in order. A malformed line raises TraceError mid-way;
     callers that must not leave partial output validate first (scan_trace)."""
-    from simrig.checks.checker import Checker
-    from simrig.harness import Harness
     from simrig.adapters.runner import load
 
     rec = recorder if recorder is not None else ReplayRecorder()
@@ -326,31 +324,90 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
             config = dataclasses.replace(header.config, pcp_size=size)
             if size not in used_sizes:
                 used_sizes.append(size)
-            _replay_one(name, header, config, stages, rec, progress, Harness, Checker, api)
+            _replay_one(name, header, config, stages, rec, progress, api)
     return rec.result([str(p) for p in paths], used_sizes, tuple(stages),
                       vllm_version=api.version, device=f"{api.device} ({api.platform.mode})")
 
 
 def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Sequence[str],
-                rec: ReplayRecorder, progress: Progress | None, harness_cls: Any,
-                checker_cls: Any, api: Any) -> None:
-    try:
-        harness = harness_cls(config, stages=stages, api=api)
-    except ValueError as exc:
-        raise UsageError(f"{name}: {exc}") from None
-    checker = checker_cls(config, adversarial=header.adversarial, trace=name)
+                rec: ReplayRecorder, progress: Progress | None, api: Any) -> None:
     tracker = BatchTracker()
     if progress is not None:
         progress.begin(f"{name} pcp={config.pcp_size}")
-    reader = TraceReader(name)
     start = time.perf_counter()
     try:
-        for line, step in reader:
-            observation = harness.run_step(step)
-            found = checker.check(observation.index, step, observation)
+        for line, step, observation, found in replay_steps(name, config=config, stages=stages,
+                                                           api=api):
             rec.record(name, config.pcp_size, line, step, tracker.observe(step), observation, found)
             if progress is not None:
                 progress.update(rec.num_steps, rec.num_findings, rec.num_new)
     finally:
-        reader.close()
         rec.replay_s += time.perf_counter() - start
+
+
+class ReplayedStep(NamedTuple):
+    line: int  # the step's line in the trace file
+    step: Step
+    observation: obs.StepObs
+    findings: list[Finding]
+
+
+def replay_steps(path: str | Path, *, config: RunnerConfig | None = None,
+                 stages: Sequence[str] = obs.OPTIONAL_STAGES,
+                 extra_checks: Sequence[Any] = (), api: Any = None) -> Iterator[ReplayedStep]:
+    """Replay a trace file through ``run_steps`` (the one replay loop)."""
+    reader = TraceReader(path)  # a bad header fails before a Harness is built
+    try:
+        yield from run_steps(reader.header, reader, name=str(path), config=config, stages=stages,
+                             extra_checks=extra_checks, api=api)
+    finally:
+        reader.close()
+
+
+def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], *, name: str = "",
+              config: RunnerConfig | None = None, stages: Sequence[str] = obs.OPTIONAL_STAGES,
+              extra_checks: Sequence[Any] = (), api: Any = None) -> Iterator[ReplayedStep]:
+    """The one replay loop: steps through a fresh Harness and Checker, with the
+    findings ``check_step`` gives.
+
+    Replay, shrinking, the self-test and the recorders' own verification all
+    run a trace through here, so "reproduces" means the same everywhere. Loud
+    rejections are marked from the header's ``source.violation_steps``; an
+    adversarial trace that names none counts every KeyError (or input
+    violation) as a loud rejection. ``config`` overrides the header's (e.g.
+    another PCP size).
+    """
+    from simrig.adapters.runner import load
+    from simrig.checks import findings as fk
+    from simrig.checks.checker import Checker, check_step
+    from simrig.harness import Harness
+
+    config = config if config is not None else header.config
+    violations = {int(k): v for k, v in (header.source.get("violation_steps") or {}).items()}
+    try:
+        harness = Harness(config, stages=stages, api=api if api is not None else load())
+    except ValueError as exc:
+        raise UsageError(f"{name or 'trace'}: {exc}") from None
+    checker = Checker(config, adversarial=header.adversarial, trace=name)
+    for line, step in lines_and_steps:
+        observation = harness.run_step(step)
+        index = observation.index
+        found = check_step(checker, extra_checks, index, step, observation,
+                           violations.get(index), name)
+        if header.adversarial and not violations:
+            for f in found:
+                if f.kind in (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT):
+                    f.extra["loud_rejection"] = True
+        yield ReplayedStep(line, step, observation, found)
+
+
+def replay_problems(header: TraceHeader, steps: Iterable[Step], api: Any = None) -> list[str]:
+    """In-memory steps through the one loop: every exception a stage raised
+    and every new finding, one line each (findings the checker marks
+    ``known`` for this vLLM version are not counted)."""
+    problems = []
+    for replayed in run_steps(header, enumerate(steps), api=api):
+        problems += [f"step {replayed.observation.index} {s.stage}[rank {s.rank}]: "
+                     f"{s.error.type}: {s.error.message}" for s in replayed.observation.errors]
+        problems += [f.one_line() for f in replayed.findings if not f.known]
+    return problems

@@ -129,3 +129,16 @@ class Step:
     def req_ids(self) -> list[str]:
         """Scheduled request ids, in the scheduler's order."""
         return list(self.num_scheduled_tokens)
+
+    def num_accepted(self, req_id: str) -> int:
+        """Tokens of ``req_id`` that count as computed once this step is done.
+
+        The continuity rule, in one place: a request's computed tokens after
+        step k are those before it plus what step k scheduled minus the draft
+        tokens the sampler rejected, where rejections never exceed the drafts
+        scheduled. The next cached update must carry exactly that count::
+
+            computed(k+1) = computed(k) + scheduled(k) - min(rejected(k), drafts(k))
+        """
+        drafts = self.spec_tokens.get(req_id, 0)
+        return self.num_scheduled_tokens.get(req_id, 0) - min(self.rejected.get(req_id, 0), drafts)

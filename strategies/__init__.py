@@ -10,8 +10,7 @@ Importable by any test suite (vLLM's own included)::
 """
 
 from strategies.configs import CUDAGRAPH_MODES, CudagraphDescriptor, cudagraph_descriptors, runner_configs
-from strategies.machine import (MODES, VIOLATIONS, MachineSettings, NewFinding,
-                                SchedulerContractMachine)
+from strategies.machine import MODES, VIOLATIONS, MachineSettings, NewFinding, SchedulerContractMachine
 from strategies.model import SchedulerModel
 from strategies.requests import new_requests, prefix_cache_hits, prompt_lengths, request_ids
 from strategies.steps import scheduled_runs, scheduler_step, scheduler_steps

@@ -30,8 +30,22 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from simrig.checks import findings as fk
+from simrig.checks.checker import (  # noqa: F401  (re-exported)
+    ExtraCheck,
+    check_step,
+    is_loud_rejection,
+    runner_error_findings,
+    silent_acceptance_finding,
+)
 from simrig.checks.findings import Finding
+from simrig.checks.lifecycle import (  # noqa: F401  (re-exported)
+    DUPLICATE_NEW,
+    FINISHED_ID,
+    LOUD_KINDS,
+    UNKNOWN_CACHED,
+    UNKNOWN_ID,
+    VIOLATIONS,
+)
 from simrig.observe import OPTIONAL_STAGES, StepObs
 from simrig.step import CachedUpdate, RunnerConfig, Step
 from strategies._validate import check_choice
@@ -41,16 +55,6 @@ from strategies.requests import prefix_cache_hits, prompt_lengths
 from strategies.steps import draw_plan
 
 MODES = ("valid", "adversarial")
-# Violations the runner must reject by raising.
-UNKNOWN_ID = "unknown_id"  # scheduled id never sent
-FINISHED_ID = "finished_id"  # scheduled id already finished
-UNKNOWN_CACHED = "unknown_cached"  # cached update for an id never sent
-DUPLICATE_NEW = "duplicate_new"  # new request for an id the runner still holds
-VIOLATIONS = (UNKNOWN_ID, FINISHED_ID, UNKNOWN_CACHED, DUPLICATE_NEW)
-# Finding kinds that mean "the runner (or the contract check) refused the input".
-LOUD_KINDS = (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT)
-
-ExtraCheck = Callable[[int, Step, StepObs], list[Finding]]
 
 
 @dataclass
@@ -86,60 +90,9 @@ class NewFinding(AssertionError):
         super().__init__("; ".join(f.one_line() for f in findings[:3]))
 
 
-def is_loud_rejection(finding: Finding) -> bool:
-    return bool(finding.extra.get("loud_rejection"))
-
-
 def default_failing(machine: Any, index: int, step: Step, obs: StepObs,
                     findings: list[Finding]) -> list[Finding]:
     return [f for f in findings if not f.known and not is_loud_rejection(f)]
-
-
-def runner_error_findings(index: int, step: Step, obs: StepObs, reported: list[Finding],
-                          trace: str = "") -> list[Finding]:
-    """A finding for every exception the checks did not already report, so no
-    runner failure is ever dropped (kind key_error or exception)."""
-    covered = {(f.stage, f.rank, f.exception_type) for f in reported}
-    out = []
-    for stage in obs.errors:
-        err = stage.error
-        if (stage.stage, stage.rank, err.type) in covered:
-            continue
-        out.append(Finding(kind=fk.KEY_ERROR if err.type == "KeyError" else fk.EXCEPTION,
-                           step=index, stage=stage.stage, check="runner", rank=stage.rank,
-                           req_ids=tuple(err.req_ids), message=err.message,
-                           exception_type=err.type, trace=trace))
-    return out
-
-
-def silent_acceptance_finding(index: int, step: Step, obs: StepObs, violation: str,
-                              reported: list[Finding], trace: str = "") -> list[Finding]:
-    """A violation no stage raised on, unless the checks already said so."""
-    if obs.errors or any(f.kind == fk.SILENT_ACCEPTANCE for f in reported):
-        return []
-    stage = "lifecycle" if violation in (UNKNOWN_CACHED, DUPLICATE_NEW) else "gather"
-    return [Finding(kind=fk.SILENT_ACCEPTANCE, step=index, stage=stage, check="machine",
-                    req_ids=tuple(step.num_scheduled_tokens), field=violation,
-                    message=f"{violation}: runner accepted the step without failing", trace=trace)]
-
-
-def run_checks(checker: Any, extra_checks: Sequence[ExtraCheck], index: int, step: Step,
-               obs: StepObs, violation: str | None, trace: str = "") -> list[Finding]:
-    """All findings of one step: Checker, extra checks, then the fallbacks above;
-    loud rejections of a violation step are marked in ``extra``."""
-    found = list(checker.check(index, step, obs))
-    for check in extra_checks:
-        found.extend(check(index, step, obs))
-    found += runner_error_findings(index, step, obs, found, trace)
-    if violation is not None:
-        found += silent_acceptance_finding(index, step, obs, violation, found, trace)
-        for f in found:
-            if f.kind in LOUD_KINDS:
-                f.extra["loud_rejection"] = True
-                f.extra["violation"] = violation
-    for f in found:
-        f.trace = f.trace or trace
-    return found
 
 
 class SchedulerContractMachine(RuleBasedStateMachine):
@@ -265,7 +218,7 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         if violation is not None:
             self.violations[index] = violation
         obs = self.harness.run_step(step)
-        found = run_checks(self.checker, ms.extra_checks, index, step, obs, violation, "hypothesis")
+        found = check_step(self.checker, ms.extra_checks, index, step, obs, violation, "hypothesis")
         self.findings.extend(found)
         hook = ms.on_step or default_failing
         failing = hook(self, index, step, obs, found)

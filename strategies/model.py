@@ -196,7 +196,7 @@ class SchedulerModel:
         assert step.num_scheduled_tokens, "a step schedules at least one request"
         for row in plan.rows:  # sampler outcome
             req = self.reqs[row.req_id]
-            req.num_computed += row.num_tokens - row.rejected
+            req.num_computed += step.num_accepted(row.req_id)
             if req.num_computed >= req.prefill_len:  # prefill done: one token (+accepted drafts)
                 req.num_tokens = req.num_computed + 1
                 if req.num_outputs >= req.max_tokens or req.num_tokens >= cfg.max_model_len:

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 from hypothesis import strategies as st
-
 from hypothesis.errors import InvalidArgument
 
 from simrig.step import NewRequest

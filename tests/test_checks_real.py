@@ -11,8 +11,8 @@ import pytest
 
 from simrig.checks import findings as fk
 from simrig.checks.checker import Checker
-from simrig.observe import StepObs
 from simrig.harness import Harness
+from simrig.observe import StepObs
 from simrig.report.snapshot import scenario_steps
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 

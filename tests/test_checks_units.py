@@ -10,12 +10,12 @@ import pytest
 from simrig.checks import findings as fk
 from simrig.checks.checker import Checker
 from simrig.checks.contract import DriftTracker, check_contract
-from simrig.errors import UsageError
 from simrig.checks.known import KnownFindings, load_known_findings, parse_known_findings
 from simrig.checks.lifecycle import SchedulerContract
-from simrig.observe import ErrorObs, FieldObs, StageObs, StepObs
 from simrig.checks.parity import check_parity
 from simrig.checks.pcp import expected_rows
+from simrig.errors import UsageError
+from simrig.observe import ErrorObs, FieldObs, StageObs, StepObs
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 

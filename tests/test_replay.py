@@ -15,12 +15,18 @@ from simrig import observe as obs
 from simrig.cli import main
 from simrig.errors import UsageError
 from simrig.progress import PLAIN, QUIET, TTY, Progress
-from simrig.replay import (BatchTracker, expand_trace_paths, parse_pcp_sizes,
-                           parse_stages, replay_trace, replay_traces)
-from simrig.report.writer import REPORT_FILES, write_report
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.replay import (
+    BatchTracker,
+    expand_trace_paths,
+    parse_pcp_sizes,
+    parse_stages,
+    replay_trace,
+    replay_traces,
+)
 from simrig.report.tables import ColumnTable
+from simrig.report.writer import REPORT_FILES, write_report
 from simrig.sources.trace import TraceError, TraceHeader, read_trace, write_trace
+from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "traces" / "samples"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import strategies as st
 
-from simrig.checks import findings as fk
 from simrig.campaign.fuzz import Campaign, CampaignOptions
 from simrig.campaign.shrink import class_key, replay_with_checks
-from simrig.step import RunnerConfig
+from simrig.checks import findings as fk
 from simrig.sources.trace import read_trace
+from simrig.step import RunnerConfig
 
 pytestmark = pytest.mark.vllm
 

@@ -9,8 +9,16 @@ from hypothesis.errors import InvalidArgument
 
 from simrig.checks.lifecycle import SchedulerContract
 from simrig.step import RunnerConfig
-from strategies import (CudagraphDescriptor, cudagraph_descriptors, new_requests, prompt_lengths,
-                        runner_configs, scheduled_runs, scheduler_step, scheduler_steps)
+from strategies import (
+    CudagraphDescriptor,
+    cudagraph_descriptors,
+    new_requests,
+    prompt_lengths,
+    runner_configs,
+    scheduled_runs,
+    scheduler_step,
+    scheduler_steps,
+)
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 

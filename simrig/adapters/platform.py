@@ -86,8 +86,3 @@ def apply_after_import() -> None:
 
     buffer_utils.is_uva_available = lambda: False
 
-
-def current() -> PlatformChoice:
-    if _choice is None:
-        return configure()
-    return _choice

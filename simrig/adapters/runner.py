@@ -142,7 +142,6 @@ class VllmApi:
         self.platform = choice
         resolved = {ep.attribute: _resolve(ep, self.version) for ep in ENTRY_POINTS}
         import torch
-
         from vllm.config import CUDAGraphMode
         from vllm.sampling_params import SamplingParams
 

@@ -203,9 +203,6 @@ class RealScheduler:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_requests()
 
-    def num_running(self) -> int:
-        return len(self.scheduler.running)
-
 
 # --------------------------------------------------------------- conversion
 def _group0(block_ids: Any) -> list[int]:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.replay import BatchTracker, ReplayRecorder
-from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.step import RunnerConfig, Step
 
 Key = tuple[str, str, str, str, bool]  # signature + loud rejection
@@ -186,9 +186,8 @@ class Campaign:
 
     # ------------------------------------------------------------ phases
     def run(self) -> int:
-        from simrig.progress import Progress
-
         from simrig.adapters.runner import load
+        from simrig.progress import Progress
 
         o = self.options
         load()  # the one-off vLLM import (~15 s) is not part of the budget
@@ -290,8 +289,8 @@ class Campaign:
         ``finally`` so an interrupted campaign still leaves everything found."""
         import shutil
 
-        from simrig.report.writer import write_report
         from simrig.campaign.shrink import write_shrunk
+        from simrig.report.writer import write_report
 
         out = Path(self.options.out_dir)
         staging = out.parent / f".{out.name}-shrunk-staging"

@@ -22,8 +22,15 @@ import pytest
 from hypothesis import given  # noqa: F401  (re-exported for @given(scheduler_steps()))
 
 from strategies import (  # noqa: F401  (re-exported)
-    MachineSettings, SchedulerContractMachine, cudagraph_descriptors, new_requests,
-    runner_configs, scheduled_runs, scheduler_step, scheduler_steps)
+    MachineSettings,
+    SchedulerContractMachine,
+    cudagraph_descriptors,
+    new_requests,
+    runner_configs,
+    scheduled_runs,
+    scheduler_step,
+    scheduler_steps,
+)
 
 
 @pytest.fixture(scope="session")
@@ -37,8 +44,8 @@ def simrig_api() -> Any:
 @pytest.fixture
 def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
     """Factory: ``simrig_harness(config, stages=...)`` -> a fresh ready Harness."""
-    from simrig.observe import OPTIONAL_STAGES
     from simrig.harness import Harness
+    from simrig.observe import OPTIONAL_STAGES
 
     def make(config: Any, stages: Iterable[str] = OPTIONAL_STAGES) -> Any:
         return Harness(config, stages=stages, api=simrig_api)

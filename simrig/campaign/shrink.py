@@ -18,10 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simrig.checks import findings as fk
 from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
-from simrig.sources.trace import TraceHeader, TraceReader, write_trace
+from simrig.sources.trace import TraceHeader, write_trace
 
 
 def class_key(finding: Finding) -> tuple[str, str, str, str, bool]:
@@ -55,33 +54,13 @@ def write_shrunk(cls: Any, options: Any, staging: Path) -> Path:
 
 def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),
                        stages: Sequence[str] = OPTIONAL_STAGES) -> tuple[list[Finding], int]:
-    """Replay one trace through a fresh Harness + Checker + extra checks.
+    """Every finding of one trace's replay (``simrig.replay.replay_steps``,
+    the same loop ``simrig replay`` runs) and its number of steps."""
+    from simrig.replay import replay_steps
 
-    Unlike ``simrig.replay`` it also runs the campaign's extra checks and marks
-    loud rejections from the header's ``source.violation_steps``, so a shrunk
-    trace replays to exactly the finding class it was shrunk for. An
-    adversarial trace that names no violation steps counts every KeyError as
-    a loud rejection.
-    """
-    from simrig.checks.checker import Checker
-    from simrig.harness import Harness
-    from strategies.machine import run_checks
-
-    reader = TraceReader(path)
-    header = reader.header
-    violations = {int(k): v for k, v in (header.source.get("violation_steps") or {}).items()}
-    harness = Harness(header.config, stages=stages)
-    checker = Checker(header.config, adversarial=header.adversarial, trace=str(path))
     found: list[Finding] = []
     count = 0
-    for _, step in reader:
-        obs = harness.run_step(step)
-        step_found = run_checks(checker, extra_checks, obs.index, step, obs,
-                                violations.get(obs.index), str(path))
-        if header.adversarial and not violations:
-            for f in step_found:
-                if f.kind in (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT):
-                    f.extra["loud_rejection"] = True
-        found.extend(step_found)
+    for replayed in replay_steps(path, stages=stages, extra_checks=extra_checks):
+        found.extend(replayed.findings)
         count += 1
     return found, count

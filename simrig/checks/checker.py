@@ -21,15 +21,21 @@ marked ``known=True``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
+from simrig.checks import findings as fk
 from simrig.checks.contract import DriftTracker, check_contract
 from simrig.checks.findings import Finding
 from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
-from simrig.checks.lifecycle import SchedulerContract
-from simrig.observe import DUMMY, PARTITION, PREPARE, StepObs
+from simrig.checks.lifecycle import DUPLICATE_NEW, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract
 from simrig.checks.parity import check_parity
 from simrig.checks.pcp import check_pcp
 from simrig.checks.reference import ReferenceModel
+from simrig.observe import DUMMY, PARTITION, PREPARE, StepObs
 from simrig.step import RunnerConfig, Step
+
+# An extra check a campaign or a test adds: (index, step, observation) -> findings.
+ExtraCheck = Callable[[int, Step, StepObs], list[Finding]]
 
 
 class Checker:
@@ -67,3 +73,59 @@ class Checker:
         if real is not None and partitions and self.config.pcp_size > 1:
             out.extend(check_pcp(index, self.config, real, partitions))
         return out
+
+
+def check_step(checker: Checker, extra_checks: Sequence[ExtraCheck], index: int, step: Step,
+               obs: StepObs, violation: str | None, trace: str = "") -> list[Finding]:
+    """All findings of one step, the same in replay, campaigns, shrinking and the self-test.
+
+    The Checker, the extra checks, then two fallbacks: every runner exception
+    no check reported, and, on a step that carries a violation, a
+    ``silent_acceptance`` when nothing raised. Loud rejections of a violation
+    step are marked ``extra["loud_rejection"]`` (the expected answer).
+    """
+    found = list(checker.check(index, step, obs))
+    for check in extra_checks:
+        found.extend(check(index, step, obs))
+    found += runner_error_findings(index, step, obs, found, trace)
+    if violation is not None:
+        found += silent_acceptance_finding(index, step, obs, violation, found, trace)
+        for f in found:
+            if f.kind in LOUD_KINDS:
+                f.extra["loud_rejection"] = True
+                f.extra["violation"] = violation
+    for f in found:
+        f.trace = f.trace or trace
+    return found
+
+
+def is_loud_rejection(finding: Finding) -> bool:
+    return bool(finding.extra.get("loud_rejection"))
+
+
+def runner_error_findings(index: int, step: Step, obs: StepObs, reported: list[Finding],
+                          trace: str = "") -> list[Finding]:
+    """A finding for every exception the checks did not already report, so no
+    runner failure is ever dropped (kind key_error or exception)."""
+    covered = {(f.stage, f.rank, f.exception_type) for f in reported}
+    out = []
+    for stage in obs.errors:
+        err = stage.error
+        if (stage.stage, stage.rank, err.type) in covered:
+            continue
+        out.append(Finding(kind=fk.KEY_ERROR if err.type == "KeyError" else fk.EXCEPTION,
+                           step=index, stage=stage.stage, check="runner", rank=stage.rank,
+                           req_ids=tuple(err.req_ids), message=err.message,
+                           exception_type=err.type, trace=trace))
+    return out
+
+
+def silent_acceptance_finding(index: int, step: Step, obs: StepObs, violation: str,
+                              reported: list[Finding], trace: str = "") -> list[Finding]:
+    """A violation no stage raised on, unless the checks already said so."""
+    if obs.errors or any(f.kind == fk.SILENT_ACCEPTANCE for f in reported):
+        return []
+    stage = "lifecycle" if violation in (UNKNOWN_CACHED, DUPLICATE_NEW) else "gather"
+    return [Finding(kind=fk.SILENT_ACCEPTANCE, step=index, stage=stage, check="machine",
+                    req_ids=tuple(step.num_scheduled_tokens), field=violation,
+                    message=f"{violation}: runner accepted the step without failing", trace=trace)]

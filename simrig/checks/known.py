@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from simrig.errors import UsageError
 from simrig.checks.findings import Finding
+from simrig.errors import UsageError
 
 BASELINE_DIR = Path(os.environ.get("SIMRIG_BASELINES",
                                    Path(__file__).resolve().parents[2] / "reports" / "baselines"))

@@ -25,6 +25,17 @@ from simrig.checks.findings import Finding
 from simrig.observe import GATHER, LIFECYCLE, StepObs
 from simrig.step import RunnerConfig, Step
 
+# The violation a contract-breaking step carries (a shrunk trace's header
+# names them per step in ``source.violation_steps``); each must make the
+# runner raise.
+UNKNOWN_ID = "unknown_id"  # scheduled id never sent
+FINISHED_ID = "finished_id"  # scheduled id already finished
+UNKNOWN_CACHED = "unknown_cached"  # cached update for an id never sent
+DUPLICATE_NEW = "duplicate_new"  # new request for an id the runner still holds
+VIOLATIONS = (UNKNOWN_ID, FINISHED_ID, UNKNOWN_CACHED, DUPLICATE_NEW)
+# Finding kinds that mean "the runner (or the contract check) refused the input".
+LOUD_KINDS = (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT)
+
 # Violations the runner must answer with an exception (identity rules).
 IDENTITY_RULES = ("unknown_scheduled_id", "scheduled_after_finish", "duplicate_new_id",
                   "unknown_cached_id")
@@ -151,10 +162,9 @@ class SchedulerContract:
         for upd in step.cached:
             if upd.req_id in self.live:
                 self.next_computed[upd.req_id] = upd.num_computed_tokens
-        for req_id, q in step.num_scheduled_tokens.items():
+        for req_id in step.num_scheduled_tokens:
             if req_id in self.next_computed:
-                k = step.spec_tokens.get(req_id, 0)
-                self.next_computed[req_id] += q - min(step.rejected.get(req_id, 0), k)
+                self.next_computed[req_id] += step.num_accepted(req_id)
 
     # ------------------------------------------------------------ per step
     def check(self, index: int, step: Step, obs: StepObs) -> LifecycleResult:

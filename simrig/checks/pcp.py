@@ -28,11 +28,25 @@ import numpy as np
 from simrig.checks import findings as fk
 from simrig.checks.contract import stage_req_ids
 from simrig.checks.findings import Finding
-from simrig.observe import StageObs
 from simrig.checks.reference import short
+from simrig.observe import StageObs
 from simrig.step import RunnerConfig
 
 Row = tuple[int, int, int]  # (global batch index, query offset, length)
+
+
+def is_replicated(config: RunnerConfig, query_len: int, is_prefilling: bool) -> bool:
+    """Is this request held whole (replicated or sharded), not split into chunks?
+
+    Decodes always are; with DCP > 1 so are prefills too short to put a token
+    in each of the 2P chunks of ceil(q / 2P) tokens.
+    """
+    if not is_prefilling:
+        return True
+    n_chunks = 2 * config.pcp_size
+    size = -(-query_len // n_chunks)
+    fills_all_chunks = (n_chunks - 1) * size < query_len
+    return config.dcp_size > 1 and not fills_all_chunks
 
 
 def expected_rows(config: RunnerConfig, rank: int, query_lens: np.ndarray,
@@ -45,10 +59,8 @@ def expected_rows(config: RunnerConfig, rank: int, query_lens: np.ndarray,
     for g, q in enumerate(int(x) for x in query_lens):
         if q == 0:
             continue
-        size = -(-q // n_chunks)
-        fills_all_chunks = (n_chunks - 1) * size < q
-        replicated = not is_prefilling[g] or (config.dcp_size > 1 and not fills_all_chunks)
-        if not replicated:
+        if not is_replicated(config, q, bool(is_prefilling[g])):
+            size = -(-q // n_chunks)
             for chunk in sorted({rank, n_chunks - 1 - rank}):
                 start = chunk * size
                 if start < q:
@@ -198,8 +210,7 @@ def _check_coverage(index: int, config: RunnerConfig, prepare: StageObs, q: np.n
         start += n
         if not n:
             continue
-        size = -(-n // (2 * config.pcp_size))
-        replicated = not pref[g] or (config.dcp_size > 1 and (2 * config.pcp_size - 1) * size >= n)
+        replicated = is_replicated(config, n, bool(pref[g]))
         want = 1 if not replicated or config.shard_decode_requests else config.pcp_size
         if not (counts == want).all():
             out.append(Finding(

@@ -112,11 +112,10 @@ class ReferenceModel:
 
     def advance(self, step: Step) -> None:
         """After the step: accepted tokens become computed (drafts may be rejected)."""
-        for req_id, q in step.num_scheduled_tokens.items():
+        for req_id in step.num_scheduled_tokens:
             req = self.reqs.get(req_id)
             if req is not None:
-                k = step.spec_tokens.get(req_id, 0)
-                req.num_computed += q - min(step.rejected.get(req_id, 0), k)
+                req.num_computed += step.num_accepted(req_id)
 
     # ----------------------------------------------------------- prediction
     def predict(self, step: Step) -> BatchPrediction | None:

@@ -63,10 +63,10 @@ def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> t
 
 
 def options_from_args(args: argparse.Namespace):
-    from simrig.errors import UsageError
     from simrig.campaign.fuzz import CampaignOptions
-    from simrig.report.writer import check_out_dir, default_out_dir
+    from simrig.errors import UsageError
     from simrig.replay import parse_stages
+    from simrig.report.writer import check_out_dir, default_out_dir
     from strategies.machine import VIOLATIONS
 
     if args.budget <= 0:

@@ -35,8 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from simrig.progress import PLAIN, QUIET, TTY, Progress
-    from simrig.replay import (expand_trace_paths, parse_pcp_sizes, parse_stages,
-                               replay_traces, scan_trace)
+    from simrig.replay import expand_trace_paths, parse_pcp_sizes, parse_stages, replay_traces, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir, write_report
 
     started = time.perf_counter()

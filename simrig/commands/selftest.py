@@ -31,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from simrig.selftest.catalogue import BY_NAME, CATALOGUE
     from simrig.report.writer import check_out_dir, default_out_dir, write_report
+    from simrig.selftest.catalogue import BY_NAME, CATALOGUE
     from simrig.selftest.driver import BASELINE, bundled_traces, run_child, scoreboard_rows, select_mutants
 
     if args.list:

@@ -34,8 +34,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from simrig.step import NewRequest, RunnerConfig, Step
 from simrig.sources.trace import TraceHeader, TraceWriter, step_to_json
+from simrig.step import NewRequest, RunnerConfig, Step
 
 log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"
@@ -61,10 +61,10 @@ class RunnerMirror:
                 state[2] = c.num_computed_tokens
                 if c.new_block_ids:
                     state[4].extend(c.new_block_ids)
-        for req_id, n in step.num_scheduled_tokens.items():
+        for req_id in step.num_scheduled_tokens:
             state = self.held.get(req_id)
             if state is not None:
-                state[2] += n - step.rejected.get(req_id, 0)
+                state[2] += step.num_accepted(req_id)
 
     def resync_step(self) -> Step:
         """Every held request as a new request, nothing scheduled."""

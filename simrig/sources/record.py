@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from simrig.sources.sampler import SyntheticSampler
-from simrig.step import Step
 from simrig.sources.trace import TraceHeader, TraceWriter
 from simrig.sources.workloads import WorkloadRequest
+from simrig.step import Step
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,6 @@ class TraceStats:
         self.max_batch_reqs = max(self.max_batch_reqs, len(step.num_scheduled_tokens))
         self.scheduled_tokens += step.total_num_scheduled_tokens
         self.requests = len(self._seen)
-
-    def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
 
 def stats_of(steps) -> TraceStats:
@@ -208,25 +205,7 @@ def continuity_problems(steps) -> list[str]:
                 problems.append(f"step {i}: {c.req_id}: num_computed_tokens "
                                 f"{c.num_computed_tokens}, expected {want}")
             computed[c.req_id] = c.num_computed_tokens
-        for req_id, n in step.num_scheduled_tokens.items():
+        for req_id in step.num_scheduled_tokens:
             if req_id in computed:
-                expect[req_id] = computed[req_id] + n - step.rejected.get(req_id, 0)
-    return problems
-
-
-def replay_problems(header: TraceHeader, steps, api: Any = None) -> list[str]:
-    """Replay ``steps`` through the real runner harness and the checker: every
-    exception a stage raised and every new finding, one line each (findings
-    the checker marks ``known`` for this vLLM version are not counted)."""
-    from simrig.checks.checker import Checker
-    from simrig.harness import Harness
-
-    harness = Harness(header.config, api=api)
-    checker = Checker(header.config, adversarial=header.adversarial)
-    problems = []
-    for i, step in enumerate(steps):
-        observation = harness.run_step(step)
-        problems += [f"step {i} {s.stage}[rank {s.rank}]: {s.error.type}: {s.error.message}"
-                     for s in observation.errors]
-        problems += [f.one_line() for f in checker.check(i, step, observation) if not f.known]
+                expect[req_id] = computed[req_id] + step.num_accepted(req_id)
     return problems

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from simrig.replay import replay_trace
 from simrig.harness import Harness
+from simrig.replay import replay_trace
 from simrig.sources.trace import read_trace
 
 pytestmark = [pytest.mark.bench, pytest.mark.vllm]
