@@ -3,12 +3,19 @@
 Every command ends in one of three ways: exit 0 (clean), 1 (findings), or 2
 with one line on stderr naming what was wrong (usage, bad input, unusable
 vLLM) and no traceback.
+
+vLLM's own import messages on CPU (``Failed to import from vllm._C…``, the
+pinned-memory note) say nothing about the runner's input path; they are kept
+out of the way (vLLM's log level ERROR) unless ``--verbose`` is given or
+``VLLM_LOGGING_LEVEL`` is already set.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 
 from simrig.commands import COMMAND_MODULES
@@ -28,8 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not shipped in this build
             raise
         module.register(sub)
+    for command in sub.choices.values():  # one meaning everywhere
+        command.add_argument("--verbose", action="store_true",
+                             help="show vLLM's own log messages (import notes on CPU included)")
     return parser
 
+
+def quiet_vllm_logs(verbose: bool) -> None:
+    """Before vLLM is imported: its log level ERROR unless asked for (see module docstring)."""
+    if verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        return
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # The import notes can fire before vLLM configures its own handlers (they then
+    # reach Python's last-resort handler); the level on the "vllm" logger holds either way.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 
@@ -40,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet_vllm_logs(getattr(args, "verbose", False))
     try:
         return int(args.func(args) or 0)
     except (UsageError, TraceError, VllmApiError, VllmUnavailable) as exc:

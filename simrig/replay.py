@@ -29,7 +29,9 @@ from simrig import observe as obs
 from simrig.checks.findings import Finding
 from simrig.errors import UsageError
 from simrig.progress import Progress
+from simrig.report.classes import NEW, ClassTally, Where, verdict_counts, verdict_of
 from simrig.report.tables import ColumnTable, kind_of
+from simrig.report.timing import time_share
 from simrig.sources.trace import TraceHeader, TraceReader
 from simrig.step import RunnerConfig, Step
 
@@ -166,10 +168,12 @@ class ReplayResult:
     vllm_version: str = ""
     device: str = ""
     known_elided: dict[str, int] = field(default_factory=dict)  # kind -> known rows not listed
+    classes: pd.DataFrame | None = None  # one row per finding class (report.classes)
 
     @property
     def num_new(self) -> int:
-        return int((~self.findings["known"].astype(bool)).sum()) if len(self.findings) else 0
+        """New finding occurrences (neither known nor expected): exit 1 when > 0."""
+        return int((self.findings["verdict"] == NEW).sum()) if len(self.findings) else 0
 
     def summary(self) -> dict[str, Any]:
         f = self.findings
@@ -177,15 +181,22 @@ class ReplayResult:
         for kind, count in self.known_elided.items():
             by_kind[kind] = by_kind.get(kind, 0) + count
         elided = sum(self.known_elided.values())
+        verdicts = (self.findings["verdict"].astype(str).value_counts()
+                    if len(f) else pd.Series(dtype=int))
         return {
+            "verdict": "new findings" if self.num_new else "clean",
+            "classes": verdict_counts(self.classes if self.classes is not None
+                                      else pd.DataFrame({"verdict": []})),
             "steps": self.num_steps,
             "rows": len(self.steps),
             "findings": len(f) + elided,
             "findings_by_kind": dict(sorted(by_kind.items())),
-            "known": len(f) + elided - self.num_new,
+            "known": int(verdicts.get("known", 0)) + elided,
             "known_not_listed": elided,
+            "expected": int(verdicts.get("expected", 0)),
             "new": self.num_new,
             "replay_s": round(self.replay_s, 3),
+            "time_share": time_share(self.steps, self.replay_s),
             "steps_per_s": round(self.num_steps / self.replay_s, 2) if self.replay_s > 0 else 0.0,
             "traces": list(self.traces),
             "pcp_sizes": list(self.pcp_sizes),
@@ -211,6 +222,9 @@ class ReplayRecorder:
     replay_s: float = 0.0
     known_seen: dict[tuple, int] = field(default_factory=dict)
     known_elided: dict[str, int] = field(default_factory=dict)  # kind -> rows not listed
+    classes: ClassTally = field(default_factory=ClassTally)
+    where: Where | None = None  # the trace being replayed (set by the replay driver)
+    trace_lengths: dict[str, int] = field(default_factory=dict)  # trace -> steps
 
     def record(self, trace: str, pcp_size: int, line: int, step: Step, composition: tuple,
                observation: obs.StepObs, found: list[Finding]) -> None:
@@ -233,7 +247,10 @@ class ReplayRecorder:
                 else:
                     entry[0] += 1
         self.num_steps += 1
+        where = self.where if self.where is not None and self.where.trace == trace else None
         for finding in found:
+            self.classes.add(finding, where or Where(trace, pcp_size))
+            verdict = verdict_of(finding)
             if finding.known:
                 key = (trace, pcp_size, finding.check, *finding.signature)
                 seen = self.known_seen[key] = self.known_seen.get(key, 0) + 1
@@ -244,9 +261,10 @@ class ReplayRecorder:
             row = finding.row()
             row["trace"] = row["trace"] or trace
             row["pcp_size"] = pcp_size
+            row["verdict"] = verdict
             self.findings.append(row)
             self.num_findings += 1
-            self.num_new += not finding.known
+            self.num_new += verdict == NEW
             # Keep the first few new findings and the first few known ones, so
             # a flood of known findings never hides the first new one.
             same = sum(f.known == finding.known for f in self.first_findings)
@@ -255,6 +273,8 @@ class ReplayRecorder:
 
     def result(self, traces: Sequence[str], pcp_sizes: Sequence[int],
                stages: Sequence[str], vllm_version: str = "", device: str = "") -> ReplayResult:
+        self.classes.choose_reproducers(self.trace_lengths)
+        self.classes.explain(_known_lookup())
         return ReplayResult(
             steps=sort_rows(self.steps.to_frame(), ("trace", "pcp_size", "step", "stage", "rank")),
             findings=sort_rows(self.findings.to_frame(),
@@ -264,7 +284,7 @@ class ReplayRecorder:
             first_findings=sorted(self.first_findings, key=lambda f: f.known), traces=list(traces),
             pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=self.num_steps,
             replay_s=self.replay_s, vllm_version=vllm_version, device=device,
-            known_elided=dict(self.known_elided))
+            known_elided=dict(self.known_elided), classes=self.classes.frame())
 
     def contract_frame(self) -> pd.DataFrame:
         rows = [(*key, *value) for key, value in self.contract.items()]
@@ -273,10 +293,27 @@ class ReplayRecorder:
 
 
 def finding_columns() -> dict[str, str]:
-    """Findings table schema: Finding.row() plus pcp_size (typed from a blank row)."""
+    """Findings table schema: Finding.row() plus pcp_size and verdict (typed from a blank row)."""
     blank = Finding(kind="", step=0, stage="", check="").row()
     blank["pcp_size"] = 0
+    blank["verdict"] = ""
     return {c: kind_of(v) for c, v in blank.items()}
+
+
+def _known_lookup() -> Any:
+    """(kind, stage, field, check) -> the documented known finding, for explanations."""
+    from simrig.checks.known import installed_vllm_version, load_known_findings
+
+    try:
+        known = load_known_findings(installed_vllm_version())
+    except Exception:  # noqa: BLE001 -- an unreadable baseline only loses the explanation column
+        return lambda *key: None
+
+    def lookup(kind: str, stage: str, fld: str, check: str) -> Any:
+        probe = Finding(kind=kind, step=0, stage=stage, check=check, field=fld)
+        return known.match(probe)
+
+    return lookup
 
 
 def sort_rows(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -332,6 +369,13 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
 def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Sequence[str],
                 rec: ReplayRecorder, progress: Progress | None, api: Any) -> None:
     tracker = BatchTracker()
+    args: tuple[str, ...] = ()
+    if config.pcp_size != header.config.pcp_size:
+        args += ("--pcp-sizes", str(config.pcp_size))
+    if tuple(stages) != tuple(obs.OPTIONAL_STAGES):
+        args += ("--stages", ",".join(stages))
+    rec.where = Where(name, config.pcp_size, replay_args=args)
+    before = rec.num_steps
     if progress is not None:
         progress.begin(f"{name} pcp={config.pcp_size}")
     start = time.perf_counter()
@@ -343,6 +387,7 @@ def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Se
                 progress.update(rec.num_steps, rec.num_findings, rec.num_new)
     finally:
         rec.replay_s += time.perf_counter() - start
+        rec.trace_lengths[name] = rec.num_steps - before
 
 
 class ReplayedStep(NamedTuple):
@@ -389,6 +434,8 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     except ValueError as exc:
         raise UsageError(f"{name or 'trace'}: {exc}") from None
     checker = Checker(config, adversarial=header.adversarial, trace=name)
+    met: set[int] = set()  # indices of header.expect seen so far
+    held: ReplayedStep | None = None  # one step held back: missing expectations join the last
     for line, step in lines_and_steps:
         observation = harness.run_step(step)
         index = observation.index
@@ -398,7 +445,44 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
             for f in found:
                 if f.kind in (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT):
                     f.extra["loud_rejection"] = True
-        yield ReplayedStep(line, step, observation, found)
+        mark_expected(header.expect, found, met)
+        if held is not None:
+            yield held
+        held = ReplayedStep(line, step, observation, found)
+    if held is not None:
+        held.findings.extend(missing_expectations(header.expect, met, held.observation.index, name))
+        yield held
+
+
+EXPECTATION_MISSING = "expectation_missing"  # finding kind: a declared class did not occur
+
+
+def mark_expected(expect: Sequence[Any], found: list[Finding], met: set[int]) -> None:
+    """Mark findings matching the header's ``expect`` as expected; note which matched."""
+    if not expect:
+        return
+    for f in found:
+        if f.known:
+            continue
+        for i, e in enumerate(expect):
+            if e.matches(f):
+                f.extra["expected"] = True
+                f.extra["expectation"] = e.describe()
+                met.add(i)
+
+
+def missing_expectations(expect: Sequence[Any], met: set[int], last_index: int,
+                         trace: str) -> list[Finding]:
+    """A new finding per declared expectation that never occurred."""
+    out = []
+    for i, e in enumerate(expect):
+        if i in met:
+            continue
+        out.append(Finding(kind=EXPECTATION_MISSING, step=e.step if e.step is not None else last_index,
+                           stage=e.stage or "", check="expectations", req_ids=tuple(e.req_ids),
+                           field=e.kind, expected=e.describe(), actual="not raised/reported",
+                           message=f"expected {e.describe()} did not occur", trace=trace))
+    return out
 
 
 def replay_problems(header: TraceHeader, steps: Iterable[Step], api: Any = None) -> list[str]:
@@ -409,5 +493,5 @@ def replay_problems(header: TraceHeader, steps: Iterable[Step], api: Any = None)
     for replayed in run_steps(header, enumerate(steps), api=api):
         problems += [f"step {replayed.observation.index} {s.stage}[rank {s.rank}]: "
                      f"{s.error.type}: {s.error.message}" for s in replayed.observation.errors]
-        problems += [f.one_line() for f in replayed.findings if not f.known]
+        problems += [f.one_line() for f in replayed.findings if verdict_of(f) == NEW]
     return problems

@@ -11,3 +11,17 @@ def vllm_api():
     from simrig.adapters.runner import load
 
     return load()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _history_in_tmp(tmp_path_factory):
+    """Commands run by tests record their history in a temporary store, never in reports/."""
+    import os
+
+    old = os.environ.get("SIMRIG_HISTORY")
+    os.environ["SIMRIG_HISTORY"] = str(tmp_path_factory.mktemp("history"))
+    yield
+    if old is None:
+        os.environ.pop("SIMRIG_HISTORY", None)
+    else:
+        os.environ["SIMRIG_HISTORY"] = old

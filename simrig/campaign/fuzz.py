@@ -17,6 +17,7 @@ status 1 means a class that is neither known nor a loud rejection.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -29,6 +30,7 @@ from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.replay import BatchTracker, ReplayRecorder
+from simrig.report.classes import ClassTally, Where, verdict_of
 from simrig.step import RunnerConfig, Step
 
 Key = tuple[str, str, str, str, bool]  # signature + loud rejection
@@ -112,6 +114,7 @@ class Campaign:
         self.classes: dict[Key, FindingClass] = {}
         self.tolerated: set[Key] = set()  # classes already shrunk (or known)
         self.recorder = ReplayRecorder()  # steps rows and dtype tallies, as replay keeps them
+        self.tally = ClassTally()  # one row per class for the report (first/last, example, time)
         self.interrupted = False
         self._start = 0.0
         self._chunk_failed = False
@@ -151,8 +154,11 @@ class Campaign:
         tracker = machine.__dict__.setdefault("_batch_tracker", BatchTracker())
         self.recorder.record(f"example-{st.examples}", machine.config.pcp_size, index + 2, step,
                              tracker.observe(step), obs, found)
+        where = Where(f"example-{st.examples}", machine.config.pcp_size,
+                      elapsed_s=self._elapsed(), example=st.examples)
         failing = []
         for f in found:
+            self.tally.add(f, where)
             key = class_key(f)
             cls = self.classes.get(key)
             if cls is None:
@@ -215,7 +221,9 @@ class Campaign:
             found, num_steps = replay_with_checks(path, self.options.extra_checks, self.options.stages)
             self.stats.regression_traces += 1
             self.stats.regression_steps += num_steps
+            where = Where(str(path), elapsed_s=self._elapsed(), example=0)
             for f in found:
+                self.tally.add(f, where)
                 key = class_key(f)
                 cls = self.classes.get(key)
                 if cls is None:
@@ -290,6 +298,7 @@ class Campaign:
         import shutil
 
         from simrig.campaign.shrink import write_shrunk
+        from simrig.report.timing import time_share
         from simrig.report.writer import write_report
 
         out = Path(self.options.out_dir)
@@ -302,14 +311,41 @@ class Campaign:
                     write_shrunk(cls, self.options, staging)
             summary = self.summary()
             result = self.recorder.result([], list(self.options.pcp_sizes), self.options.stages)
+            summary["time_share"] = time_share(result.steps, self.stats.elapsed_s)
+            classes = self.class_frame()
             write_report(out, result.steps, self.findings_frame(), result.contract, summary,
-                         extra_tables={"campaign": _one_row(summary), "occurrences": result.findings},
-                         title="simrig fuzz campaign")
+                         extra_tables={"occurrences": result.findings},
+                         title=f"simrig fuzz campaign ({self.options.mode})", classes=classes,
+                         occurrences=result.findings, headline=self.headline(summary))
+            self.report_summary = json.loads((out / "summary.json").read_text())
+            self.report_summary["report"] = str(out)
+            self.class_table = classes
             if any(staging.iterdir()):
                 os.replace(staging, out / "shrunk")
             (out / "junit.xml").write_text(junit_xml(self), encoding="utf-8")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def class_frame(self) -> Any:
+        """One row per class (report.classes), reproducer = the shrunk or regression trace."""
+        from simrig.campaign.shrink import replay_command_args
+        from simrig.report.classes import class_frame
+
+        for stats in self.tally.classes.values():
+            for cls in self.classes.values():
+                if tuple(cls.key[:4]) == (stats.kind, stats.stage, stats.field, stats.exception_type) \
+                        and verdict_of(cls.first) == stats.verdict and cls.trace_path:
+                    stats.reproducer = Where(cls.trace_path, replay_args=replay_command_args(
+                        self.options.stages))
+        self.tally.explain(_known_lookup())
+        return class_frame(self.tally.classes.values())
+
+    def headline(self, s: dict[str, Any]) -> str:
+        return (f"fuzz {s['mode']}: {s['examples']:,} examples, {s['steps']:,} steps in "
+                f"{s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
+                f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}; "
+                f"{s['regression_traces']} regression trace(s) replayed first; "
+                f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations")
 
     def exit_status(self) -> int:
         return 1 if (any(c.failing for c in self.classes.values()) or self.stats.rig_errors) else 0
@@ -321,7 +357,7 @@ class Campaign:
         for cls in self.classes.values():
             by_kind[cls.key[0]] = by_kind.get(cls.key[0], 0) + cls.count
         return {
-            "command": "fuzz", "mode": o.mode, "seed": o.seed, "budget_s": o.budget_s,
+            "command": "fuzz", "suite": f"fuzz {o.mode}", "mode": o.mode, "seed": o.seed, "budget_s": o.budget_s,
             "pcp_sizes": list(o.pcp_sizes), "stages": list(o.stages),
             "elapsed_s": st.elapsed_s, "stopped_by": st.stopped_by, "chunks": st.chunks,
             "examples": st.examples, "steps": st.steps,
@@ -333,6 +369,8 @@ class Campaign:
             "findings_by_kind": dict(sorted(by_kind.items())),
             "regression_traces": st.regression_traces, "regression_steps": st.regression_steps,
             "rig_errors": len(st.rig_errors), "exit_status": self.exit_status(),
+            **({"verdict_note": f"{len(st.rig_errors)} rig error(s): a bug in simrig"}
+               if st.rig_errors else {}),
         }
 
     def findings_frame(self) -> Any:
@@ -341,13 +379,20 @@ class Campaign:
         rows = []
         for cls in sorted(self.classes.values(), key=lambda c: c.key):
             row = cls.first.row()
-            row.update(count=cls.count, loud_rejection=cls.loud, failing=cls.failing,
+            row.update(count=cls.count, verdict=verdict_of(cls.first), loud_rejection=cls.loud,
+                       failing=cls.failing,
                        source=cls.source, shrunk_trace=cls.trace_path,
                        shrunk_steps=len(cls.steps) if cls.steps is not None else -1,
                        reproduced="" if cls.reproduced is None else str(cls.reproduced),
                        pcp_size=cls.config.pcp_size if cls.config else -1)
             rows.append(row)
         return pd.DataFrame(rows)
+
+
+def _known_lookup() -> Any:
+    from simrig.replay import _known_lookup as lookup
+
+    return lookup()
 
 
 def _default_configs(pcp_sizes: Sequence[int]) -> Any:
@@ -378,13 +423,6 @@ def _install_signal_handlers(campaign: Campaign) -> dict[int, Any]:
 def _restore_signal_handlers(old: dict[int, Any]) -> None:
     for sig, h in old.items():
         signal.signal(sig, h)
-
-
-def _one_row(summary: dict[str, Any]) -> Any:
-    import pandas as pd
-
-    return pd.DataFrame([{k: (v if not isinstance(v, (list, dict)) else str(v))
-                          for k, v in summary.items()}])
 
 
 def junit_xml(campaign: Campaign) -> str:

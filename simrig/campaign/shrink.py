@@ -64,3 +64,8 @@ def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),
         found.extend(replayed.findings)
         count += 1
     return found, count
+
+
+def replay_command_args(stages: Sequence[str]) -> tuple[str, ...]:
+    """`simrig replay` flags that run a shrunk trace as the campaign did."""
+    return () if tuple(stages) == tuple(OPTIONAL_STAGES) else ("--stages", ",".join(stages))

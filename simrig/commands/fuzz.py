@@ -8,13 +8,17 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from simrig.commands.common import add_output_flags
+
     p = sub.add_parser(
         "fuzz", help="fuzz the runner with the stateful scheduler-contract machine",
         description="Replay traces/regressions/, then run the stateful scheduler machine "
                     "through the real MRV2 input path until the budget is spent. Each new "
                     "finding class is shrunk to a minimal v1 trace under OUT/shrunk/. "
-                    "Exit 1 when a class is neither known nor a loud rejection of an "
-                    "adversarial violation.")
+                    "Loud rejections of adversarial violations are *expected*; known "
+                    "findings of this vLLM are *known*; anything else is *new*.",
+        epilog="exit status: 0 no new finding class; 1 a new finding class (or a rig error); "
+               "2 bad arguments")
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
                    help="wall-clock budget for exploring (default 60); shrinking a late find "
                         "may take up to a quarter more")
@@ -24,8 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "finished and duplicate ids (default valid)")
     p.add_argument("--pcp-sizes", default="1,2", metavar="LIST",
                    help="PCP world sizes to draw configs from, e.g. 1,2,4,8 (default 1,2)")
-    p.add_argument("--out", default=None, metavar="DIR",
-                   help="report directory (default reports/fuzz-<UTC time>)")
     p.add_argument("--database", default=".cache/hypothesis", metavar="DIR",
                    help="Hypothesis example database, reused by later campaigns "
                         "(default .cache/hypothesis; 'none' disables it)")
@@ -43,8 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-regressions", action="store_true", help="skip the regression replay")
     p.add_argument("--save-regressions", action="store_true",
                    help="also copy each failing shrunk trace into the regressions folder")
-    p.add_argument("--progress", choices=("tty", "plain", "quiet"), default=None,
-                   help="progress on stderr (default tty on a terminal, else plain)")
+    add_output_flags(p, "fuzz")
     p.set_defaults(func=run)
 
 
@@ -64,6 +65,7 @@ def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> t
 
 def options_from_args(args: argparse.Namespace):
     from simrig.campaign.fuzz import CampaignOptions
+    from simrig.commands.common import progress_mode
     from simrig.errors import UsageError
     from simrig.replay import parse_stages
     from simrig.report.writer import check_out_dir, default_out_dir
@@ -94,28 +96,31 @@ def options_from_args(args: argparse.Namespace):
         max_examples=args.max_examples, save_regressions=args.save_regressions,
         regressions_dir=regressions, replay_regressions=not args.no_regressions,
         stages=parse_stages(args.stages), violations=violations,
-        steps_per_example=args.steps_per_example, progress=args.progress)
+        steps_per_example=args.steps_per_example, progress=progress_mode(args))
 
 
 def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
+    from simrig.commands.common import emit_json, record_history
+    from simrig.report.classes import class_rows_for_print, verdict_line
+    from simrig.report.timing import time_share_line
 
     options = options_from_args(args)
     campaign = Campaign(options)
     status = campaign.run()
-    s = campaign.summary()
-    print(f"fuzz {s['mode']}: {s['examples']} examples, {s['steps']} steps in {s['elapsed_s']:.1f} s "
-          f"({s['examples_per_s']:.2f} examples/s, {s['steps_per_s']:.2f} steps/s), "
-          f"stopped by {s['stopped_by']}")
-    print(f"findings: {s['findings']} in {s['finding_classes']} classes "
-          f"({s['failing_classes']} failing, {s['loud_rejections']} loud rejections "
-          f"of {s['violations_sent']} violations)")
-    for cls in sorted(campaign.classes.values(), key=lambda c: c.key):
-        mark = "FAIL" if cls.failing else ("loud" if cls.loud else "known")
-        where = cls.trace_path or cls.source
-        steps = f" {len(cls.steps)} steps" if cls.steps is not None else ""
-        print(f"  {mark} x{cls.count} {cls.first.one_line()[:160]}\n       -> {where}{steps}")
+    s = getattr(campaign, "report_summary", None) or campaign.summary()
+    record_history(s, getattr(campaign, "class_table", None))
     for text in campaign.stats.rig_errors:
         print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
-    print(f"report: {options.out_dir}")
+    if args.json:
+        emit_json(s)
+        return status
+    print(campaign.headline(s))
+    print(verdict_line(s.get("classes", {})) + f" — exit {status}")
+    if getattr(campaign, "class_table", None) is not None:
+        for line in class_rows_for_print(campaign.class_table):
+            print(line)
+    if s.get("time_share"):
+        print(time_share_line(s["time_share"]))
+    print(f"report: {options.out_dir / 'report.html'}")
     return status

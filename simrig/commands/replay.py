@@ -8,34 +8,40 @@ and no report directory is written.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
-SHOWN_FINDINGS = 5
-
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from simrig.commands.common import add_output_flags
+
     p = sub.add_parser(
         "replay", help="replay traces through vLLM's real runner input path and report findings",
         description="Replay scheduler-output traces (files, or directories of *.jsonl[.gz|.zst]) "
                     "through the installed vLLM's Model Runner V2 input path, check every step "
-                    "and write a report. Exit 0: no new findings (known findings do not fail); "
-                    "1: new findings; 2: bad arguments or a malformed trace.")
+                    "and write a report: one row per finding class, verdict new / known / "
+                    "expected (a class a trace header's `expect` declares).",
+        epilog="exit status: 0 no new finding class (known and expected classes do not fail); "
+               "1 a new finding class, or an expected class that did not occur; "
+               "2 bad arguments or a malformed trace (one line on stderr, no report)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace file or directory")
-    p.add_argument("--out", metavar="DIR",
-                   help="report directory (default: reports/replay-<UTC timestamp>)")
     p.add_argument("--pcp-sizes", metavar="N,N,...",
                    help="replay each trace once per PCP world size (default: the trace's own)")
     p.add_argument("--stages", metavar="S,S,...",
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    add_output_flags(p, "replay")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.progress import PLAIN, QUIET, TTY, Progress
+    from simrig.commands.common import emit_json, progress_mode, record_history
+    from simrig.progress import Progress
     from simrig.replay import expand_trace_paths, parse_pcp_sizes, parse_stages, replay_traces, scan_trace
+    from simrig.report.classes import class_rows_for_print, verdict_line
+    from simrig.report.timing import time_share_line
     from simrig.report.writer import check_out_dir, default_out_dir, write_report
 
     started = time.perf_counter()
@@ -48,30 +54,30 @@ def run(args: argparse.Namespace) -> int:
         header, num_steps = scan_trace(path)
         total += num_steps * len(pcp_sizes or [header.config.pcp_size])
 
-    mode = QUIET if args.quiet else (TTY if sys.stderr.isatty() else PLAIN)
-    progress = Progress(sys.stderr, mode=mode, total=total)
+    progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
     try:
         result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
     finally:
         progress.close()
-    summary = result.summary()
+    summary = {"command": "replay", "suite": "replay " + " ".join(args.traces), **result.summary()}
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     summary["exit_status"] = 1 if result.num_new else 0
-    report = write_report(out, result.steps, result.findings, result.contract, summary)
-
-    kinds = ", ".join(f"{k} {v}" for k, v in summary["findings_by_kind"].items()) or "none"
-    print(f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
-          f"(pcp sizes {','.join(map(str, result.pcp_sizes))}) in {summary['elapsed_s']:.1f} s "
-          f"({summary['steps_per_s']:.1f} steps/s), vLLM {result.vllm_version} on {result.device}")
-    print(f"findings: {summary['findings']} ({summary['new']} new, {summary['known']} known): {kinds}")
-    for finding in result.first_findings[:SHOWN_FINDINGS]:
-        mark = "known" if finding.known else "NEW"
-        where = f"{finding.trace}: " if finding.trace else ""
-        print(f"  [{mark}] {where}{finding.one_line()}")
-    listed = summary["findings"] - summary.get("known_not_listed", 0)
-    if listed > SHOWN_FINDINGS:
-        print(f"  ... {listed - SHOWN_FINDINGS} more in {report / 'findings.csv'}")
-    if summary.get("known_not_listed"):
-        print(f"  ({summary['known_not_listed']:,} repeats of known findings counted, not listed)")
+    headline = (f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
+                f"(pcp sizes {','.join(map(str, result.pcp_sizes))}) in {summary['elapsed_s']:.1f} s "
+                f"({summary['steps_per_s']:.1f} steps/s), vLLM {result.vllm_version} on {result.device}")
+    report = write_report(out, result.steps, result.findings, result.contract, summary,
+                          classes=result.classes, headline=headline)
+    summary["report"] = str(report)
+    summary["classes"] = json.loads((report / "summary.json").read_text())["classes"]
+    record_history(summary, result.classes)
+    if getattr(args, "json", False):
+        emit_json(summary)
+        return summary["exit_status"]
+    print(headline)
+    print(f"{verdict_line(summary['classes'])}; occurrences: {summary['new']} new, "
+          f"{summary['known']} known, {summary['expected']} expected")
+    for line in class_rows_for_print(result.classes):
+        print(line)
+    print(time_share_line(summary["time_share"]))
     print(f"report: {report / 'report.html'}")
     return summary["exit_status"]

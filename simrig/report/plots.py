@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from simrig.observe import STAGES
 
 MAX_POINTS = 1_500  # steps per curve before binning (means per bin)
-MAX_PANELS = 6  # traces drawn in the composition plot
+MAX_PANELS = 3  # traces drawn as panels; more are summarised in one
 
 
 def _png(fig: Figure) -> bytes:
@@ -46,19 +46,31 @@ def per_step(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def batch_composition(steps: pd.DataFrame) -> bytes | None:
-    """Stacked decode / prefill requests and draft tokens over steps, per trace
-    (composition does not depend on the PCP size: the first size is drawn)."""
+    """Stacked decode / prefill requests and draft tokens over steps (composition
+    does not depend on the PCP size: the first size is drawn).
+
+    Up to MAX_PANELS traces get a panel each; more (a campaign's examples, a
+    corpus) are drawn as one summary panel, every trace's steps in run order."""
     needed = {"trace", "pcp_size", "step", "stage", "num_decode", "num_prefill", "num_spec_tokens"}
     if steps.empty or not needed <= set(steps.columns):
         return None
     table = per_step(steps)
-    traces = list(dict.fromkeys(table["trace"].astype(str)))[:MAX_PANELS]
-    fig = Figure(figsize=(9, 2.4 * len(traces)), layout="constrained")
-    axes = fig.subplots(len(traces), 1, squeeze=False)[:, 0]
-    for ax, name in zip(axes, traces):
-        t = table[table["trace"].astype(str) == name]
-        t = t[t["pcp_size"] == t["pcp_size"].iloc[0]]
-        x, (dec, pre, spec) = _binned(t["step"].to_numpy(),
+    traces = list(dict.fromkeys(table["trace"].astype(str)))
+    if len(traces) > MAX_PANELS:
+        first_size = table.groupby(table["trace"].astype(str), observed=True)["pcp_size"].transform("first")
+        panels = [(f"all {len(traces):,} traces / examples, steps in run order",
+                   table[table["pcp_size"] == first_size].reset_index(drop=True))]
+    else:
+        panels = []
+        for name in traces:
+            t = table[table["trace"].astype(str) == name]
+            panels.append((name, t[t["pcp_size"] == t["pcp_size"].iloc[0]]))
+    fig = Figure(figsize=(9, 2.4 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for ax, (name, t) in zip(axes, panels):
+        summary_panel = len(traces) > MAX_PANELS
+        steps_x = np.arange(len(t)) if summary_panel else t["step"].to_numpy()
+        x, (dec, pre, spec) = _binned(steps_x,
                                       [t["num_decode"].to_numpy(), t["num_prefill"].to_numpy(),
                                        t["num_spec_tokens"].to_numpy()])
         # step="post" draws step k over [k, k+1): close the last step too.
@@ -71,7 +83,7 @@ def batch_composition(steps: pd.DataFrame) -> bytes | None:
         ax.set_ylabel("count")
         ax.margins(x=0)
     axes[0].legend(loc="upper right", fontsize=8)
-    axes[-1].set_xlabel("step")
+    axes[-1].set_xlabel("step" if len(traces) <= MAX_PANELS else "step (all traces, in run order)")
     return _png(fig)
 
 

@@ -36,6 +36,90 @@ class TraceError(ValueError):
         super().__init__(f"{path}:{line}: {field_name}: {problem}")
 
 
+@dataclass(frozen=True)
+class Expectation:
+    """A finding class the trace must produce (header ``expect``), e.g. a
+    regression trace's loud KeyError: ``{"kind": "key_error", "stage":
+    "lifecycle", "exception_type": "KeyError", "step": 1, "req_ids": ["ghost1"]}``.
+
+    Only ``kind`` is required; every other key given must match. A finding
+    matching it is reported *expected*; an expectation nothing matched is a
+    new finding (the trace no longer shows what it was kept for).
+    """
+
+    kind: str
+    stage: str | None = None
+    field: str | None = None
+    exception_type: str | None = None
+    step: int | None = None
+    req_ids: tuple[str, ...] = ()  # each must be among the finding's request ids
+    note: str = ""  # why this is expected (free text)
+
+    def matches(self, finding: Any) -> bool:
+        """``finding``: anything with kind, stage, field, exception_type, step, req_ids."""
+        if finding.kind != self.kind:
+            return False
+        for name in ("stage", "field", "exception_type", "step"):
+            want = getattr(self, name)
+            if want is not None and getattr(finding, name) != want:
+                return False
+        return set(self.req_ids) <= set(finding.req_ids)
+
+    def describe(self) -> str:
+        """'key_error at step 1 lifecycle naming ghost1 (KeyError)'."""
+        text = self.kind
+        if self.step is not None:
+            text += f" at step {self.step}"
+        if self.stage:
+            text += f" {self.stage}" if self.step is not None else f" in {self.stage}"
+        if self.field:
+            text += f" field {self.field}"
+        if self.req_ids:
+            text += f" naming {','.join(self.req_ids)}"
+        if self.exception_type:
+            text += f" ({self.exception_type})"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for name in ("stage", "field", "exception_type", "step"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.req_ids:
+            out["req_ids"] = list(self.req_ids)
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+_EXPECT_KEYS = {"kind", "stage", "field", "exception_type", "step", "req_ids", "note"}
+
+
+def parse_expectations(raw: Any, ln: _Line) -> tuple[Expectation, ...]:
+    if not isinstance(raw, list):
+        raise ln.fail("expect", f"must be a list, got {type(raw).__name__}")
+    out = []
+    for i, item in enumerate(raw):
+        name = f"expect[{i}]"
+        if not isinstance(item, dict):
+            raise ln.fail(name, "must be an object")
+        unknown = set(item) - _EXPECT_KEYS
+        if unknown:
+            raise ln.fail(f"{name}.{sorted(unknown)[0]}", "unknown field")
+        values: dict[str, Any] = {"kind": ln.str_(item, "kind", f"{name}.kind")}
+        for key in ("stage", "field", "exception_type", "note"):
+            if key in item:
+                if not isinstance(item[key], str):
+                    raise ln.fail(f"{name}.{key}", f"must be a string, got {item[key]!r}")
+                values[key] = item[key]
+        if "step" in item:
+            values["step"] = ln.int_(item, "step", f"{name}.step")
+        if "req_ids" in item:
+            values["req_ids"] = tuple(ln.id_list(item, "req_ids", f"{name}.req_ids"))
+        out.append(Expectation(**values))
+    return tuple(out)
+
+
 @dataclass
 class TraceHeader:
     config: RunnerConfig = field(default_factory=RunnerConfig)
@@ -44,11 +128,16 @@ class TraceHeader:
     # ids, cached updates for unknown ids); strict validation lets them through
     # so the runner can be checked for failing loudly.
     adversarial: bool = False
+    # Finding classes the trace must produce (a regression suite's assertions).
+    expect: tuple[Expectation, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT_NAME, "version": FORMAT_VERSION,
-                "config": asdict(self.config), "source": self.source,
-                "adversarial": self.adversarial}
+        out = {"format": FORMAT_NAME, "version": FORMAT_VERSION,
+               "config": asdict(self.config), "source": self.source,
+               "adversarial": self.adversarial}
+        if self.expect:
+            out["expect"] = [e.to_json() for e in self.expect]
+        return out
 
 
 # ----------------------------------------------------------------- open files
@@ -167,7 +256,8 @@ def parse_header(obj: Any, path: str) -> TraceHeader:
     adversarial = obj.get("adversarial", False)
     if not isinstance(adversarial, bool):
         raise ln.fail("adversarial", f"must be true or false, got {adversarial!r}")
-    return TraceHeader(config=config, source=dict(source), adversarial=adversarial)
+    expect = parse_expectations(obj["expect"], ln) if "expect" in obj else ()
+    return TraceHeader(config=config, source=dict(source), adversarial=adversarial, expect=expect)
 
 
 def parse_step(obj: Any, path: str, line: int) -> Step:

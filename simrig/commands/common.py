@@ -1,0 +1,60 @@
+"""Flags every report-writing command shares, with one meaning everywhere.
+
+    --out DIR            the report directory
+    --progress MODE      tty | plain | quiet (default: tty on a terminal, else plain)
+    --quiet              same as --progress quiet
+    --json               print summary.json on stdout (nothing else there), for scripts
+    --verbose            show vLLM's own import messages (added to every command by simrig.cli)
+
+and the history record each of them appends (simrig.report.history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_STATUSES = ("exit status: 0 nothing new; 1 a new finding class (or a surviving mutant); "
+                 "2 bad arguments or input (one line on stderr, no report)")
+
+
+def add_output_flags(p: argparse.ArgumentParser, kind: str, *, out_default: str | None = None) -> None:
+    p.add_argument("--out", default=out_default, metavar="DIR",
+                   help=f"report directory (default: {out_default or f'reports/{kind}-<UTC time>'})")
+    p.add_argument("--progress", choices=("tty", "plain", "quiet"), default=None,
+                   help="progress on stderr (default: tty on a terminal, else plain)")
+    p.add_argument("--quiet", action="store_true", help="same as --progress quiet")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON on stdout (the human lines are not printed)")
+
+
+def progress_mode(args: argparse.Namespace) -> str | None:
+    """The --progress mode; --quiet and --json (stdout is for the JSON) imply quiet."""
+    if getattr(args, "quiet", False):
+        return "quiet"
+    mode = getattr(args, "progress", None)
+    if mode is None and not sys.stderr.isatty():
+        return "plain"
+    return mode
+
+
+def emit_json(summary: dict[str, Any]) -> None:
+    from simrig.report.html import jsonable
+
+    sys.stdout.write(json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n")
+
+
+def record_history(summary: dict[str, Any], classes: Any) -> None:
+    """Append this run to the history store; a store that cannot be written
+    costs a warning, never the run's result."""
+    from simrig.report.history import append_run, history_dir
+
+    root = history_dir()
+    if root is None:
+        return
+    try:
+        append_run(root, summary, classes)
+    except OSError as exc:
+        print(f"simrig: warning: history not recorded in {root}: {exc}", file=sys.stderr)
