@@ -1,21 +1,46 @@
-"""pytest plugin (entry point ``pytest11``): fixtures for suites that drive the real runner.
+"""pytest plugin (entry point ``pytest11``): drive the real runner from any test suite.
 
-    def test_runner_accepts(simrig_harness, simrig_checker):
+The pattern, as a vLLM developer writes it (default Hypothesis settings)::
+
+    from hypothesis import given
+    from strategies import scheduled_runs          # (config, [Step, ...]) valid under config
+
+    @given(scheduled_runs())
+    def test_runner_accepts_valid_schedules(simrig_run, run):
+        simrig_run(run)
+
+``simrig_run(run)`` replays the run through a fresh Harness + Checker (the
+one replay loop, ``simrig.replay.run_steps``) and, when a finding class is
+*new* (neither a known finding of this vLLM nor expected), fails the test
+with one line per new class and the failing run written as a v1 trace (the
+last failing example: after Hypothesis shrinks, the minimal one)::
+
+    simrig: 1 new finding class in a 2-step run (max_num_reqs=3, ..., pcp_size=1)
+      [NEW] x1 dtype_drift · gather · idx_mapping_np: first at pytest step 0
+            dtype_drift at step 0 gather: idx_mapping_np: expected int64, got int32
+    reproducer (v1 trace): .simrig/failures/test_x.jsonl
+      simrig replay .simrig/failures/test_x.jsonl --stages gather,dummy
+
+The lower-level factories stay available::
+
+    def test_by_hand(simrig_harness, simrig_checker):
         config = RunnerConfig(max_num_reqs=4)
         harness, checker = simrig_harness(config), simrig_checker(config)
-        ...
 
-    from simrig.campaign.pytest_plugin import given, scheduled_runs     # strategies, re-exported
-    @given(scheduled_runs())
-    def test_any_valid_schedule(simrig_harness, run): ...
-
-vLLM is imported lazily, on the first fixture use, so suites that never ask
-for a fixture pay nothing.
+Every fixture is session-scoped and returns a factory that builds fresh
+objects per call, so it is safe across Hypothesis examples (no
+``function_scoped_fixture`` health check). vLLM is imported on first use.
+By default ``simrig_run`` runs the cheap stages (gather and dummy: request
+identity and the dtype contract, sub-millisecond per step) so the default
+200 ms Hypothesis deadline holds; pass ``stages=`` for prepare/partition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +57,9 @@ from strategies import (  # noqa: F401  (re-exported)
     scheduler_steps,
 )
 
+RUN_STAGES = ("gather", "dummy")  # simrig_run's default: identity + dtype contract, fast
+FAILURES_DIR = Path(".simrig") / "failures"  # under the rootdir; SIMRIG_FAILURES overrides
+
 
 @pytest.fixture(scope="session")
 def simrig_api() -> Any:
@@ -41,7 +69,7 @@ def simrig_api() -> Any:
     return load()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
     """Factory: ``simrig_harness(config, stages=...)`` -> a fresh ready Harness."""
     from simrig.harness import Harness
@@ -53,7 +81,7 @@ def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
     return make
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def simrig_checker() -> Callable[..., Any]:
     """Factory: ``simrig_checker(config, adversarial=False)`` -> a fresh Checker."""
     from simrig.checks.checker import Checker
@@ -62,3 +90,94 @@ def simrig_checker() -> Callable[..., Any]:
         return Checker(config, adversarial=adversarial, trace=trace)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def simrig_run(simrig_api: Any, pytestconfig: pytest.Config) -> Callable[..., list]:
+    """``simrig_run(run, stages=..., extra_checks=...)`` -> the run's findings; fails
+    the test (readable summary + reproducer trace) on a new finding class."""
+    root = Path(os.environ.get("SIMRIG_FAILURES") or pytestconfig.rootpath / FAILURES_DIR)
+    _warm_up(simrig_api)
+
+    def run_and_check(run: Any, *, stages: Sequence[str] = RUN_STAGES,
+                      extra_checks: Sequence[Any] = ()) -> list:
+        return check_run(run, api=simrig_api, stages=stages, extra_checks=extra_checks,
+                         failures_dir=root)
+
+    return run_and_check
+
+
+def check_run(run: Any, *, api: Any = None, stages: Sequence[str] = RUN_STAGES,
+              extra_checks: Sequence[Any] = (), failures_dir: Path = FAILURES_DIR,
+              name: str | None = None, fail: bool = True) -> list:
+    """Replay ``run`` = ``(config, steps)`` through the one replay loop; on a new finding
+    class write the run as a v1 trace and ``pytest.fail`` with a class summary."""
+    from simrig.report.classes import NEW, ClassTally, Where, class_rows_for_print, verdict_of
+    from simrig.replay import run_steps
+    from simrig.sources.trace import TraceHeader, write_trace
+
+    config, steps = _unpack(run)
+    header = TraceHeader(config=config, source={"kind": "generated", "tool": "simrig pytest plugin"})
+    found = []
+    for replayed in run_steps(header, enumerate(steps), name="pytest", stages=stages,
+                              extra_checks=extra_checks, api=api):
+        found.extend(replayed.findings)
+    new = [f for f in found if verdict_of(f) == NEW]
+    if not new or not fail:
+        return found
+    test = name or _current_test_name()
+    path = Path(failures_dir) / f"{test}.jsonl"
+    write_trace(path, header, steps)
+    tally = ClassTally()
+    for f in found:
+        tally.add(f, Where("pytest", config.pcp_size))
+    classes = tally.frame()
+    classes = classes[classes["verdict"] == NEW]
+    stage_arg = "" if tuple(stages) == _all_stages() else f" --stages {','.join(stages)}"
+    lines = [f"simrig: {len(classes)} new finding class{'es' if len(classes) != 1 else ''} in a "
+             f"{len(steps)}-step run ({_config_text(config)})",
+             *class_rows_for_print(classes),
+             f"reproducer (v1 trace; under Hypothesis the last failing, i.e. shrunk, example): {path}",
+             f"  simrig replay {path}{stage_arg}"]
+    pytest.fail("\n".join(lines), pytrace=False)
+    return found  # not reached
+
+
+def _warm_up(api: Any) -> None:
+    """Pay the one-off first-call costs (imports, kernel set-up, caches: ~0.3-0.5 s
+    on CPU) here, not in the first Hypothesis example, where they would break
+    the default 200 ms deadline."""
+    from simrig.step import NewRequest, RunnerConfig, Step
+
+    step = Step(new_requests=[NewRequest("warm", 4)], num_scheduled_tokens={"warm": 4})
+    for config in (RunnerConfig(max_num_reqs=2, max_num_batched_tokens=16, max_model_len=64),
+                   RunnerConfig(max_num_reqs=2, max_num_batched_tokens=16, max_model_len=64,
+                                num_speculative_tokens=1, pcp_size=2)):
+        check_run((config, [step]), api=api, fail=False)  # the test reports findings, not this
+
+
+def _all_stages() -> tuple[str, ...]:
+    from simrig.observe import OPTIONAL_STAGES
+
+    return tuple(OPTIONAL_STAGES)
+
+
+def _unpack(run: Any) -> tuple[Any, list]:
+    from simrig.step import RunnerConfig
+
+    if (not isinstance(run, tuple) or len(run) != 2 or not isinstance(run[0], RunnerConfig)):
+        raise TypeError("simrig_run: expected (RunnerConfig, [Step, ...]) as drawn by "
+                        f"scheduled_runs(), got {type(run).__name__}")
+    return run[0], list(run[1])
+
+
+def _config_text(config: Any) -> str:
+    from dataclasses import asdict
+
+    return ", ".join(f"{k}={v}" for k, v in asdict(config).items())
+
+
+def _current_test_name() -> str:
+    """The running test's node id as a file name (PYTEST_CURRENT_TEST is set by pytest)."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "simrig-run").split(" ")[0]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", current.split("::", 1)[-1])[:120] or "simrig-run"

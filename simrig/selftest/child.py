@@ -32,8 +32,9 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
             if collect_all:
                 if list(sig) not in result.signatures:
                     result.signatures.append(list(sig))
-                loud = bool(finding.extra.get("loud_rejection"))
-                result.new_findings += 0 if (finding.known or loud) else 1
+                from simrig.report.classes import NEW, verdict_of
+
+                result.new_findings += int(verdict_of(finding) == NEW)
                 continue
             if sig in known or finding.known:
                 continue

@@ -117,3 +117,34 @@ def select_mutants(names: list[str] | None) -> list[str]:
         raise UsageError(f"--mutants: unknown mutant(s) {', '.join(unknown)}; "
                          f"`simrig selftest --list` shows the catalogue")
     return names
+
+
+def scoreboard_classes(rows: list[dict[str, Any]]) -> Any:
+    """The scoreboard in the reports' class vocabulary, one row per mutant run:
+
+        detected mutant       -> expected (the class the mutant caused, as simrig must see it)
+        equivalent mutant     -> known    (documented blind spot, README)
+        survivor, error, unclean baseline -> new (fails the selftest)
+    """
+    from simrig.report.classes import EXPECTED, KNOWN, NEW, ClassStats, Where, class_frame
+
+    out = []
+    for row in rows:
+        status = row["status"]
+        verdict = (EXPECTED if status in ("detected", "clean") else
+                   KNOWN if status == "equivalent" else NEW)
+        sig = [p for p in str(row.get("signature", "")).split(" / ")] if row.get("signature") else []
+        kind, stage, fld, exc = (sig + ["", "", "", ""])[:4]
+        stats = ClassStats(kind=kind or f"mutant {status}", stage=stage, field=fld,
+                           exception_type=exc, verdict=verdict, occurrences=1,
+                           checks={row["mutant"]}, message=row.get("message") or row.get("error") or status,
+                           explanation=f"{row['mutant']}: {row.get('description', '')} ({status})")
+        where = Where(str(row.get("shrunk_trace") or row.get("via") or ""), 1,
+                      elapsed_s=row.get("seconds_to_detection"),
+                      example=row.get("examples_to_detection"))
+        stats.traces[where.trace] = where
+        stats.first = stats.last = (where, -1, -1)
+        if str(where.trace).endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
+            stats.reproducer = where
+        out.append(stats)
+    return class_frame(out)

@@ -1,0 +1,96 @@
+"""The ``simrig history`` page: trends per run and one line per finding class.
+
+    ┌──────────────────────────────────────────────────────────────────┐
+    │ banner: latest run per suite: new classes? exit status           │
+    │ trends (one PNG): classes new/known/expected/fixed per run,      │
+    │                   steps/s, examples/s, mutants detected          │
+    │ classes: suite, signature, verdict, first seen, last seen,       │
+    │          vLLM versions, fixed since <run>                        │
+    │ runs: one row per run (collapsed)                                │
+    └──────────────────────────────────────────────────────────────────┘
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+import pandas as pd
+
+from simrig.report.history import class_timeline, run_trends
+from simrig.report.html import _CSS, table
+
+
+def trends_png(trends: pd.DataFrame) -> bytes | None:
+    """Four small panels over runs (x = run number in time order)."""
+    if trends.empty:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 5.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2)
+    x = range(len(trends))
+    ax = axes[0][0]
+    bottom = [0] * len(trends)
+    for col, color in (("new", "#c0392b"), ("known", "#999999"), ("expected", "#2e8b57")):
+        values = trends[col].astype(float).tolist()
+        ax.bar(x, values, bottom=bottom, color=color, label=col)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.plot(list(x), trends["fixed"].astype(float), "kv", label="fixed since previous run")
+    ax.set_title("finding classes per run", fontsize=9, loc="left")
+    ax.legend(fontsize=7)
+    for ax, col, title in ((axes[0][1], "steps_per_s", "steps/s (replay, fuzz)"),
+                           (axes[1][0], "examples_per_s", "examples/s (fuzz)"),
+                           (axes[1][1], "detected", "mutants detected (selftest)")):
+        values = trends[col].astype(float)
+        for suite, group in trends.assign(_x=list(x)).groupby("suite"):
+            v = group[col].astype(float)
+            if v.notna().any():
+                ax.plot(group["_x"], v, "o-", label=str(suite)[:40], markersize=4)
+        ax.set_title(title, fontsize=9, loc="left")
+        if values.notna().any():
+            ax.legend(fontsize=6)
+    for ax in axes[1]:
+        ax.set_xlabel("run (oldest → newest)")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None = None) -> str:
+    e = html.escape
+    trends = run_trends(runs, classes)
+    timeline = class_timeline(runs, classes)
+    latest = runs.groupby("suite").tail(1) if len(runs) else runs
+    failing = latest[latest["exit_status"] != 0] if len(latest) else latest
+    fixed = int((timeline["fixed_since"] != "").sum()) if len(timeline) else 0
+    open_new = int(((timeline["fixed_since"] == "") & (timeline["verdict"] == "new")).sum()) \
+        if len(timeline) else 0
+    text = (f"{len(runs)} run(s) of {runs['suite'].nunique() if len(runs) else 0} suite(s)"
+            f"{' since ' + since if since else ''}: {open_new} new class(es) still showing, "
+            f"{fixed} fixed; latest run failing in {len(failing)} suite(s)")
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>simrig history</title>"
+             f"<style>{_CSS}</style></head><body><h1>simrig history</h1>",
+             f"<p class='banner {'bad' if open_new or len(failing) else 'good'}'>{e(text)}</p>"]
+    png = trends_png(trends)
+    if png is not None:
+        parts.append("<h2>Trends</h2><img alt='trends' src='data:image/png;base64,"
+                     + base64.b64encode(png).decode("ascii") + "'>")
+    parts.append("<h2>Finding classes</h2>" + table(timeline))
+    parts.append("<h2>Runs</h2>" + table(trends))
+    parts.append("<p class='note'>Data: runs/ and classes/ parquet datasets next to this page "
+                 "(pd.read_parquet on the folder).</p></body></html>")
+    return "\n".join(parts)
+
+
+def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]:
+    timeline = class_timeline(runs, classes)
+    return {"runs": int(len(runs)), "classes": int(len(timeline)),
+            "fixed": timeline[timeline["fixed_since"] != ""][["suite", "signature", "fixed_since",
+                                                              "fixed_since_run"]].to_dict("records"),
+            "still_new": timeline[(timeline["fixed_since"] == "") & (timeline["verdict"] == "new")]
+            [["suite", "signature", "first_seen"]].to_dict("records")}

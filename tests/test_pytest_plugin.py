@@ -1,0 +1,70 @@
+"""The pytest plugin as a vLLM developer meets it: the docstring's pattern, as written.
+
+``test_runner_accepts_valid_schedules`` below is the plugin docstring's test,
+character for character, with default Hypothesis settings. The second test
+runs the same file in a fresh pytest process under a selftest mutant and reads
+what the developer would read.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+
+from strategies import scheduled_runs          # (config, [Step, ...]) valid under config
+
+pytestmark = pytest.mark.vllm
+
+
+@given(scheduled_runs())
+def test_runner_accepts_valid_schedules(simrig_run, run):
+    simrig_run(run)
+
+
+DOCSTRING_TEST = '''
+from hypothesis import given
+from strategies import scheduled_runs          # (config, [Step, ...]) valid under config
+
+@given(scheduled_runs())
+def test_runner_accepts_valid_schedules(simrig_run, run):
+    simrig_run(run)
+'''
+
+MUTANT_CONFTEST = '''
+import pytest
+
+@pytest.fixture(scope="session", autouse=True)
+def _seeded_regression(simrig_api):
+    from simrig.adapters import mutate
+    from simrig.selftest.catalogue import BY_NAME
+
+    mutate.apply(BY_NAME["idx-mapping-host-int32"])
+'''
+
+
+def test_docstring_pattern_fails_readably_under_a_mutant(tmp_path):
+    import simrig.campaign.pytest_plugin as plugin
+
+    assert "def test_runner_accepts_valid_schedules(simrig_run, run):\n        simrig_run(run)" \
+        in plugin.__doc__
+    (tmp_path / "test_vllm_runner.py").write_text(textwrap.dedent(DOCSTRING_TEST))
+    (tmp_path / "conftest.py").write_text(MUTANT_CONFTEST)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), str(tmp_path / "test_vllm_runner.py")],
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:]
+    assert "simrig: 1 new finding class" in out, out[-3000:]
+    assert "[NEW]" in out and "dtype_drift · gather · idx_mapping_np" in out
+    assert "Traceback" not in out and "function_scoped_fixture" not in out
+    trace = tmp_path / ".simrig" / "failures" / "test_runner_accepts_valid_schedules.jsonl"
+    assert trace.is_file() and f"simrig replay {trace}" in out
+    from simrig.sources.trace import read_trace
+
+    header, steps = read_trace(trace)
+    assert 1 <= len(steps) <= 2  # shrunk: the first step already shows the int32 mapping
