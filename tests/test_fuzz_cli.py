@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from simrig.cli import main
+from test_report_agreement import assert_report_agrees
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -55,6 +56,12 @@ def test_adversarial_campaign_finds_the_unknown_id_key_error_class(tmp_path, cap
     assert status == (1 if table.failing.astype(str).eq("True").any() else 0)
     junit = (out / "junit.xml").read_text()
     assert "key_error:gather" in junit and junit.count("<testcase") == len(table)
+    assert_report_agrees(out, status)
+    classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
+    loud = classes[(classes.kind == "key_error") & (classes.stage == "gather")]
+    assert set(loud.verdict) == {"expected"}  # a loud rejection is expected, never "new"
+    assert loud.reproduce.iloc[0].startswith("simrig replay ") and loud.first_example.iloc[0] >= 0
+    assert (table.verdict == "new").sum() == summary["failing_classes"]
 
 
 @pytest.mark.vllm
@@ -66,13 +73,15 @@ def test_regressions_are_replayed_first(tmp_path, capsys):
         '"source":{"kind":"shrunk","violation_steps":{"0":"unknown_id"}}}\n'
         '{"step":0,"num_scheduled_tokens":{"ghost":1}}\n')
     out = tmp_path / "o"
-    main(["fuzz", "--budget", "1", "--max-examples", "1", "--pcp-sizes", "1", "--stages", "gather",
+    status = main(["fuzz", "--budget", "1", "--max-examples", "1", "--pcp-sizes", "1", "--stages", "gather",
           "--regressions", str(regressions), "--out", str(out), "--database", "none",
           "--progress", "quiet"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["regression_traces"] == 1 and summary["regression_steps"] == 1
+    assert summary["exit_status"] == status
     table = pd.read_csv(out / "findings.csv", keep_default_na=False)
     assert (table.source == str(regressions / "ghost.jsonl")).any()
+    assert_report_agrees(out, summary["exit_status"])
 
 
 @pytest.mark.vllm

@@ -8,6 +8,7 @@ import pytest
 from simrig.adapters import mutate
 from simrig.cli import main
 from simrig.selftest.catalogue import CATALOGUE, Mutant
+from test_report_agreement import assert_report_agrees
 
 pytestmark = pytest.mark.vllm
 
@@ -43,6 +44,8 @@ def test_one_cheap_mutant_end_to_end(tmp_path, capsys):
     assert row.kind == "dtype_drift"
     assert "idx_mapping_np" in row.signature
     assert (out / "report.html").read_text().count("idx-mapping-host-int32") >= 1
+    summary = assert_report_agrees(out, 0)
+    assert summary["classes"]["expected"] == 1  # the detected mutant's class
 
 
 def test_unknown_mutant_is_a_usage_error(capsys):

@@ -31,7 +31,8 @@ def add_output_flags(p: argparse.ArgumentParser, kind: str, *, out_default: str 
 
 
 def progress_mode(args: argparse.Namespace) -> str | None:
-    """The --progress mode; --quiet and --json (stdout is for the JSON) imply quiet."""
+    """The --progress mode; --quiet means quiet. (Progress is on stderr, so --json,
+    which owns stdout, leaves it alone.)"""
     if getattr(args, "quiet", False):
         return "quiet"
     mode = getattr(args, "progress", None)
