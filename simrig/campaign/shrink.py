@@ -20,7 +20,7 @@ from typing import Any
 
 from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
-from simrig.sources.trace import TraceHeader, write_trace
+from simrig.sources.trace import Expectation, TraceHeader, write_trace
 
 
 def class_key(finding: Finding) -> tuple[str, str, str, str, bool]:
@@ -38,7 +38,13 @@ def write_shrunk(cls: Any, options: Any, staging: Path) -> Path:
     """Write a FindingClass's smallest run under STAGING/ (moved to OUT/shrunk/
     with the report), replay it, set ``cls.trace_path`` (final path) and
     ``cls.reproduced``; copy failing ones into the regressions folder when asked."""
-    header = TraceHeader(config=cls.config, adversarial=options.mode == "adversarial", source={
+    kind, stage, fld, exc_type, loud = cls.key
+    # A loud rejection is what the runner must keep doing: the trace says so.
+    expect = (Expectation(kind, stage=stage or None, field=fld or None,
+                          exception_type=exc_type or None,
+                          note="loud rejection of a contract violation (simrig fuzz)"),) if loud else ()
+    header = TraceHeader(config=cls.config, adversarial=options.mode == "adversarial", expect=expect,
+                         source={
         "kind": "shrunk", "tool": "simrig fuzz", "seed": options.seed, "mode": options.mode,
         "signature": list(cls.key[:4]), "loud_rejection": cls.key[4],
         "violation_steps": {str(k): v for k, v in sorted(cls.violations.items())}})

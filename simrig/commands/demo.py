@@ -1,9 +1,9 @@
 """``simrig demo``: the main job on the bundled defaults (what ``make demo`` runs).
 
-    1. replay traces/samples and traces/recorded through the real input path
-       -> reports/demo/replay/
-    2. a short valid-mode fuzz campaign (regressions first)
-       -> reports/demo/fuzz/
+    1. replay traces/samples, traces/recorded and traces/regressions (whose
+       headers declare the KeyErrors they must produce) -> reports/demo/replay/
+    2. a short valid-mode fuzz campaign (regressions first) -> reports/demo/fuzz/
+    3. the history page over every recorded run -> reports/demo/history.html
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="replay the bundled traces and run a short fuzz campaign",
-                       description="Replay traces/samples and traces/recorded, then fuzz for "
-                                   "--budget seconds; reports under --out.")
+                       description="Replay traces/samples, traces/recorded and traces/regressions, "
+                                   "fuzz for --budget seconds, then render the history page; "
+                                   "reports under --out.",
+                       epilog="exit status: the worse of the replay and the fuzz campaign "
+                              "(0 nothing new, 1 a new finding class, 2 bad arguments)")
     p.add_argument("--out", default="reports/demo", metavar="DIR",
                    help="where the two reports go (default reports/demo)")
     p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
@@ -30,12 +33,19 @@ def run(args: argparse.Namespace) -> int:
     from simrig.cli import main
 
     out = Path(args.out)
-    traces = [str(ROOT / "traces" / sub) for sub in ("samples", "recorded")
+    from simrig.report.history import history_dir
+
+    traces = [str(ROOT / "traces" / sub) for sub in ("samples", "recorded", "regressions")
               if (ROOT / "traces" / sub).is_dir()]
-    print("== simrig demo 1/2: replay the bundled traces ==", flush=True)
+    print("== simrig demo 1/3: replay the bundled traces ==", flush=True)
     replay_status = main(["replay", *traces, "--out", str(out / "replay")])
-    print(f"\n== simrig demo 2/2: fuzz for {args.budget:.0f} s ==", flush=True)
+    print(f"\n== simrig demo 2/3: fuzz for {args.budget:.0f} s ==", flush=True)
     fuzz_status = main(["fuzz", "--budget", str(args.budget), "--seed", str(args.seed),
                         "--out", str(out / "fuzz"), "--regressions", str(ROOT / "traces" / "regressions")])
-    print(f"\nreports: {out / 'replay' / 'report.html'}  {out / 'fuzz' / 'report.html'}")
+    pages = [out / "replay" / "report.html", out / "fuzz" / "report.html"]
+    if history_dir() is not None:
+        print("\n== simrig demo 3/3: history of every recorded run ==", flush=True)
+        if main(["history", "--out", str(out / "history.html")]) == 0:
+            pages.append(out / "history.html")
+    print("\nreports: " + "  ".join(map(str, pages)))
     return max(replay_status, fuzz_status)
