@@ -29,7 +29,7 @@ from simrig import observe as obs
 from simrig.checks.findings import Finding
 from simrig.errors import UsageError
 from simrig.progress import Progress
-from simrig.report.classes import NEW, ClassTally, Where, verdict_counts, verdict_of
+from simrig.report.classes import NEW, ClassTally, Where, known_lookup, verdict_counts, verdict_of
 from simrig.report.tables import ColumnTable, kind_of
 from simrig.report.timing import time_share
 from simrig.sources.trace import TraceHeader, TraceReader
@@ -274,7 +274,7 @@ class ReplayRecorder:
     def result(self, traces: Sequence[str], pcp_sizes: Sequence[int],
                stages: Sequence[str], vllm_version: str = "", device: str = "") -> ReplayResult:
         self.classes.choose_reproducers(self.trace_lengths)
-        self.classes.explain(_known_lookup())
+        self.classes.explain(known_lookup())
         return ReplayResult(
             steps=sort_rows(self.steps.to_frame(), ("trace", "pcp_size", "step", "stage", "rank")),
             findings=sort_rows(self.findings.to_frame(),
@@ -298,22 +298,6 @@ def finding_columns() -> dict[str, str]:
     blank["pcp_size"] = 0
     blank["verdict"] = ""
     return {c: kind_of(v) for c, v in blank.items()}
-
-
-def _known_lookup() -> Any:
-    """(kind, stage, field, check) -> the documented known finding, for explanations."""
-    from simrig.checks.known import installed_vllm_version, load_known_findings
-
-    try:
-        known = load_known_findings(installed_vllm_version())
-    except Exception:  # noqa: BLE001 -- an unreadable baseline only loses the explanation column
-        return lambda *key: None
-
-    def lookup(kind: str, stage: str, fld: str, check: str) -> Any:
-        probe = Finding(kind=kind, step=0, stage=stage, check=check, field=fld)
-        return known.match(probe)
-
-    return lookup
 
 
 def sort_rows(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
@@ -425,6 +409,7 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     from simrig.adapters.runner import load
     from simrig.checks import findings as fk
     from simrig.checks.checker import Checker, check_step
+    from simrig.checks.expected import mark_expected, missing_expectations
     from simrig.harness import Harness
 
     config = config if config is not None else header.config
@@ -452,37 +437,6 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     if held is not None:
         held.findings.extend(missing_expectations(header.expect, met, held.observation.index, name))
         yield held
-
-
-EXPECTATION_MISSING = "expectation_missing"  # finding kind: a declared class did not occur
-
-
-def mark_expected(expect: Sequence[Any], found: list[Finding], met: set[int]) -> None:
-    """Mark findings matching the header's ``expect`` as expected; note which matched."""
-    if not expect:
-        return
-    for f in found:
-        if f.known:
-            continue
-        for i, e in enumerate(expect):
-            if e.matches(f):
-                f.extra["expected"] = True
-                f.extra["expectation"] = e.describe()
-                met.add(i)
-
-
-def missing_expectations(expect: Sequence[Any], met: set[int], last_index: int,
-                         trace: str) -> list[Finding]:
-    """A new finding per declared expectation that never occurred."""
-    out = []
-    for i, e in enumerate(expect):
-        if i in met:
-            continue
-        out.append(Finding(kind=EXPECTATION_MISSING, step=e.step if e.step is not None else last_index,
-                           stage=e.stage or "", check="expectations", req_ids=tuple(e.req_ids),
-                           field=e.kind, expected=e.describe(), actual="not raised/reported",
-                           message=f"expected {e.describe()} did not occur", trace=trace))
-    return out
 
 
 def replay_problems(header: TraceHeader, steps: Iterable[Step], api: Any = None) -> list[str]:

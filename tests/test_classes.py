@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from simrig.checks.findings import Finding
-from simrig.replay import EXPECTATION_MISSING, mark_expected, missing_expectations
+from simrig.checks.expected import EXPECTATION_MISSING, mark_expected, missing_expectations
 from simrig.report.classes import (ClassTally, Where, classes_from_rows, verdict_counts,
                                    verdict_line, verdict_of)
 from simrig.report.timing import time_share

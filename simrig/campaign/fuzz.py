@@ -30,7 +30,7 @@ from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.replay import BatchTracker, ReplayRecorder
-from simrig.report.classes import ClassTally, Where, verdict_of
+from simrig.report.classes import ClassTally, Where, known_lookup, verdict_of
 from simrig.step import RunnerConfig, Step
 
 Key = tuple[str, str, str, str, bool]  # signature + loud rejection
@@ -337,7 +337,7 @@ class Campaign:
                         and verdict_of(cls.first) == stats.verdict and cls.trace_path:
                     stats.reproducer = Where(cls.trace_path, replay_args=replay_command_args(
                         self.options.stages))
-        self.tally.explain(_known_lookup())
+        self.tally.explain(known_lookup())
         return class_frame(self.tally.classes.values())
 
     def headline(self, s: dict[str, Any]) -> str:
@@ -387,12 +387,6 @@ class Campaign:
                        pcp_size=cls.config.pcp_size if cls.config else -1)
             rows.append(row)
         return pd.DataFrame(rows)
-
-
-def _known_lookup() -> Any:
-    from simrig.replay import _known_lookup as lookup
-
-    return lookup()
 
 
 def _default_configs(pcp_sizes: Sequence[int]) -> Any:

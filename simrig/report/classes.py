@@ -237,3 +237,19 @@ def classes_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
             finding.extra["expected"] = True
         tally.add(finding, Where(text("trace"), int(r.get("pcp_size", 1) or 1)))
     return tally.frame()
+
+
+def known_lookup() -> Any:
+    """(kind, stage, field, check) -> the documented known finding, for explanations."""
+    from simrig.checks.known import installed_vllm_version, load_known_findings
+
+    try:
+        known = load_known_findings(installed_vllm_version())
+    except Exception:  # noqa: BLE001 -- an unreadable baseline only loses the explanation column
+        return lambda *key: None
+
+    def lookup(kind: str, stage: str, fld: str, check: str) -> Any:
+        probe = Finding(kind=kind, step=0, stage=stage, check=check, field=fld)
+        return known.match(probe)
+
+    return lookup
