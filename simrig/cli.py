@@ -21,6 +21,17 @@ import sys
 from simrig.commands import COMMAND_MODULES
 
 
+# Exit statuses of commands whose own module states them in its description only.
+DEFAULT_EPILOGS = {
+    "record": "exit status: 0 trace written; 2 bad arguments, a bad workload file or unusable vLLM",
+    "import": "exit status: 0 trace written; 2 bad arguments or a bad workload line (FILE:LINE)",
+    "bench": "exit status: 0 fine; 1 a benchmark failed or a ratio exceeded "
+             "--fail-on-regression; 2 bad input (unknown run, malformed JSON, empty filter)",
+    "contract": "exit status: snapshot 0 written; diff 0 equal, 1 different; 2 bad input",
+    "doctor": "exit status: 0 every entry point usable; 2 otherwise",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="simrig",
@@ -35,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not shipped in this build
             raise
         module.register(sub)
-    for command in sub.choices.values():  # one meaning everywhere
+    for name, command in sub.choices.items():  # one meaning everywhere
+        if not command.epilog and name in DEFAULT_EPILOGS:
+            command.epilog = DEFAULT_EPILOGS[name]
         command.add_argument("--verbose", action="store_true",
                              help="show vLLM's own log messages (import notes on CPU included)")
     return parser

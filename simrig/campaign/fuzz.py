@@ -221,7 +221,7 @@ class Campaign:
             found, num_steps = replay_with_checks(path, self.options.extra_checks, self.options.stages)
             self.stats.regression_traces += 1
             self.stats.regression_steps += num_steps
-            where = Where(str(path), elapsed_s=self._elapsed(), example=0)
+            where = Where(str(path), elapsed_s=self._elapsed())  # before any example
             for f in found:
                 self.tally.add(f, where)
                 key = class_key(f)

@@ -42,6 +42,7 @@ th{background:#f4f4f4}
 .new{color:#b00;font-weight:bold}.known{color:#777}.expected{color:#065}
 .note{color:#666;font-size:12px}img{max-width:100%}
 td.msg{max-width:420px;word-break:break-word}code{font-size:11px;word-break:break-all}
+td.cls{max-width:380px}td.why{min-width:260px;max-width:460px}
 details>summary{cursor:pointer;color:#345}tr.occ>td{border-top:none;background:#fbfbfb}
 """
 
@@ -123,8 +124,8 @@ def class_table(classes: pd.DataFrame, occurrences: pd.DataFrame) -> str:
     e = html.escape
     if classes.empty:
         return "<p class='expected'>no findings</p>"
-    head = ("<tr><th>verdict</th><th>class</th><th>occurrences</th><th>first seen</th>"
-            "<th>last seen</th><th>requests</th><th>reproduce</th><th>why</th></tr>")
+    head = ("<tr><th>verdict</th><th>class · reproduce</th><th>occurrences</th><th>first seen</th>"
+            "<th>last seen</th><th>requests</th><th>why</th></tr>")
     rows = []
     for c in classes.itertuples(index=False):
         first = _where(c.first_trace, c.first_pcp_size, c.first_step, c.first_rank)
@@ -140,23 +141,27 @@ def class_table(classes: pd.DataFrame, occurrences: pd.DataFrame) -> str:
         why = c.explanation or c.message
         if c.evidence:
             why += f" — evidence: {c.evidence}"
+        reproduce = f"<br><code>{e(c.reproduce)}</code>" if c.reproduce else ""
         rows.append(
-            f"<tr><td class='{e(c.verdict)}'>{e(c.verdict)}</td><td><b>{e(c.signature)}</b>"
-            f"<br><span class='note'>checks: {e(c.checks)}</span></td>"
-            f"<td>{c.occurrences:,} in {c.traces} trace(s)</td><td>{e(first)}</td>"
-            f"<td>{e(last)}</td><td>{e(c.req_ids)}</td>"
-            f"<td><code>{e(c.reproduce)}</code></td><td class='msg'>{e(why)}</td></tr>")
+            f"<tr><td class='{e(c.verdict)}'>{e(c.verdict)}</td><td class='cls'><b>{e(c.signature)}</b>"
+            f"<br><span class='note'>checks: {e(c.checks)}</span>{reproduce}</td>"
+            f"<td>{c.occurrences:,} in {c.traces} trace(s)</td>"
+            f"<td title='{e(c.first_trace)}'>{e(first)}</td>"
+            f"<td title='{e(c.last_trace)}'>{e(last)}</td><td>{e(c.req_ids)}</td>"
+            f"<td class='why'>{e(why)}</td></tr>")
         occ = _occurrences_of(c, occurrences)
         if occ is not None and len(occ):
             cols = [col for col in OCCURRENCE_COLUMNS if col in occ.columns]
-            rows.append(f"<tr class='occ'><td></td><td colspan='7'><details><summary>"
+            rows.append(f"<tr class='occ'><td></td><td colspan='6'><details><summary>"
                         f"{len(occ):,} occurrence row(s)</summary>"
                         + table(occ[cols], limit=OCCURRENCES_SHOWN) + "</details></td></tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
 
 def _where(trace: str, pcp_size: int, step: int, rank: int) -> str:
-    text = f"{trace} step {step}" if trace else f"step {step}"
+    """'chunked.jsonl.gz step 3 pcp 2 rank 1' (the full path is the cell's title)."""
+    name = trace.rsplit("/", 1)[-1]
+    text = " ".join(p for p in (name, f"step {step}" if step >= 0 else "") if p)
     if pcp_size and pcp_size > 1:
         text += f" pcp {pcp_size}"
     if rank is not None and rank >= 0:
