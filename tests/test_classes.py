@@ -128,3 +128,19 @@ def test_time_share_splits_vllm_calls_from_the_rig():
     assert share["stages"]["prepare"] == {"s": 0.8, "share": 0.4}
     assert list(share["stages"]) == ["lifecycle", "gather", "prepare"]  # execution order
     assert time_share(steps, wall_s=0.5)["rig_s"] == 0.0  # wall never below what it contains
+
+
+def test_selftest_scoreboard_in_the_class_vocabulary():
+    from simrig.selftest.driver import ChildResult, scoreboard_classes, scoreboard_rows
+
+    rows = scoreboard_rows([
+        ChildResult("baseline"),
+        ChildResult("getitem-to-get", detected=True, via="replay:x.jsonl", kind="expectation_missing",
+                    signature=["expectation_missing", "gather", "key_error", ""],
+                    shrunk_trace="traces/regressions/x.jsonl", seconds_to_detection=3.2),
+        ChildResult("slot-order-fifo"), ChildResult("pcp-wrong-chunk")])
+    frame = scoreboard_classes(rows).set_index("verdict")
+    assert sorted(frame.index) == ["expected", "known", "new"]  # the clean baseline is no class
+    assert frame.loc["new", "signature"] == "pcp-wrong-chunk SURVIVED"  # a survivor fails
+    assert frame.loc["known", "signature"] == "slot-order-fifo equivalent"
+    assert frame.loc["expected", "reproduce"] == "simrig replay traces/regressions/x.jsonl"

@@ -131,11 +131,13 @@ def scoreboard_classes(rows: list[dict[str, Any]]) -> Any:
     out = []
     for row in rows:
         status = row["status"]
-        verdict = (EXPECTED if status in ("detected", "clean") else
+        if status == "clean":
+            continue  # a clean baseline is no finding class (its absence of one is the point)
+        verdict = (EXPECTED if status == "detected" else
                    KNOWN if status == "equivalent" else NEW)
         sig = [p for p in str(row.get("signature", "")).split(" / ")] if row.get("signature") else []
         kind, stage, fld, exc = (sig + ["", "", "", ""])[:4]
-        stats = ClassStats(kind=kind or f"mutant {status}", stage=stage, field=fld,
+        stats = ClassStats(kind=kind or f"{row['mutant']} {status}", stage=stage, field=fld,
                            exception_type=exc, verdict=verdict, occurrences=1,
                            checks={row["mutant"]}, message=row.get("message") or row.get("error") or status,
                            explanation=f"{row['mutant']}: {row.get('description', '')} ({status})")
