@@ -196,7 +196,8 @@ class Campaign:
         from simrig.progress import Progress
 
         o = self.options
-        load()  # the one-off vLLM import (~15 s) is not part of the budget
+        api = load()  # the one-off vLLM import (~15 s) is not part of the budget
+        self.vllm_version, self.device = api.version, f"{api.device} ({api.platform.mode})"
         self._start = time.perf_counter()
         self._progress = Progress(mode=o.progress, label=f"fuzz {o.mode}")
         handlers = _install_signal_handlers(self)
@@ -357,7 +358,8 @@ class Campaign:
         for cls in self.classes.values():
             by_kind[cls.key[0]] = by_kind.get(cls.key[0], 0) + cls.count
         return {
-            "command": "fuzz", "suite": f"fuzz {o.mode}", "mode": o.mode, "seed": o.seed, "budget_s": o.budget_s,
+            "command": "fuzz", "suite": f"fuzz {o.mode}", "mode": o.mode,
+            "vllm_version": getattr(self, "vllm_version", ""), "device": getattr(self, "device", ""), "seed": o.seed, "budget_s": o.budget_s,
             "pcp_sizes": list(o.pcp_sizes), "stages": list(o.stages),
             "elapsed_s": st.elapsed_s, "stopped_by": st.stopped_by, "chunks": st.chunks,
             "examples": st.examples, "steps": st.steps,

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
     finally:
         progress.close()
-    summary = {"command": "replay", "suite": "replay " + " ".join(args.traces), **result.summary()}
+    summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
+               **result.summary()}
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     summary["exit_status"] = 1 if result.num_new else 0
     headline = (f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
@@ -81,3 +82,12 @@ def run(args: argparse.Namespace) -> int:
     print(time_share_line(summary["time_share"]))
     print(f"report: {report / 'report.html'}")
     return summary["exit_status"]
+
+
+def _short_path(path: str) -> str:
+    """A trace argument relative to the working directory when inside it (the
+    history's suite name should not depend on where the checkout lives)."""
+    import os
+
+    rel = os.path.relpath(os.path.abspath(path))
+    return path if rel.startswith("..") else rel

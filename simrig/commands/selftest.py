@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     from simrig.report.writer import check_out_dir, default_out_dir, write_report
     from simrig.selftest.catalogue import BY_NAME, CATALOGUE
+    from simrig.checks.known import installed_vllm_version
     from simrig.commands.common import emit_json, progress_mode, record_history
     from simrig.report.classes import class_rows_for_print, verdict_line
     from simrig.selftest.driver import (BASELINE, bundled_traces, run_child, scoreboard_classes,
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     failed = bool((board.status == "SURVIVED").sum() or (board.status == "error").sum()
                   or (not args.skip_baseline and rows[0]["status"] == "NOT CLEAN"))
     summary = {
-        "command": "selftest", "suite": "selftest", "mutants": len(names), "detected": int(len(detected)),
+        "command": "selftest", "suite": "selftest", "vllm_version": installed_vllm_version(),
+        "mutants": len(names), "detected": int(len(detected)),
         "survived": int((board.status == "SURVIVED").sum()),
         "errors": int((board.status == "error").sum()),
         "equivalent": int((board.status == "equivalent").sum()),

@@ -133,12 +133,12 @@ class ClassTally:
         for stats in self.classes.values():
             if stats.verdict != KNOWN or stats.explanation:
                 continue
-            for check in sorted(stats.checks):
-                entry = lookup(stats.kind, stats.stage, stats.field, check)
-                if entry is not None:
-                    stats.explanation = str(getattr(entry, "explanation", ""))
-                    stats.evidence = str(getattr(entry, "evidence", ""))
-                    break
+            entries = [e for e in (lookup(stats.kind, stats.stage, stats.field, check)
+                                   for check in sorted(stats.checks)) if e is not None]
+            if entries:  # several checks may document one class: the fullest account wins
+                entry = max(entries, key=lambda e: len(str(getattr(e, "explanation", ""))))
+                stats.explanation = str(getattr(entry, "explanation", ""))
+                stats.evidence = str(getattr(entry, "evidence", ""))
 
     def frame(self) -> pd.DataFrame:
         return class_frame(self.classes.values())

@@ -29,6 +29,7 @@ def trends_png(trends: pd.DataFrame) -> bytes | None:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(10, 5.2), layout="constrained")
     FigureCanvasAgg(fig)
@@ -54,6 +55,13 @@ def trends_png(trends: pd.DataFrame) -> bytes | None:
         ax.set_title(title, fontsize=9, loc="left")
         if values.notna().any():
             ax.legend(fontsize=6)
+    for ax in (a for row in axes for a in row):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if not ax.lines and not ax.patches:
+            ax.text(0.5, 0.5, "no runs of this kind yet", ha="center", va="center",
+                    transform=ax.transAxes, color="#888")
+            ax.set_xticks([])
+            ax.set_yticks([])
     for ax in axes[1]:
         ax.set_xlabel("run (oldest → newest)")
     buf = io.BytesIO()
@@ -80,11 +88,31 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
     if png is not None:
         parts.append("<h2>Trends</h2><img alt='trends' src='data:image/png;base64,"
                      + base64.b64encode(png).decode("ascii") + "'>")
-    parts.append("<h2>Finding classes</h2>" + table(timeline))
-    parts.append("<h2>Runs</h2>" + table(trends))
+    parts.append("<h2>Finding classes</h2>" + table(_shown_timeline(timeline)))
+    parts.append("<h2>Runs</h2><details open><summary>one row per run</summary>"
+                 + table(trends.assign(created_utc=trends["created_utc"].map(_short_time)))
+                 + "</details>")
     parts.append("<p class='note'>Data: runs/ and classes/ parquet datasets next to this page "
                  "(pd.read_parquet on the folder).</p></body></html>")
     return "\n".join(parts)
+
+
+def _short_time(iso: str) -> str:
+    """'2026-12-01T07:41:00+00:00' -> '2026-12-01 07:41' (all times are UTC)."""
+    return str(iso)[:16].replace("T", " ")
+
+
+def _shown_timeline(timeline: pd.DataFrame) -> pd.DataFrame:
+    """The class lines as a person reads them (run ids stay in the data)."""
+    if timeline.empty:
+        return timeline
+    shown = timeline.assign(
+        first_seen=timeline["first_seen"].map(_short_time),
+        last_seen=timeline["last_seen"].map(_short_time),
+        fixed_since=[f"{_short_time(t)} ({r})" if t else "" for t, r in
+                     zip(timeline["fixed_since"], timeline["fixed_since_run"])])
+    return shown[["suite", "signature", "verdict", "runs_seen", "occurrences", "first_seen",
+                  "last_seen", "vllm_versions", "fixed_since"]]
 
 
 def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]:
