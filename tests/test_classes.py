@@ -144,3 +144,16 @@ def test_selftest_scoreboard_in_the_class_vocabulary():
     assert frame.loc["new", "signature"] == "pcp-wrong-chunk SURVIVED"  # a survivor fails
     assert frame.loc["known", "signature"] == "slot-order-fifo equivalent"
     assert frame.loc["expected", "reproduce"] == "simrig replay traces/regressions/x.jsonl"
+
+
+def test_expected_classes_say_why():
+    tally = ClassTally()
+    declared, loud = _f(), _f(stage="lifecycle")
+    declared.extra.update(expected=True, expectation="key_error at step 0 gather")
+    loud.extra.update(loud_rejection=True, violation="unknown_cached")
+    tally.add(declared, Where("t"))
+    tally.add(loud, Where("t"))
+    why = set(tally.frame()["explanation"])
+    assert why == {"expected: the trace header declares key_error at step 0 gather",
+                   "expected: the runner loudly rejected a contract violation (unknown_cached) "
+                   "sent on purpose"}

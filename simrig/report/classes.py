@@ -25,6 +25,7 @@ a rig error, simply forms its own class).
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -107,6 +108,8 @@ class ClassTally:
             stats = self.classes[key] = ClassStats(*finding.signature, verdict=verdict,
                                                    message=finding.one_line())
         rank = -1 if finding.rank is None else int(finding.rank)
+        if verdict == EXPECTED and not stats.explanation:
+            stats.explanation = _why_expected(finding)
         stats.occurrences += count
         stats.checks.add(finding.check)
         stats.traces.setdefault(where.trace, where)
@@ -144,11 +147,25 @@ class ClassTally:
         return class_frame(self.classes.values())
 
 
+def _why_expected(finding: Finding) -> str:
+    declared = finding.extra.get("expectation")
+    if declared:
+        return f"expected: the trace header declares {declared}"
+    violation = finding.extra.get("violation")
+    return ("expected: the runner loudly rejected a contract violation"
+            + (f" ({violation})" if violation else "") + " sent on purpose")
+
+
 def reproduce_command(where: Where | None) -> str:
-    """The exact command that replays a class's shortest trace."""
+    """The exact command that replays a class's shortest trace (paths inside the
+    working directory relative to it)."""
     if where is None or not where.trace:
         return ""
-    args = ["simrig", "replay", where.trace, *where.replay_args]
+    trace = where.trace
+    if os.path.isabs(trace):
+        rel = os.path.relpath(trace)
+        trace = trace if rel.startswith("..") else rel
+    args = ["simrig", "replay", trace, *where.replay_args]
     return " ".join(shlex.quote(a) for a in args)
 
 
