@@ -26,6 +26,7 @@ import numpy as np
 
 from simrig import observe as obs
 from simrig.adapters.runner import VllmApi, load
+from simrig.checks.findings import Finding, rig_error
 from simrig.step import RunnerConfig, Step, synth_token
 
 
@@ -170,14 +171,24 @@ class Harness:
         return True if value is None else value
 
 
+def run_step_guarded(harness: Harness, step: Step, trace: str = "") -> tuple[obs.StepObs, list[Finding]]:
+    """``harness.run_step(step)``; an exception in simrig's own harness code
+    (vLLM's are already observations) comes back as a ``rig_error`` finding
+    next to whatever the step observed before it."""
+    try:
+        return harness.run_step(step), []
+    except Exception as exc:  # noqa: BLE001 -- the rig's bug is a finding, never a crash
+        index = max(harness.num_steps - 1, 0)
+        return obs.StepObs(index=index), [rig_error(exc, step=index, check="harness", trace=trace)]
+
+
 def _pcp_private_view(bound_partition: Any) -> dict[str, obs.FieldObs]:
     """The manager's restore/gather index arrays (global = gathered[restore])."""
     manager = bound_partition.__self__
     out = {}
     for name in ("_hidden_restore_idx", "_padded_gather_idx", "_gathered_kv_write_mask"):
-        value = getattr(manager, name, None)
-        if value is not None:
-            out["manager." + name.lstrip("_")] = obs.observe_value(value)
+        # None is observed too: the contract decides whether it may be None.
+        out["manager." + name.lstrip("_")] = obs.observe_value(getattr(manager, name, None))
     return out
 
 

@@ -30,8 +30,48 @@ def test_contract_flags_declared_fields_only():
                                         "not_in_table": arr([0], np.int8),
                                         "prompt_lens": FieldObs("none", "", (), None)})
     got = check_contract(3, stage)
-    assert [(f.kind, f.check, f.field, f.expected, f.actual, f.step) for f in got] == [
+    assert [(f.kind, f.check, f.field, f.expected, f.actual, f.step) for f in got
+            if f.kind == fk.DTYPE_DRIFT] == [
         (fk.DTYPE_DRIFT, "contract", "idx_mapping", "torch int64", "torch int32", 3)]
+    # every other declared field is missing from this hand-built stage; prompt_lens
+    # is None, which its docstring allows (R-SWA only)
+    missing = {f.field for f in got if f.kind == fk.MISSING_FIELD}
+    assert "positions" not in missing and "idx_mapping" not in missing
+    assert "prompt_lens" not in missing and "seq_lens" in missing
+
+
+def test_contract_none_only_under_its_documented_condition():
+    from simrig.checks.contract import BATCH_CONTRACT
+
+    def stage(**fields):
+        full = {name: arr([0], np.dtype(c.dtype), c.kind) for name, c in BATCH_CONTRACT.items()}
+        full.update(fields)
+        return StageObs("prepare", fields=full)
+
+    none = FieldObs("none", "", (), None)
+    scalar = lambda v: FieldObs("scalar", type(v).__name__, (), v)  # noqa: E731
+    # no prefill in the batch: prefill_runs_as_decode_np may be None; with one it may not
+    assert check_contract(0, stage(prefill_runs_as_decode_np=none, has_prefill=scalar(False))) == []
+    got = check_contract(0, stage(prefill_runs_as_decode_np=none, has_prefill=scalar(True)))
+    assert [(f.kind, f.field, f.actual) for f in got] == [
+        (fk.MISSING_FIELD, "prefill_runs_as_decode_np", "None")]
+    # drafts scheduled: num_draft_tokens_per_req must be an array
+    assert check_contract(0, stage(num_draft_tokens_per_req=none, num_draft_tokens=scalar(0))) == []
+    got = check_contract(0, stage(num_draft_tokens_per_req=none, num_draft_tokens=scalar(2)))
+    assert [f.field for f in got] == ["num_draft_tokens_per_req"]
+    # gather: the step says whether drafts were scheduled
+    gather = StageObs("gather", fields={"num_draft_tokens_np": none})
+    assert "num_draft_tokens_np" in {f.field for f in check_contract(0, gather, has_drafts=True)}
+    assert "num_draft_tokens_np" not in {f.field for f in check_contract(0, gather, has_drafts=False)}
+
+
+def test_parity_reports_none_against_an_array():
+    real = StageObs("prepare", fields={"prefill_runs_as_decode_np": arr([False, True], bool, "numpy"),
+                                       "seq_lens": arr([3, 4], np.int32)})
+    dummy = StageObs("dummy", fields={"prefill_runs_as_decode_np": FieldObs("none", "", (), None)})
+    got = {(f.kind, f.field, f.actual) for f in check_parity(0, real, dummy)}
+    assert got == {(fk.MISSING_FIELD, "prefill_runs_as_decode_np", "None"),
+                   (fk.MISSING_FIELD, "seq_lens", "missing")}
 
 
 def test_drift_reports_each_change_once():

@@ -27,7 +27,7 @@ import numpy as np
 
 from simrig.checks import findings as fk
 from simrig.checks.contract import stage_req_ids
-from simrig.checks.findings import Finding
+from simrig.checks.findings import Finding, guarded
 from simrig.checks.reference import short
 from simrig.observe import StageObs
 from simrig.step import RunnerConfig
@@ -109,6 +109,7 @@ class _Out:
                 message=f"{what} ({diff.size} of {expected.size} differ, first at index {at})"))
 
 
+@guarded("pcp")
 def check_pcp(index: int, config: RunnerConfig, prepare: StageObs,
               partitions: list[StageObs]) -> list[Finding]:
     """Every rank's rank-local batch and the manager's index maps."""

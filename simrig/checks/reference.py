@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from simrig.checks import findings as fk
-from simrig.checks.findings import Finding
+from simrig.checks.findings import Finding, guarded
 from simrig.observe import GATHER, PREPARE, StageObs, StepObs
 from simrig.step import RunnerConfig, Step, synth_token
 
@@ -143,6 +143,7 @@ class ReferenceModel:
             logits_indices=np.array(logits, dtype=np.int64), token_req=token_req)
 
     # ----------------------------------------------------------- comparison
+    @guarded("reference")
     def compare(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
         pred = self.predict(step)
         if pred is None:

@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "through the real MRV2 input path until the budget is spent. Each new "
                     "finding class is shrunk to a minimal v1 trace under OUT/shrunk/. "
                     "Exit 1 when a class is neither known nor a loud rejection of an "
-                    "adversarial violation.")
+                    "adversarial violation; 3 when simrig's own code raised (rig_error, "
+                    "traceback in the report).")
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
                    help="wall-clock budget for exploring (default 60); shrinking a late find "
                         "may take up to a quarter more")

@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Replay scheduler-output traces (files, or directories of *.jsonl[.gz|.zst]) "
                     "through the installed vLLM's Model Runner V2 input path, check every step "
                     "and write a report. Exit 0: no new findings (known findings do not fail); "
-                    "1: new findings; 2: bad arguments or a malformed trace.")
+                    "1: new findings; 2: bad arguments or a malformed trace; 3: simrig's own "
+                    "code raised (rig_error findings, tracebacks in the report).")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace file or directory")
     p.add_argument("--out", metavar="DIR",
                    help="report directory (default: reports/replay-<UTC timestamp>)")
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         progress.close()
     summary = result.summary()
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
-    summary["exit_status"] = 1 if result.num_new else 0
+    summary["exit_status"] = result.exit_status
     report = write_report(out, result.steps, result.findings, result.contract, summary)
 
     kinds = ", ".join(f"{k} {v}" for k, v in summary["findings_by_kind"].items()) or "none"
