@@ -99,7 +99,8 @@ class Checker:
             out.extend(check_parity(index, real, dummy))
         partitions = [s for s in obs.stages if s.stage == PARTITION]
         if real is not None and partitions and self.config.pcp_size > 1:
-            out.extend(check_pcp(index, self.config, real, partitions))
+            expected = self.reference.global_batch(step, self.reference.observed_order(obs))
+            out.extend(check_pcp(index, self.config, real, partitions, expected))
         return out
 
 
