@@ -163,3 +163,38 @@ def test_bad_known_findings_file_names_the_field(tmp_path):
     with pytest.raises(UsageError, match=r"findings\[0\]\.check"):
         parse_known_findings(json.dumps({"findings": [{"kind": "k", "stage": "s", "field": "f",
                                                        "explanation": "e"}]}), "x.json")
+
+
+def test_batch_semantics_from_field_meanings():
+    from simrig.checks.semantics import check_batch_semantics
+
+    def batch(**over):
+        fields = {"num_scheduled_tokens": arr([1, 3], np.int32, "numpy"),
+                  "query_start_loc": arr([0, 1, 4], np.int32),
+                  "query_start_loc_np": arr([0, 1, 4], np.int32, "numpy"),
+                  "num_computed_tokens_np": arr([5, 0], np.int32, "numpy"),
+                  "seq_lens": arr([6, 3], np.int32), "positions": arr([5, 0, 1, 2], np.int64),
+                  "is_prefilling_np": arr([False, True], bool, "numpy"),
+                  "num_computed_prefill_tokens_np": arr([4, 0], np.int32, "numpy"),
+                  "prefill_len_np": arr([4, 3], np.int32, "numpy"),
+                  "has_prefill": FieldObs("scalar", "bool", (), True),
+                  "decode_graph_eligible": FieldObs("scalar", "bool", (), False),
+                  "num_draft_tokens": FieldObs("scalar", "int", (), 0),
+                  "idx_mapping": arr([3, 1], np.int64), "expanded_idx_mapping": arr([3, 1], np.int64),
+                  "cu_num_logits": arr([0, 1, 2], np.int32), "logits_indices": arr([0, 3], np.int64)}
+        fields.update(over)
+        return StageObs("prepare", fields=fields)
+
+    assert check_batch_semantics(0, batch()) == []
+    broken = {
+        "query_start_loc": arr([0, 2, 4], np.int32),
+        "seq_lens": arr([6, 4], np.int32),
+        "positions": arr([0, 0, 0, 0], np.int64),
+        "has_prefill": FieldObs("scalar", "bool", (), False),
+        "decode_graph_eligible": FieldObs("scalar", "bool", (), True),
+        "expanded_idx_mapping": arr([1, 3], np.int64),
+        "logits_indices": arr([0, 9], np.int64),
+    }
+    for name, value in broken.items():
+        got = {f.field for f in check_batch_semantics(0, batch(**{name: value}))}
+        assert name in got, (name, got)

@@ -131,3 +131,11 @@ def test_harness_crash_is_a_rig_error():
     assert obs.index == 0
     f = only_rig_error(found, "harness", step=0)
     assert f.trace == "t"
+
+
+def test_semantics_module():
+    from simrig.checks.semantics import check_batch_semantics
+
+    stage = StageObs("dummy", fields={"num_scheduled_tokens": arr([2, 2], np.int32, "numpy"),
+                                      "query_start_loc": NOT_A_FIELD})
+    only_rig_error(check_batch_semantics(7, stage), "semantics")

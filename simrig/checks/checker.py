@@ -14,6 +14,9 @@ and the dtypes seen so far across the steps of one trace.
     dummy == real batch              parity               parity
     independent reference model      reference            reference
     PCP partition invariants         pcp                  pcp_checks
+    batch self-consistency (real)    semantics            semantics
+    ── always ──
+    batch self-consistency (dummy)   semantics            semantics
 
 Findings matching the committed known findings of the installed vLLM are
 marked ``known=True``.
@@ -31,6 +34,7 @@ from simrig.checks.known import KnownFindings, installed_vllm_version, load_know
 from simrig.checks.lifecycle import DUPLICATE_NEW, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract
 from simrig.checks.parity import check_parity
 from simrig.checks.pcp import check_pcp
+from simrig.checks.semantics import check_batch_semantics
 from simrig.checks.reference import ReferenceModel
 from simrig.observe import DUMMY, GATHER, PARTITION, PREPARE, StepObs
 from simrig.step import RunnerConfig, Step
@@ -59,6 +63,8 @@ class Checker:
         if life is not None:
             findings.extend(life.findings)
         self._guard(findings, index, "contract", self._dtype_checks, index, step, observation,
+                    findings)
+        self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
                     findings)
         self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
         # A crashed lifecycle check leaves the contract state unknown: like a
@@ -92,9 +98,16 @@ class Checker:
                                            has_drafts if stage.stage == GATHER else None))
             findings.extend(self.drift.check(index, stage))
 
+    def _dummy_semantics(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
+        dummy = observation.get(DUMMY)
+        if dummy is not None:  # built from (num_reqs, num_tokens) alone: always defined
+            findings.extend(check_batch_semantics(index, dummy))
+
     def _semantic_checks(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
         out = self.reference.compare(index, step, obs)
         real, dummy = obs.get(PREPARE), obs.get(DUMMY)
+        if real is not None:
+            out.extend(check_batch_semantics(index, real))
         if real is not None and dummy is not None:
             out.extend(check_parity(index, real, dummy))
         partitions = [s for s in obs.stages if s.stage == PARTITION]
