@@ -82,6 +82,11 @@ CATALOGUE: tuple[Mutant, ...] = (
            "req_idx = self.free_indices.pop(0)",
            "slots handed out FIFO instead of LIFO: different slot numbers, same semantics",
            equivalent=True),
+    Mutant("control-noop", _ST, "RequestState.remove_request",
+           "self.free_indices.append(req_idx)",
+           "self.free_indices.append(req_idx)  # control mutant: the same statement",
+           "control: a source edit that changes nothing; it must survive, or the scoring is broken",
+           control=True),
 )
 
 BY_NAME = {m.name: m for m in CATALOGUE}
