@@ -27,7 +27,7 @@ import numpy as np
 from simrig import observe as obs
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
-from simrig.step import RunnerConfig, Step, synth_token
+from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 
 class Harness:
@@ -78,7 +78,9 @@ class Harness:
         return self._timed(result, obs.LIFECYCLE, None, step, apply, observe=False) is not None
 
     def _write_drafts(self, step: Step) -> None:
-        """Drafter stand-in: draft j of a request at position n is the token at n+1+j."""
+        """Drafter stand-in: draft j of a request at position n proposes position
+        n+1+j; drafts the trace says the sampler rejects propose a wrong token
+        (``simrig.step.draft_token``), so acceptance shows in input_ids."""
         if not step.spec_tokens:
             return
         states = self.runner.req_states
@@ -86,8 +88,10 @@ class Harness:
             idx = states.req_id_to_index.get(req_id)
             if idx is None or k <= 0:
                 continue  # an unknown id fails loudly in gather, where the runner looks it up
-            n = int(states.num_computed_tokens_np[idx])
-            ids = [synth_token(req_id, n + 1 + j) for j in range(k)]
+            # drafts fill the last k positions of the request's query
+            first = int(states.num_computed_tokens_np[idx]) + step.num_scheduled_tokens.get(req_id, 0) - k
+            first_rejected = rejected_from(step, req_id)
+            ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
             states.draft_tokens[idx, :k] = self.api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
 
     def _prepare_partition_postprocess(self, step: Step, so: Any, batch_state: Any,

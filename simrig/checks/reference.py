@@ -13,8 +13,10 @@ code, what gather_batch_req_state and prepare_inputs must produce:
                   seq_len = nc + q, positions nc .. nc+q-1
                   logits rows = the last 1+k tokens of the query
                   is_prefilling = nc < prefill_len
-    per token     input id at position p = prefill token p       (p < prefill_len)
-                                         = synth_token(req, p)   (sampled / drafts)
+    per token     input id at position p = draft_token(req, p, rejected)  (last k of the query:
+                                           the drafter's proposal; a rejected one differs)
+                                         = prefill token p       (p < prefill_len)
+                                         = synth_token(req, p)   (sampled)
 
       query_start_loc  0 ─ q0 ─ q0+q1 ─ …        logits_indices: [qsl[i+1]-1-k_i .. qsl[i+1]-1]
 
@@ -48,7 +50,7 @@ import numpy as np
 from simrig.checks import findings as fk
 from simrig.checks.findings import Finding, guarded
 from simrig.observe import GATHER, PREPARE, StageObs, StepObs
-from simrig.step import RunnerConfig, Step, synth_token
+from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 MAX_SHOWN = 12
 
@@ -180,9 +182,13 @@ class ReferenceModel:
         positions, input_ids, token_req, logits = [], [], [], []
         for i, req_id in enumerate(order):
             ids = self.reqs[req_id].prefill_ids
+            first_draft, first_rejected = int(nc[i] + q[i] - k[i]), rejected_from(step, req_id)
             for p in range(int(nc[i]), int(nc[i] + q[i])):
                 positions.append(p)
-                input_ids.append(ids[p] if p < len(ids) else synth_token(req_id, p))
+                if p >= first_draft:
+                    input_ids.append(draft_token(req_id, p, p - first_draft >= first_rejected))
+                else:
+                    input_ids.append(ids[p] if p < len(ids) else synth_token(req_id, p))
                 token_req.append(req_id)
             logits.extend(range(int(qsl[i + 1] - 1 - k[i]), int(qsl[i + 1])))
         return BatchPrediction(
