@@ -139,3 +139,53 @@ def test_semantics_module():
     stage = StageObs("dummy", fields={"num_scheduled_tokens": arr([2, 2], np.int32, "numpy"),
                                       "query_start_loc": NOT_A_FIELD})
     only_rig_error(check_batch_semantics(7, stage), "semantics")
+
+
+def test_replay_reports_a_crashing_check_and_exits_3(tmp_path, monkeypatch, capsys):
+    """End to end through the real runner: a check that raises costs that check,
+    the report is still written, the traceback is in findings.csv, exit 3."""
+    import pandas as pd
+    import pytest
+
+    pytest.importorskip("vllm")
+    from simrig.checks import checker
+    from simrig.cli import main
+    from simrig.errors import EXIT_RIG_ERROR
+
+    def broken_parity(index, real, dummy):
+        raise IndexError("parity bug")
+
+    monkeypatch.setattr(checker, "check_parity", broken_parity)
+    out = tmp_path / "report"
+    status = main(["replay", "traces/samples/spec_decode.jsonl", "--stages", "gather,prepare,dummy",
+                   "--out", str(out), "--quiet"])
+    assert status == EXIT_RIG_ERROR, capsys.readouterr()
+    findings = pd.read_csv(out / "findings.csv")
+    rig = findings[findings.kind == "rig_error"]
+    assert len(rig) and rig.check.eq("semantic").all()
+    assert rig.traceback.str.contains("IndexError: parity bug").all()
+    # the other checks still ran on the same steps
+    assert (findings.check == "contract").any()
+
+
+def test_fuzz_report_is_complete_or_absent(tmp_path, monkeypatch):
+    """junit.xml is written inside the staged report; if that fails, OUT is never
+    half there (no tables without junit.xml), and no staging folder is left."""
+    import pytest
+
+    from simrig.campaign import fuzz
+
+    out = tmp_path / "nightly"
+    campaign = fuzz.Campaign(fuzz.CampaignOptions(out_dir=out, progress="quiet"))
+    campaign.finish()
+    assert (out / "junit.xml").is_file() and (out / "summary.json").is_file()
+
+    def broken(campaign):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(fuzz, "junit_xml", broken)
+    out2 = tmp_path / "second"
+    with pytest.raises(RuntimeError):
+        fuzz.Campaign(fuzz.CampaignOptions(out_dir=out2, progress="quiet")).finish()
+    assert not out2.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nightly"]
