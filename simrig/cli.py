@@ -1,8 +1,10 @@
 """``simrig`` console entry point.
 
-Every command ends in one of three ways: exit 0 (clean), 1 (findings), or 2
+Every command ends in one of four ways: exit 0 (clean), 1 (findings), 2
 with one line on stderr naming what was wrong (usage, bad input, unusable
-vLLM) and no traceback.
+vLLM) and no traceback, or 3 (replay, fuzz, selftest) when simrig's own code
+raised: each such exception is a ``rig_error`` finding with its traceback in
+the report, which is still written (``simrig.errors.EXIT_RIG_ERROR``).
 
 vLLM's own import messages on CPU (``Failed to import from vllm._C…``, the
 pinned-memory note) say nothing about the runner's input path; they are kept

@@ -26,7 +26,8 @@ import numpy as np
 
 from simrig import observe as obs
 from simrig.adapters.runner import VllmApi, load
-from simrig.step import RunnerConfig, Step, synth_token
+from simrig.checks.findings import Finding, rig_error
+from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 
 class Harness:
@@ -77,7 +78,9 @@ class Harness:
         return self._timed(result, obs.LIFECYCLE, None, step, apply, observe=False) is not None
 
     def _write_drafts(self, step: Step) -> None:
-        """Drafter stand-in: draft j of a request at position n is the token at n+1+j."""
+        """Drafter stand-in: draft j of a request at position n proposes position
+        n+1+j; drafts the trace says the sampler rejects propose a wrong token
+        (``simrig.step.draft_token``), so acceptance shows in input_ids."""
         if not step.spec_tokens:
             return
         states = self.runner.req_states
@@ -85,8 +88,10 @@ class Harness:
             idx = states.req_id_to_index.get(req_id)
             if idx is None or k <= 0:
                 continue  # an unknown id fails loudly in gather, where the runner looks it up
-            n = int(states.num_computed_tokens_np[idx])
-            ids = [synth_token(req_id, n + 1 + j) for j in range(k)]
+            # drafts fill the last k positions of the request's query
+            first = int(states.num_computed_tokens_np[idx]) + step.num_scheduled_tokens.get(req_id, 0) - k
+            first_rejected = rejected_from(step, req_id)
+            ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
             states.draft_tokens[idx, :k] = self.api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
 
     def _prepare_partition_postprocess(self, step: Step, so: Any, batch_state: Any,
@@ -170,14 +175,24 @@ class Harness:
         return True if value is None else value
 
 
+def run_step_guarded(harness: Harness, step: Step, trace: str = "") -> tuple[obs.StepObs, list[Finding]]:
+    """``harness.run_step(step)``; an exception in simrig's own harness code
+    (vLLM's are already observations) comes back as a ``rig_error`` finding
+    next to whatever the step observed before it."""
+    try:
+        return harness.run_step(step), []
+    except Exception as exc:  # noqa: BLE001 -- the rig's bug is a finding, never a crash
+        index = max(harness.num_steps - 1, 0)
+        return obs.StepObs(index=index), [rig_error(exc, step=index, check="harness", trace=trace)]
+
+
 def _pcp_private_view(bound_partition: Any) -> dict[str, obs.FieldObs]:
     """The manager's restore/gather index arrays (global = gathered[restore])."""
     manager = bound_partition.__self__
     out = {}
     for name in ("_hidden_restore_idx", "_padded_gather_idx", "_gathered_kv_write_mask"):
-        value = getattr(manager, name, None)
-        if value is not None:
-            out["manager." + name.lstrip("_")] = obs.observe_value(value)
+        # None is observed too: the contract decides whether it may be None.
+        out["manager." + name.lstrip("_")] = obs.observe_value(getattr(manager, name, None))
     return out
 
 

@@ -171,6 +171,19 @@ class ReplayResult:
     classes: pd.DataFrame | None = None  # one row per finding class (report.classes)
 
     @property
+    def num_rig_errors(self) -> int:
+        return int((self.findings["kind"] == "rig_error").sum()) if len(self.findings) else 0
+
+    @property
+    def exit_status(self) -> int:
+        """EXIT_RIG_ERROR when simrig's own code failed, else 1 for new findings, else 0."""
+        from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RIG_ERROR
+
+        if self.num_rig_errors:
+            return EXIT_RIG_ERROR
+        return EXIT_FINDINGS if self.num_new else EXIT_CLEAN
+
+    @property
     def num_new(self) -> int:
         """New finding occurrences (neither known nor expected): exit 1 when > 0."""
         return int((self.findings["verdict"] == NEW).sum()) if len(self.findings) else 0
@@ -195,6 +208,7 @@ class ReplayResult:
             "known_not_listed": elided,
             "expected": int(verdicts.get("expected", 0)),
             "new": self.num_new,
+            "rig_errors": self.num_rig_errors,
             "replay_s": round(self.replay_s, 3),
             "time_share": time_share(self.steps, self.replay_s),
             "steps_per_s": round(self.num_steps / self.replay_s, 2) if self.replay_s > 0 else 0.0,
@@ -410,20 +424,32 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     from simrig.checks import findings as fk
     from simrig.checks.checker import Checker, check_step
     from simrig.checks.expected import mark_expected, missing_expectations
-    from simrig.harness import Harness
+    from simrig.harness import Harness, run_step_guarded
 
     config = config if config is not None else header.config
     violations = {int(k): v for k, v in (header.source.get("violation_steps") or {}).items()}
     try:
         harness = Harness(config, stages=stages, api=api if api is not None else load())
-    except ValueError as exc:
+        checker = Checker(config, adversarial=header.adversarial, trace=name)
+    except ValueError as exc:  # the trace's config is one the runner cannot take
         raise UsageError(f"{name or 'trace'}: {exc}") from None
-    checker = Checker(config, adversarial=header.adversarial, trace=name)
+    except Exception as exc:  # noqa: BLE001 -- a rig bug: reported, the run goes on
+        failure = fk.rig_error(exc, step=0, stage="setup", check="harness", trace=name)
+        yield ReplayedStep(0, Step(), obs.StepObs(index=0), [failure])
+        return
     met: set[int] = set()  # indices of header.expect seen so far
     held: ReplayedStep | None = None  # one step held back: missing expectations join the last
     for line, step in lines_and_steps:
-        observation = harness.run_step(step)
+        observation, rig_errors = run_step_guarded(harness, step, name)
         index = observation.index
+        if rig_errors:
+            # The harness stopped mid-step: the runner's state no longer
+            # follows the trace, so the rest of this trace is not replayed
+            # (and its expectations cannot be judged).
+            if held is not None:
+                yield held
+            yield ReplayedStep(line, step, observation, rig_errors)
+            return
         found = check_step(checker, extra_checks, index, step, observation,
                            violations.get(index), name)
         if header.adversarial and not violations:

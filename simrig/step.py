@@ -34,6 +34,27 @@ def synth_token(req_id: str, position: int) -> int:
     return (seed * 31 + position * 2_654_435_761) % SYNTH_VOCAB_SIZE
 
 
+def draft_token(req_id: str, position: int, rejected: bool) -> int:
+    """The drafter stand-in's proposal for ``position``.
+
+    A draft the sampler will accept is the target's own token there; a draft
+    it will reject is a different token, so a rejection shows in the values
+    (the rejected draft sits in this step's input_ids; the next step's input
+    at that position must be the target's token again)::
+
+        position      n     n+1   n+2   n+3        (k = 3 drafts, 1 rejected)
+        input_ids     t(n)  t(n+1) t(n+2) t'(n+3)  t = synth_token, t' = t + 1
+    """
+    token = synth_token(req_id, position)
+    return (token + 1) % SYNTH_VOCAB_SIZE if rejected else token
+
+
+def rejected_from(step: "Step", req_id: str) -> int:
+    """Index of the first rejected draft of ``req_id`` this step (drafts past it are rejected)."""
+    drafts = step.spec_tokens.get(req_id, 0)
+    return drafts - min(step.rejected.get(req_id, 0), drafts)
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """The runner-side limits a trace was produced under."""

@@ -217,8 +217,11 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         self._released += [r for r in step.finished if r not in self._released and r not in added]
         if violation is not None:
             self.violations[index] = violation
-        obs = self.harness.run_step(step)
-        found = check_step(self.checker, ms.extra_checks, index, step, obs, violation, "hypothesis")
+        from simrig.harness import run_step_guarded
+
+        obs, rig_errors = run_step_guarded(self.harness, step, "hypothesis")
+        found = rig_errors or check_step(self.checker, ms.extra_checks, index, step, obs, violation,
+                                         "hypothesis")
         self.findings.extend(found)
         hook = ms.on_step or default_failing
         failing = hook(self, index, step, obs, found)

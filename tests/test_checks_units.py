@@ -30,8 +30,48 @@ def test_contract_flags_declared_fields_only():
                                         "not_in_table": arr([0], np.int8),
                                         "prompt_lens": FieldObs("none", "", (), None)})
     got = check_contract(3, stage)
-    assert [(f.kind, f.check, f.field, f.expected, f.actual, f.step) for f in got] == [
+    assert [(f.kind, f.check, f.field, f.expected, f.actual, f.step) for f in got
+            if f.kind == fk.DTYPE_DRIFT] == [
         (fk.DTYPE_DRIFT, "contract", "idx_mapping", "torch int64", "torch int32", 3)]
+    # every other declared field is missing from this hand-built stage; prompt_lens
+    # is None, which its docstring allows (R-SWA only)
+    missing = {f.field for f in got if f.kind == fk.MISSING_FIELD}
+    assert "positions" not in missing and "idx_mapping" not in missing
+    assert "prompt_lens" not in missing and "seq_lens" in missing
+
+
+def test_contract_none_only_under_its_documented_condition():
+    from simrig.checks.contract import BATCH_CONTRACT
+
+    def stage(**fields):
+        full = {name: arr([0], np.dtype(c.dtype), c.kind) for name, c in BATCH_CONTRACT.items()}
+        full.update(fields)
+        return StageObs("prepare", fields=full)
+
+    none = FieldObs("none", "", (), None)
+    scalar = lambda v: FieldObs("scalar", type(v).__name__, (), v)  # noqa: E731
+    # no prefill in the batch: prefill_runs_as_decode_np may be None; with one it may not
+    assert check_contract(0, stage(prefill_runs_as_decode_np=none, has_prefill=scalar(False))) == []
+    got = check_contract(0, stage(prefill_runs_as_decode_np=none, has_prefill=scalar(True)))
+    assert [(f.kind, f.field, f.actual) for f in got] == [
+        (fk.MISSING_FIELD, "prefill_runs_as_decode_np", "None")]
+    # drafts scheduled: num_draft_tokens_per_req must be an array
+    assert check_contract(0, stage(num_draft_tokens_per_req=none, num_draft_tokens=scalar(0))) == []
+    got = check_contract(0, stage(num_draft_tokens_per_req=none, num_draft_tokens=scalar(2)))
+    assert [f.field for f in got] == ["num_draft_tokens_per_req"]
+    # gather: the step says whether drafts were scheduled
+    gather = StageObs("gather", fields={"num_draft_tokens_np": none})
+    assert "num_draft_tokens_np" in {f.field for f in check_contract(0, gather, has_drafts=True)}
+    assert "num_draft_tokens_np" not in {f.field for f in check_contract(0, gather, has_drafts=False)}
+
+
+def test_parity_reports_none_against_an_array():
+    real = StageObs("prepare", fields={"prefill_runs_as_decode_np": arr([False, True], bool, "numpy"),
+                                       "seq_lens": arr([3, 4], np.int32)})
+    dummy = StageObs("dummy", fields={"prefill_runs_as_decode_np": FieldObs("none", "", (), None)})
+    got = {(f.kind, f.field, f.actual) for f in check_parity(0, real, dummy)}
+    assert got == {(fk.MISSING_FIELD, "prefill_runs_as_decode_np", "None"),
+                   (fk.MISSING_FIELD, "seq_lens", "missing")}
 
 
 def test_drift_reports_each_change_once():
@@ -123,3 +163,38 @@ def test_bad_known_findings_file_names_the_field(tmp_path):
     with pytest.raises(UsageError, match=r"findings\[0\]\.check"):
         parse_known_findings(json.dumps({"findings": [{"kind": "k", "stage": "s", "field": "f",
                                                        "explanation": "e"}]}), "x.json")
+
+
+def test_batch_semantics_from_field_meanings():
+    from simrig.checks.semantics import check_batch_semantics
+
+    def batch(**over):
+        fields = {"num_scheduled_tokens": arr([1, 3], np.int32, "numpy"),
+                  "query_start_loc": arr([0, 1, 4], np.int32),
+                  "query_start_loc_np": arr([0, 1, 4], np.int32, "numpy"),
+                  "num_computed_tokens_np": arr([5, 0], np.int32, "numpy"),
+                  "seq_lens": arr([6, 3], np.int32), "positions": arr([5, 0, 1, 2], np.int64),
+                  "is_prefilling_np": arr([False, True], bool, "numpy"),
+                  "num_computed_prefill_tokens_np": arr([4, 0], np.int32, "numpy"),
+                  "prefill_len_np": arr([4, 3], np.int32, "numpy"),
+                  "has_prefill": FieldObs("scalar", "bool", (), True),
+                  "decode_graph_eligible": FieldObs("scalar", "bool", (), False),
+                  "num_draft_tokens": FieldObs("scalar", "int", (), 0),
+                  "idx_mapping": arr([3, 1], np.int64), "expanded_idx_mapping": arr([3, 1], np.int64),
+                  "cu_num_logits": arr([0, 1, 2], np.int32), "logits_indices": arr([0, 3], np.int64)}
+        fields.update(over)
+        return StageObs("prepare", fields=fields)
+
+    assert check_batch_semantics(0, batch()) == []
+    broken = {
+        "query_start_loc": arr([0, 2, 4], np.int32),
+        "seq_lens": arr([6, 4], np.int32),
+        "positions": arr([0, 0, 0, 0], np.int64),
+        "has_prefill": FieldObs("scalar", "bool", (), False),
+        "decode_graph_eligible": FieldObs("scalar", "bool", (), True),
+        "expanded_idx_mapping": arr([1, 3], np.int64),
+        "logits_indices": arr([0, 9], np.int64),
+    }
+    for name, value in broken.items():
+        got = {f.field for f in check_batch_semantics(0, batch(**{name: value}))}
+        assert name in got, (name, got)

@@ -67,3 +67,38 @@ def test_unknown_id_has_no_prediction():
 def test_short_shows_the_window_of_the_first_difference():
     text = short(np.arange(100), at=60)
     assert "60" in text and "(100 in all)" in text and text.startswith("[57:69]")
+
+
+def test_a_rejected_draft_shows_in_input_ids_and_the_next_step_rolls_back():
+    from simrig.step import SYNTH_VOCAB_SIZE
+
+    model = ReferenceModel(RunnerConfig(num_speculative_tokens=2))
+    s0 = Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4})
+    model.apply_lifecycle(s0)
+    model.advance(s0)
+    # decode at position 4 with drafts for 5 and 6; the sampler rejects the last one
+    s1 = Step(cached=[CachedUpdate("a", 4)], num_scheduled_tokens={"a": 3},
+              spec_tokens={"a": 2}, rejected={"a": 1})
+    model.apply_lifecycle(s1)
+    p = model.predict(s1)
+    assert p.input_ids.tolist() == [synth_token("a", 4), synth_token("a", 5),
+                                    (synth_token("a", 6) + 1) % SYNTH_VOCAB_SIZE]
+    model.advance(s1)
+    # 4 + 3 - 1 = 6 computed: the next query starts at the rejected position with the target's token
+    s2 = Step(cached=[CachedUpdate("a", 6)], num_scheduled_tokens={"a": 1})
+    model.apply_lifecycle(s2)
+    p = model.predict(s2)
+    assert p.positions.tolist() == [6] and p.input_ids.tolist() == [synth_token("a", 6)]
+
+
+def test_order_rules_come_from_the_documented_layout_not_from_one_sort():
+    from simrig.checks.reference import order_problem
+
+    scheduled = {"p": 7, "d1": 1, "v": 3, "d2": 1, "e": 2}
+    drafts = {"v": 2}
+    ok = ["v", "d2", "d1", "e", "p"]  # ties (d1, d2) in any order
+    assert order_problem(ok, scheduled, drafts, decode_query_len=1) == ""
+    assert "rule 1" in order_problem(["d1", "v", "d2", "e", "p"], scheduled, drafts, 1)
+    assert "rule 2" in order_problem(["v", "d1", "e", "d2", "p"], scheduled, drafts, 1)
+    assert "rule 2" in order_problem(["v", "d1", "d2", "p", "e"], scheduled, drafts, 1)
+    assert "each once" in order_problem(["v", "d1", "d2", "e"], scheduled, drafts, 1)

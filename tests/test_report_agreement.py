@@ -95,7 +95,7 @@ def test_a_new_class_fails_everywhere_at_once(tmp_path, capsys):
 @pytest.mark.vllm
 def test_json_prints_only_the_summary(tmp_path, capsys):
     out = tmp_path / "rep"
-    status = main(["replay", str(REGRESSIONS / "adversarial-unknown-id-keyerror.jsonl"),
+    status = main(["replay", str(REGRESSIONS / "key_error-gather-unknown_scheduled_id-KeyError-loud.jsonl"),
                    "--stages", "gather", "--out", str(out), "--json"])
     captured = capsys.readouterr()
     summary = json.loads(captured.out)

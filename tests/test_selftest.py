@@ -16,7 +16,7 @@ pytestmark = pytest.mark.vllm
 def test_catalogue_is_large_and_named():
     names = [m.name for m in CATALOGUE]
     assert len(names) == len(set(names))
-    assert sum(not m.equivalent for m in CATALOGUE) >= 12
+    assert sum(not m.equivalent and not m.control for m in CATALOGUE) >= 12
     assert all(m.description for m in CATALOGUE)
 
 
@@ -64,3 +64,19 @@ def test_fuzz_phase_detects_a_mutant_when_no_trace_does(tmp_path):
     assert result.kind == "value_mismatch"
     assert result.examples_to_detection >= 1
     assert 1 <= result.shrunk_steps <= 3
+
+
+def test_control_mutant_survives_the_adversarial_regressions_without_a_baseline(tmp_path):
+    """With no baseline classes at all (what --skip-baseline gave before), replaying the
+    adversarial regression traces must not 'detect' a no-op edit: their KeyErrors are
+    loud rejections, the known findings are known."""
+    from pathlib import Path
+
+    from simrig.selftest.driver import run_child
+
+    traces = sorted(Path("traces/regressions").glob("*.jsonl"))
+    assert traces
+    result = run_child("control-noop", budget_s=4, seed=0, baseline=[], traces=traces,
+                       out_dir=tmp_path, timeout_s=300)
+    assert result.error == "" and result.applied
+    assert not result.detected, result.message

@@ -39,6 +39,10 @@ class Mutant:
     # it is listed to document what simrig cannot see, and never counts as a
     # survivor. The README argues each one.
     equivalent: bool = False
+    # A control mutant edits the source without changing its behaviour at
+    # all: it must come out SURVIVED, or the scoring itself is broken
+    # (a detection that comes from the rig, not from the mutant).
+    control: bool = False
 
 
 def _owner_and_function(mutant: Mutant) -> tuple[Any, str, Any]:

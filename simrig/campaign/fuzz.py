@@ -278,8 +278,6 @@ class Campaign:
         """Hypothesis re-raises the shrunk example's error (or a Flaky one after
         we stopped mid-shrink). Our own findings are already recorded; anything
         else is a bug in the rig."""
-        import traceback
-
         from hypothesis.errors import Flaky
 
         from strategies.machine import NewFinding
@@ -288,43 +286,51 @@ class Campaign:
         for err in errors:
             if isinstance(err, NewFinding) or (isinstance(err, Flaky) and self.stopped()):
                 continue
-            text = "".join(traceback.format_exception(err))
-            self.stats.rig_errors.append(text)
+            self._rig_error(err, "machine")
             self.interrupted = True  # a rig bug stops the campaign: fix it first
 
     # ------------------------------------------------------------ output
     def finish(self) -> None:
         """Shrunk traces, report, campaign figures and JUnit XML; runs in
-        ``finally`` so an interrupted campaign still leaves everything found."""
+        ``finally`` so an interrupted campaign still leaves everything found.
+
+        Everything is built in a staging directory next to OUT and swapped in
+        with one rename: OUT is either the complete report (tables, HTML,
+        ``shrunk/``, ``junit.xml``) or the earlier one, never half of each.
+        """
         import shutil
 
         from simrig.campaign.shrink import write_shrunk
         from simrig.report.timing import time_share
-        from simrig.report.writer import write_report
+        from simrig.report.writer import swap_into_place, write_report
 
         out = Path(self.options.out_dir)
-        staging = out.parent / f".{out.name}-shrunk-staging"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        staging = out.parent / f".{out.name}-staging"
+        shrunk = out.parent / f".{out.name}-shrunk-staging"
+        for folder in (staging, shrunk):
+            shutil.rmtree(folder, ignore_errors=True)
+        shrunk.mkdir(parents=True)
         try:
             for cls in sorted(self.classes.values(), key=lambda c: c.key):
                 if cls.steps is not None and not cls.trace_path:
-                    write_shrunk(cls, self.options, staging)
+                    self._write_shrunk_guarded(write_shrunk, cls, shrunk)
             summary = self.summary()
             result = self.recorder.result([], list(self.options.pcp_sizes), self.options.stages)
             summary["time_share"] = time_share(result.steps, self.stats.elapsed_s)
             classes = self.class_frame()
-            write_report(out, result.steps, self.findings_frame(), result.contract, summary,
+            write_report(staging, result.steps, self.findings_frame(), result.contract, summary,
                          extra_tables={"occurrences": result.findings},
                          title=f"simrig fuzz campaign ({self.options.mode})", classes=classes,
                          occurrences=result.findings, headline=self.headline(summary))
-            self.report_summary = json.loads((out / "summary.json").read_text())
+            self.report_summary = json.loads((staging / "summary.json").read_text())
             self.report_summary["report"] = str(out)
             self.class_table = classes
-            if any(staging.iterdir()):
-                os.replace(staging, out / "shrunk")
-            (out / "junit.xml").write_text(junit_xml(self), encoding="utf-8")
+            if any(shrunk.iterdir()):
+                os.replace(shrunk, staging / "shrunk")
+            (staging / "junit.xml").write_text(junit_xml(self), encoding="utf-8")
+            swap_into_place(staging, out)
         finally:
+            shutil.rmtree(shrunk, ignore_errors=True)
             shutil.rmtree(staging, ignore_errors=True)
 
     def class_frame(self) -> Any:
@@ -348,8 +354,36 @@ class Campaign:
                 f"{s['regression_traces']} regression trace(s) replayed first; "
                 f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations")
 
+    def _write_shrunk_guarded(self, write_shrunk: Any, cls: FindingClass, folder: Path) -> None:
+        """A shrunk trace whose confirming replay crashes is still written; the
+        crash becomes a rig error of the campaign."""
+        try:
+            write_shrunk(cls, self.options, folder)
+        except Exception as exc:  # noqa: BLE001 -- reported, the report is still written
+            self._rig_error(exc, "shrink")
+
+    def _rig_error(self, exc: BaseException, check: str) -> None:
+        """Record an exception of the campaign's own code as a rig_error class."""
+        import traceback
+
+        from simrig.checks.findings import rig_error
+
+        self.stats.rig_errors.append("".join(traceback.format_exception(exc)))
+        finding = rig_error(exc, step=self.stats.steps, stage="campaign", check=check)
+        key = class_key(finding)
+        cls = self.classes.get(key)
+        if cls is None:
+            cls = self.classes[key] = FindingClass(key, finding)
+        cls.count += 1
+
     def exit_status(self) -> int:
-        return 1 if (any(c.failing for c in self.classes.values()) or self.stats.rig_errors) else 0
+        """3 when simrig's own code raised (a rig_error class), else 1 for a
+        failing class, else 0 (see simrig.errors)."""
+        from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RIG_ERROR
+
+        if self.stats.rig_errors or any(c.key[0] == "rig_error" for c in self.classes.values()):
+            return EXIT_RIG_ERROR
+        return EXIT_FINDINGS if any(c.failing for c in self.classes.values()) else EXIT_CLEAN
 
     def summary(self) -> dict[str, Any]:
         st, o = self.stats, self.options

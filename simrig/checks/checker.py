@@ -14,6 +14,9 @@ and the dtypes seen so far across the steps of one trace.
     dummy == real batch              parity               parity
     independent reference model      reference            reference
     PCP partition invariants         pcp                  pcp_checks
+    batch self-consistency (real)    semantics            semantics
+    ── always ──
+    batch self-consistency (dummy)   semantics            semantics
 
 Findings matching the committed known findings of the installed vLLM are
 marked ``known=True``.
@@ -22,6 +25,7 @@ marked ``known=True``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from simrig.checks import findings as fk
 from simrig.checks.contract import DriftTracker, check_contract
@@ -30,8 +34,9 @@ from simrig.checks.known import KnownFindings, installed_vllm_version, load_know
 from simrig.checks.lifecycle import DUPLICATE_NEW, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract
 from simrig.checks.parity import check_parity
 from simrig.checks.pcp import check_pcp
+from simrig.checks.semantics import check_batch_semantics
 from simrig.checks.reference import ReferenceModel
-from simrig.observe import DUMMY, PARTITION, PREPARE, StepObs
+from simrig.observe import DUMMY, GATHER, PARTITION, PREPARE, StepObs
 from simrig.step import RunnerConfig, Step
 
 # An extra check a campaign or a test adds: (index, step, observation) -> findings.
@@ -50,28 +55,65 @@ class Checker:
         self.drift = DriftTracker()
 
     def check(self, index: int, step: Step, observation: StepObs) -> list[Finding]:
-        life = self.lifecycle.check(index, step, observation)
-        findings = list(life.findings)
-        for stage in observation.stages:
-            findings.extend(check_contract(index, stage))
-            findings.extend(self.drift.check(index, stage))
-        self.reference.apply_lifecycle(step)
+        """Every check on one step. A check that raises becomes one ``rig_error``
+        finding (with its traceback); the other checks still run."""
+        findings: list[Finding] = []
+        life = self._guard(findings, index, "scheduler_contract", self.lifecycle.check,
+                           index, step, observation)
+        if life is not None:
+            findings.extend(life.findings)
+        self._guard(findings, index, "contract", self._dtype_checks, index, step, observation,
+                    findings)
+        self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
+                    findings)
+        self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
+        # A crashed lifecycle check leaves the contract state unknown: like a
+        # violated step, the semantic checks have no defined expectation.
+        violated = life is None or life.violated
         desynced = self.lifecycle.desynced & set(step.num_scheduled_tokens)
-        if not life.violated and not desynced:
-            findings.extend(self._semantic_checks(index, step, observation))
-        self.reference.advance(step)
+        if not violated and not desynced:
+            findings.extend(self._guard(findings, index, "semantic", self._semantic_checks,
+                                        index, step, observation) or [])
+        self._guard(findings, index, "reference", self.reference.advance, step)
         for f in findings:
             f.trace = self.trace
-        return self.known.apply(findings)
+        marked = self._guard(findings, index, "known", self.known.apply, findings)
+        return marked if marked is not None else findings
+
+    def _guard(self, findings: list[Finding], index: int, check: str, fn: Callable[..., Any],
+               *args: Any) -> Any:
+        """``fn(*args)``, or None after appending a rig_error for its exception."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001 -- a check's bug is a finding
+            findings.append(fk.rig_error(exc, step=index, check=check, trace=self.trace))
+            return None
+
+    def _dtype_checks(self, index: int, step: Step, observation: StepObs,
+                      findings: list[Finding]) -> None:
+        # gather's BatchReqState has no draft count of its own; the Step has.
+        has_drafts = any(n > 0 for n in step.spec_tokens.values())
+        for stage in observation.stages:
+            findings.extend(check_contract(index, stage,
+                                           has_drafts if stage.stage == GATHER else None))
+            findings.extend(self.drift.check(index, stage))
+
+    def _dummy_semantics(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
+        dummy = observation.get(DUMMY)
+        if dummy is not None:  # built from (num_reqs, num_tokens) alone: always defined
+            findings.extend(check_batch_semantics(index, dummy))
 
     def _semantic_checks(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
         out = self.reference.compare(index, step, obs)
         real, dummy = obs.get(PREPARE), obs.get(DUMMY)
+        if real is not None:
+            out.extend(check_batch_semantics(index, real))
         if real is not None and dummy is not None:
             out.extend(check_parity(index, real, dummy))
         partitions = [s for s in obs.stages if s.stage == PARTITION]
         if real is not None and partitions and self.config.pcp_size > 1:
-            out.extend(check_pcp(index, self.config, real, partitions))
+            expected = self.reference.global_batch(step, self.reference.observed_order(obs))
+            out.extend(check_pcp(index, self.config, real, partitions, expected))
         return out
 
 
@@ -86,7 +128,11 @@ def check_step(checker: Checker, extra_checks: Sequence[ExtraCheck], index: int,
     """
     found = list(checker.check(index, step, obs))
     for check in extra_checks:
-        found.extend(check(index, step, obs))
+        try:
+            found.extend(check(index, step, obs))
+        except Exception as exc:  # noqa: BLE001 -- an extra check's bug is a finding
+            name = getattr(check, "__name__", type(check).__name__)
+            found.append(fk.rig_error(exc, step=index, check=f"extra:{name}", trace=trace))
     found += runner_error_findings(index, step, obs, found, trace)
     if violation is not None:
         found += silent_acceptance_finding(index, step, obs, violation, found, trace)
@@ -103,6 +149,7 @@ def is_loud_rejection(finding: Finding) -> bool:
     return bool(finding.extra.get("loud_rejection"))
 
 
+@fk.guarded("runner")
 def runner_error_findings(index: int, step: Step, obs: StepObs, reported: list[Finding],
                           trace: str = "") -> list[Finding]:
     """A finding for every exception the checks did not already report, so no
@@ -120,6 +167,7 @@ def runner_error_findings(index: int, step: Step, obs: StepObs, reported: list[F
     return out
 
 
+@fk.guarded("machine")
 def silent_acceptance_finding(index: int, step: Step, obs: StepObs, violation: str,
                               reported: list[Finding], trace: str = "") -> list[Finding]:
     """A violation no stage raised on, unless the checks already said so."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simrig.checks import findings as fk
-from simrig.checks.findings import Finding
+from simrig.checks.findings import Finding, guarded
 from simrig.observe import GATHER, LIFECYCLE, StepObs
 from simrig.step import RunnerConfig, Step
 
@@ -203,6 +203,7 @@ class SchedulerContract:
                         message=f"runner accepted {identity[0].rule} for {','.join(bad_ids)} without failing")]
 
 
+@guarded("runner_errors")
 def runner_errors(index: int, obs: StepObs) -> list[Finding]:
     """Every exception the runner raised on valid input."""
     out = []

@@ -10,13 +10,16 @@ batch's (num_reqs, num_tokens), so both are comparable field by field:
     SHAPED_FIELDS                 =       =
     SHAPED_UNLESS_DRAFTS          =       = only when the step has no drafts
                                           (drafts add logits rows the dummy lacks)
+    an array on one side, None    missing_field: a graph captured on the dummy
+      or absent on the other      reads a buffer the real batch fills (or the
+                                  reverse); never skipped
 """
 
 from __future__ import annotations
 
 from simrig.checks import findings as fk
 from simrig.checks.contract import ARRAY_KINDS, stage_req_ids
-from simrig.checks.findings import Finding
+from simrig.checks.findings import Finding, guarded
 from simrig.observe import DUMMY, StageObs
 
 SHAPED_FIELDS = (
@@ -28,6 +31,7 @@ SHAPED_FIELDS = (
 SHAPED_UNLESS_DRAFTS = ("logits_indices", "expanded_idx_mapping", "expanded_local_pos")
 
 
+@guarded("parity")
 def check_parity(index: int, real: StageObs, dummy: StageObs) -> list[Finding]:
     if real.error is not None or dummy.error is not None:
         return []
@@ -36,9 +40,23 @@ def check_parity(index: int, real: StageObs, dummy: StageObs) -> list[Finding]:
     shaped = set(SHAPED_FIELDS) | (set() if has_drafts else set(SHAPED_UNLESS_DRAFTS))
     ids = stage_req_ids(real)
     out = []
-    for name, r in real.fields.items():
-        d = dummy.fields.get(name)
-        if d is None or r.kind not in ARRAY_KINDS or d.kind not in ARRAY_KINDS:
+    for name in list(real.fields) + [n for n in dummy.fields if n not in real.fields]:
+        r, d = real.fields.get(name), dummy.fields.get(name)
+        r_array = r is not None and r.kind in ARRAY_KINDS
+        d_array = d is not None and d.kind in ARRAY_KINDS
+        if r_array != d_array:
+            if (r if r_array else d).kind in ARRAY_KINDS and _absent_or_none(d if r_array else r):
+                present = r if r_array else d
+                other = "missing" if (d if r_array else r) is None else "None"
+                out.append(Finding(
+                    kind=fk.MISSING_FIELD, step=index, stage=DUMMY, check="parity", req_ids=ids,
+                    field=name, expected=f"{r.kind} {r.dtype}" if r_array else other,
+                    actual=other if r_array else f"{d.kind} {d.dtype}",
+                    message=(f"real batch has {present.kind} {present.dtype}, dummy batch {other}"
+                             if r_array else
+                             f"dummy batch has {present.kind} {present.dtype}, real batch {other}")))
+            continue
+        if not r_array:
             continue
         if (r.kind, r.dtype) != (d.kind, d.dtype):
             out.append(Finding(
@@ -51,3 +69,7 @@ def check_parity(index: int, real: StageObs, dummy: StageObs) -> list[Finding]:
                 field=name, expected=f"shape {r.shape}", actual=f"shape {d.shape}",
                 message=f"real batch shape {r.shape}, dummy batch shape {d.shape}"))
     return out
+
+
+def _absent_or_none(obs: object) -> bool:
+    return obs is None or getattr(obs, "kind", None) == "none"

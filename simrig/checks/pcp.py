@@ -12,6 +12,14 @@ replicated like decodes. Each rank orders its rows decodes first, then
 prefills, by global batch index then chunk offset; an idle rank carries one
 empty row of the first request.
 
+The global batch each rank is checked against is the reference model's
+(``GlobalBatch``: query lengths, prefill flags, positions, input ids and slots
+predicted from the Steps), not prepare_inputs' output, so a bug shared by
+prepare and partition cannot hide. Layout rules and their sources in vLLM
+(pcp_manager.py): "DualChunkSwap" split into 2P chunks, rank r holding
+chunks r and 2P-1-r (PCPManager._iter_rank_chunks); decodes replicated, or
+sharded with ParallelConfig.pcp_shard_decode_requests.
+
 The manager keeps the global view: gathered = all ranks' rows, each padded to
 the longest rank, rank-major; padded_gather_idx maps a gathered row to its
 global token, hidden_restore_idx a global token to the gathered row that
@@ -27,8 +35,8 @@ import numpy as np
 
 from simrig.checks import findings as fk
 from simrig.checks.contract import stage_req_ids
-from simrig.checks.findings import Finding
-from simrig.checks.reference import short
+from simrig.checks.findings import Finding, guarded
+from simrig.checks.reference import GlobalBatch, short
 from simrig.observe import StageObs
 from simrig.step import RunnerConfig
 
@@ -109,20 +117,29 @@ class _Out:
                 message=f"{what} ({diff.size} of {expected.size} differ, first at index {at})"))
 
 
+@guarded("pcp")
 def check_pcp(index: int, config: RunnerConfig, prepare: StageObs,
-              partitions: list[StageObs]) -> list[Finding]:
-    """Every rank's rank-local batch and the manager's index maps."""
+              partitions: list[StageObs], expected: GlobalBatch | None = None) -> list[Finding]:
+    """Every rank's rank-local batch and the manager's index maps, against the
+    model's global batch ``expected`` (without one, against prepare's output:
+    the weaker check for callers that have no model)."""
     out: list[Finding] = []
     if prepare.error is not None or not prepare.fields:
         return out
-    g_ids = stage_req_ids(prepare)
-    q = _arr(prepare, "num_scheduled_tokens")
-    pref = _arr(prepare, "is_prefilling_np")
-    qsl = _arr(prepare, "query_start_loc_np")
-    g_pos, g_tok, g_idx = _arr(prepare, "positions"), _arr(prepare, "input_ids"), _arr(prepare, "idx_mapping_np")
-    g_nc = _arr(prepare, "num_computed_tokens_np")
-    if any(a is None for a in (q, pref, qsl, g_pos, g_tok, g_idx, g_nc)):
-        return out
+    if expected is not None:
+        g_ids = tuple(expected.req_ids)
+        q, pref, qsl = expected.query_lens, expected.is_prefilling, expected.query_start_loc
+        g_pos, g_tok, g_idx = expected.positions, expected.input_ids, expected.slots
+        g_nc = expected.num_computed
+    else:
+        g_ids = stage_req_ids(prepare)
+        q = _arr(prepare, "num_scheduled_tokens")
+        pref = _arr(prepare, "is_prefilling_np")
+        qsl = _arr(prepare, "query_start_loc_np")
+        g_pos, g_tok = _arr(prepare, "positions"), _arr(prepare, "input_ids")
+        g_idx, g_nc = _arr(prepare, "idx_mapping_np"), _arr(prepare, "num_computed_tokens_np")
+        if any(a is None for a in (q, pref, qsl, g_pos, g_tok, g_idx, g_nc)):
+            return out
     n_tokens = int(q.sum())
     by_rank = {s.rank: s for s in partitions if s.rank is not None}
     held = np.zeros(n_tokens, dtype=np.int64)  # ranks holding each global token

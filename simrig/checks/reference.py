@@ -4,34 +4,53 @@ It follows each request's lifecycle (prefill tokens, the scheduler's
 num_computed_tokens) and predicts, from semantics rather than from vLLM's
 code, what gather_batch_req_state and prepare_inputs must produce:
 
-    batch order   requests with drafts first; inside that group and among the
-                  rest: queries of exactly decode_query_len first, then the others
-                  by ascending query length; ties keep the scheduler's order
+    batch order   any order that meets the documented rules (ORDER RULES below);
+                  the observed order is checked against them and, when it is a
+                  permutation of the scheduled requests, the predictions below are
+                  made row by row in that order (ties are not predicted: vLLM
+                  promises nothing about them)
     per request   q = scheduled tokens, nc = num_computed (scheduler), k = drafts
                   seq_len = nc + q, positions nc .. nc+q-1
                   logits rows = the last 1+k tokens of the query
                   is_prefilling = nc < prefill_len
-    per token     input id at position p = prefill token p       (p < prefill_len)
-                                         = synth_token(req, p)   (sampled / drafts)
+    per token     input id at position p = draft_token(req, p, rejected)  (last k of the query:
+                                           the drafter's proposal; a rejected one differs)
+                                         = prefill token p       (p < prefill_len)
+                                         = synth_token(req, p)   (sampled)
 
       query_start_loc  0 ─ q0 ─ q0+q1 ─ …        logits_indices: [qsl[i+1]-1-k_i .. qsl[i+1]-1]
 
-Slot numbers are not predicted; instead idx_mapping must be distinct slots in
-[0, max_num_reqs), equal to gather's idx_mapping_np, and stable for a request
-while it lives.
+Slot numbers are not predicted (the allocation policy is vLLM's to choose);
+the model learns a request's slot when the request first appears in a batch
+and then holds it to its meaning: distinct slots in [0, max_num_reqs) among
+live requests, the same in gather, prepare and every PCP rank, stable for a
+request while it lives, free again once it finished or was preempted.
+expanded_idx_mapping is the model's slots repeated once per logit row
+(InputBatch: "Identical to idx_mapping except for spec decoding").
+
+ORDER RULES, from vLLM's own words (never from its sort function):
+
+    1. verification rows (requests with drafts) lead     model_runner.sort_batch_req_ids:
+                                                         "Order verification/decode ->
+                                                          short_extend -> prefill"
+    2. within each group, decodes (query ==              attention/backends/utils.py
+       decode_query_len) first, then the other queries   split_decodes_and_prefills: "The
+       by non-decreasing length, so any threshold        batch is expected to be ordered as:
+       splits the batch once                             decode -> short_extend ->
+                                                          long_extend -> prefill"
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from simrig.checks import findings as fk
-from simrig.checks.findings import Finding
+from simrig.checks.findings import Finding, guarded
 from simrig.observe import GATHER, PREPARE, StageObs, StepObs
-from simrig.step import RunnerConfig, Step, synth_token
+from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 MAX_SHOWN = 12
 
@@ -78,6 +97,19 @@ class BatchPrediction:
         return self.num_computed < self.prefill_len
 
 
+class GlobalBatch(NamedTuple):
+    """The model's global batch, as the PCP check needs it (row order = batch order)."""
+
+    req_ids: list[str]
+    query_lens: np.ndarray  # [num_reqs]
+    is_prefilling: np.ndarray  # [num_reqs]
+    query_start_loc: np.ndarray  # [num_reqs + 1]
+    positions: np.ndarray  # [num_tokens]
+    input_ids: np.ndarray  # [num_tokens]
+    slots: np.ndarray  # [num_reqs] the model's slot of each row
+    num_computed: np.ndarray  # [num_reqs]
+
+
 def batch_order(scheduled: dict[str, int], drafts: dict[str, int], decode_query_len: int) -> list[str]:
     """The batch order the runner must use (see module docstring)."""
     def bucket(ids: list[str]) -> list[str]:
@@ -92,6 +124,23 @@ def batch_order(scheduled: dict[str, int], drafts: dict[str, int], decode_query_
     with_drafts = [r for r in ids if drafts.get(r, 0) > 0]
     without = [r for r in ids if drafts.get(r, 0) <= 0]
     return bucket(with_drafts) + bucket(without)
+
+
+def order_problem(order: list[str], scheduled: dict[str, int], drafts: dict[str, int],
+                  decode_query_len: int) -> str:
+    """Why ``order`` breaks the ORDER RULES (module docstring), or "" when it meets them."""
+    if len(order) != len(scheduled) or set(order) != set(scheduled):
+        return "the batch is not the scheduled requests, each once"
+    verifying = [drafts.get(r, 0) > 0 for r in order]
+    if any(not a and b for a, b in zip(verifying, verifying[1:])):
+        return "a request without drafts precedes one with drafts (rule 1)"
+    for group in (True, False):
+        queries = [scheduled[r] for r, v in zip(order, verifying) if v == group]
+        ranks = [(q != decode_query_len, q) for q in queries]
+        if ranks != sorted(ranks):
+            return ("query lengths out of order: decodes first, then non-decreasing "
+                    f"lengths (rule 2), got {queries}")
+    return ""
 
 
 class ReferenceModel:
@@ -118,10 +167,13 @@ class ReferenceModel:
                 req.num_computed += step.num_accepted(req_id)
 
     # ----------------------------------------------------------- prediction
-    def predict(self, step: Step) -> BatchPrediction | None:
+    def predict(self, step: Step, order: list[str] | None = None) -> BatchPrediction | None:
+        """Every field, row by row in ``order`` (default: one valid order)."""
         if not step.num_scheduled_tokens or any(r not in self.reqs for r in step.num_scheduled_tokens):
             return None
-        order = batch_order(step.num_scheduled_tokens, step.spec_tokens, self.config.decode_query_len)
+        if order is None or sorted(order) != sorted(step.num_scheduled_tokens):
+            order = batch_order(step.num_scheduled_tokens, step.spec_tokens,
+                                self.config.decode_query_len)
         q = np.array([step.num_scheduled_tokens[r] for r in order], dtype=np.int64)
         k = np.array([step.spec_tokens.get(r, 0) for r in order], dtype=np.int64)
         nc = np.array([self.reqs[r].num_computed for r in order], dtype=np.int64)
@@ -130,9 +182,13 @@ class ReferenceModel:
         positions, input_ids, token_req, logits = [], [], [], []
         for i, req_id in enumerate(order):
             ids = self.reqs[req_id].prefill_ids
+            first_draft, first_rejected = int(nc[i] + q[i] - k[i]), rejected_from(step, req_id)
             for p in range(int(nc[i]), int(nc[i] + q[i])):
                 positions.append(p)
-                input_ids.append(ids[p] if p < len(ids) else synth_token(req_id, p))
+                if p >= first_draft:
+                    input_ids.append(draft_token(req_id, p, p - first_draft >= first_rejected))
+                else:
+                    input_ids.append(ids[p] if p < len(ids) else synth_token(req_id, p))
                 token_req.append(req_id)
             logits.extend(range(int(qsl[i + 1] - 1 - k[i]), int(qsl[i + 1])))
         return BatchPrediction(
@@ -143,17 +199,47 @@ class ReferenceModel:
             logits_indices=np.array(logits, dtype=np.int64), token_req=token_req)
 
     # ----------------------------------------------------------- comparison
+    def global_batch(self, step: Step, order: list[str] | None) -> GlobalBatch | None:
+        """The prediction plus the slots learnt so far (None if a slot is unknown)."""
+        pred = self.predict(step, order)
+        if pred is None or any(self.reqs[r].slot is None for r in pred.req_ids):
+            return None
+        return GlobalBatch(pred.req_ids, pred.num_scheduled, pred.is_prefilling,
+                           pred.query_start_loc, pred.positions, pred.input_ids,
+                           np.array([self.reqs[r].slot for r in pred.req_ids], dtype=np.int64),
+                           pred.num_computed)
+
+    def observed_order(self, obs: StepObs) -> list[str] | None:
+        """The batch order the runner chose (gather's, else prepare's)."""
+        for name in (GATHER, PREPARE):
+            stage = obs.get(name)
+            f = stage.fields.get("req_ids") if stage is not None and stage.error is None else None
+            if f is not None and f.kind == "list":
+                return [str(r) for r in f.values]
+        return None
+
+    @guarded("reference")
     def compare(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
-        pred = self.predict(step)
+        order = self.observed_order(obs)
+        pred = self.predict(step, order)
         if pred is None:
             return []
         out: list[Finding] = []
         gather, prepare = obs.get(GATHER), obs.get(PREPARE)
+        if order is not None:
+            problem = order_problem(order, step.num_scheduled_tokens, step.spec_tokens,
+                                    self.config.decode_query_len)
+            if problem:
+                stage = gather if gather is not None and gather.error is None else prepare
+                out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage,
+                                   check="reference", req_ids=tuple(order), field="req_ids",
+                                   expected="an order meeting the batch-order rules",
+                                   actual=short(order), message=f"batch order: {problem}"))
+        out.extend(self._check_slots(index, pred, gather, prepare))
         row_ids, tok_ids = pred.req_ids, pred.token_req
         has_drafts = bool(pred.num_drafts.any())
         if gather is not None and gather.error is None and gather.fields:
             cmp = _Comparer(index, gather, out)
-            cmp.list_("req_ids", pred.req_ids)
             cmp.array("num_scheduled_tokens", pred.num_scheduled, row_ids)
             cmp.array("prefill_len_np", pred.prefill_len, row_ids)
             cmp.array("num_computed_prefill_tokens_np", np.minimum(pred.num_computed, pred.prefill_len), row_ids)
@@ -163,7 +249,7 @@ class ReferenceModel:
                 cmp.array("num_draft_tokens_np", pred.num_drafts, row_ids)
         if prepare is not None and prepare.error is None and prepare.fields:
             cmp = _Comparer(index, prepare, out)
-            cmp.list_("req_ids", pred.req_ids)
+            cmp.list_("req_ids", pred.req_ids)  # the same order as gather's
             cmp.scalar("num_tokens", int(pred.num_scheduled.sum()))
             cmp.array("num_scheduled_tokens", pred.num_scheduled, row_ids)
             cmp.array("query_start_loc", pred.query_start_loc, row_ids)
@@ -178,10 +264,10 @@ class ReferenceModel:
             cmp.array("cu_num_logits_np", pred.cu_num_logits, row_ids)
             logit_ids = [r for r, n in zip(row_ids, 1 + pred.num_drafts) for _ in range(n)]
             cmp.array("logits_indices", pred.logits_indices, logit_ids)
-            idx = prepare.fields.get("idx_mapping")
-            if idx is not None and idx.kind != "none":
-                cmp.array("expanded_idx_mapping", np.repeat(np.asarray(idx.values), 1 + pred.num_drafts), logit_ids)
-        out.extend(self._check_slots(index, pred, gather, prepare))
+            slots = [self.reqs[r].slot for r in row_ids]
+            if all(slot is not None for slot in slots):
+                cmp.array("expanded_idx_mapping", np.repeat(np.array(slots, dtype=np.int64),
+                                                            1 + pred.num_drafts), logit_ids)
         return out
 
     def _check_slots(self, index: int, pred: BatchPrediction, gather: StageObs | None,
@@ -240,19 +326,31 @@ class _Comparer:
                                 check="reference", req_ids=ids, field=name,
                                 expected=short(expected, at=at), actual=short(actual, at=at), message=msg))
 
-    def list_(self, name: str, expected: list[str]) -> None:
+    def _present(self, name: str, kinds: tuple[str, ...], expected: Any) -> Any:
+        """The field's observation, or None after a missing_field finding: a
+        field the model predicts is never skipped for being absent or None."""
         obs = self.stage.fields.get(name)
+        if obs is not None and obs.kind in kinds:
+            return obs
+        what = "missing" if obs is None else f"{obs.kind} {obs.dtype}".strip()
+        self.out.append(Finding(kind=fk.MISSING_FIELD, step=self.index, stage=self.stage.stage,
+                                check="reference", field=name, expected=short(expected),
+                                actual=what, message=f"{name} is {what}; the model predicts a value"))
+        return None
+
+    def list_(self, name: str, expected: list[str]) -> None:
+        obs = self._present(name, ("list",), expected)
         if obs is not None and list(obs.values or []) != expected:
             self._add(name, tuple(expected), expected, obs.values, "batch order differs")
 
     def scalar(self, name: str, expected: Any) -> None:
-        obs = self.stage.fields.get(name)
-        if obs is not None and obs.kind == "scalar" and obs.values != expected:
+        obs = self._present(name, ("scalar",), expected)
+        if obs is not None and obs.values != expected:
             self._add(name, (), expected, obs.values, f"expected {expected}, got {obs.values}")
 
     def array(self, name: str, expected: np.ndarray, row_ids: list[str]) -> None:
-        obs = self.stage.fields.get(name)
-        if obs is None or obs.kind not in ("numpy", "torch"):
+        obs = self._present(name, ("numpy", "torch"), expected)
+        if obs is None:
             return
         actual = np.asarray(obs.values)
         if actual.shape != expected.shape:

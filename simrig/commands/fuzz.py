@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "finding class is shrunk to a minimal v1 trace under OUT/shrunk/. "
                     "Loud rejections of adversarial violations are *expected*; known "
                     "findings of this vLLM are *known*; anything else is *new*.",
-        epilog="exit status: 0 no new finding class; 1 a new finding class (or a rig error); "
-               "2 bad arguments")
+        epilog="exit status: 0 no new finding class; 1 a new finding class; 2 bad arguments; "
+               "3 simrig's own code raised (rig_error, traceback in the report)")
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
                    help="wall-clock budget for exploring (default 60); shrinking a late find "
                         "may take up to a quarter more")

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "expected (a class a trace header's `expect` declares).",
         epilog="exit status: 0 no new finding class (known and expected classes do not fail); "
                "1 a new finding class, or an expected class that did not occur; "
-               "2 bad arguments or a malformed trace (one line on stderr, no report)",
+               "2 bad arguments or a malformed trace (one line on stderr, no report); "
+               "3 simrig's own code raised (rig_error findings, tracebacks in the report)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace file or directory")
     p.add_argument("--pcp-sizes", metavar="N,N,...",
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
                **result.summary()}
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
-    summary["exit_status"] = 1 if result.num_new else 0
+    summary["exit_status"] = result.exit_status
     headline = (f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
                 f"(pcp sizes {','.join(map(str, result.pcp_sizes))}) in {summary['elapsed_s']:.1f} s "
                 f"({summary['steps_per_s']:.1f} steps/s), vLLM {result.vllm_version} on {result.device}")

@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="For each mutant: replay the bundled traces, then fuzz until the first new "
                     "finding or the budget. Writes a scoreboard (CSV, parquet, HTML).",
         epilog="exit status: 0 every non-equivalent mutant detected and the baseline clean; "
-               "1 a mutant survived, no longer applies, or the baseline is not clean; "
+               "1 a mutant survived, no longer applies, the baseline is not clean, or the no-op "
+               "control mutant was detected; "
                "2 bad arguments")
     p.add_argument("--mutants", help="comma-separated mutant names (default: the whole catalogue)")
     p.add_argument("--budget-per-mutant", type=float, default=120.0, metavar="SECONDS",
@@ -27,8 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="fuzz seed (default 0)")
     p.add_argument("--list", action="store_true", help="print the catalogue and exit")
     p.add_argument("--skip-baseline", action="store_true",
-                   help="do not run the unmutated code first (its signatures are then taken "
-                        "from the known-findings baseline only)")
+                   help="do not run the unmutated code first: its classes are taken from the "
+                        "last baseline run (.cache/selftest/), and known findings, loud "
+                        "rejections and rig errors never count as detections")
+    p.add_argument("--fuzz-only", action="store_true",
+                   help="score the fuzz campaign alone: no bundled traces, for the baseline "
+                        "and every mutant")
     add_output_flags(p, "selftest")
     p.set_defaults(func=run)
 
@@ -41,12 +46,12 @@ def run(args: argparse.Namespace) -> int:
     from simrig.checks.known import installed_vllm_version
     from simrig.commands.common import emit_json, progress_mode, record_history
     from simrig.report.classes import class_rows_for_print, verdict_line
-    from simrig.selftest.driver import (BASELINE, bundled_traces, run_child, scoreboard_classes,
-                                        scoreboard_rows, select_mutants)
+    from simrig.selftest.driver import (BASELINE, baseline_cache, bundled_traces, run_child,
+                                        scoreboard_classes, scoreboard_rows, select_mutants)
 
     if args.list:
         for m in CATALOGUE:
-            tag = " (equivalent)" if m.equivalent else ""
+            tag = " (equivalent)" if m.equivalent else " (control)" if m.control else ""
             print(f"{m.name:28s} {m.module}.{m.qualname}{tag}\n{'':28s} {m.description}")
         return 0
     if args.budget_per_mutant <= 0:
@@ -54,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     names = select_mutants([n for n in (args.mutants or "").split(",") if n])
     out = check_out_dir(args.out or default_out_dir("selftest"))
     root = Path(__file__).resolve().parents[2]
-    traces = bundled_traces(root)
+    traces = [] if args.fuzz_only else bundled_traces(root)
     # A child also pays the vLLM import (~15 s) and its replay; give it room past the budget.
     timeout = args.budget_per_mutant + 180
     say = (lambda *a, **k: None) if progress_mode(args) == "quiet" else \
@@ -68,23 +73,46 @@ def run(args: argparse.Namespace) -> int:
                          traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
         results.append(base)
         baseline_sigs = base.signatures
+        cache = baseline_cache(root)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"signatures": baseline_sigs, "fuzz_only": args.fuzz_only,
+                                     "budget_s": args.budget_per_mutant, "seed": args.seed}))
+    elif baseline_cache(root).is_file():
+        try:
+            baseline_sigs = json.loads(baseline_cache(root).read_text())["signatures"]
+        except (ValueError, KeyError) as exc:
+            raise UsageError(f"{baseline_cache(root)}: unreadable baseline ({exc}); "
+                             "run without --skip-baseline once") from None
     for i, name in enumerate(names, 1):
         say(f"selftest: [{i}/{len(names)}] {name}", end="", flush=True)
         r = run_child(name, budget_s=args.budget_per_mutant, seed=args.seed, baseline=baseline_sigs,
                       traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
         results.append(r)
-        verdict = ("detected in %.1f s via %s (%s)" % (r.seconds_to_detection, r.via, r.kind)
-                   if r.detected else (r.error or ("equivalent" if BY_NAME[name].equivalent else "SURVIVED")))
+        m = BY_NAME[name]
+        verdict = ("detected in %.1f s by %s via %s (%s)" % (r.seconds_to_detection, r.phase, r.via, r.kind)
+                   if r.detected else (r.error or ("equivalent" if m.equivalent else
+                                                   "control survived" if m.control else "SURVIVED")))
+        if m.control and r.detected:
+            verdict = "CONTROL DETECTED (the scoring is broken): " + verdict
         say(f" -> {verdict}")
     rows = scoreboard_rows(results)
     board = pd.DataFrame(rows)
     detected = board[board.status == "detected"]
     times = detected.seconds_to_detection.astype(float)
+    scored = board[(board.status != "clean") & (board.status != "NOT CLEAN") & ~board.control
+                   & ~board.equivalent]
     failed = bool((board.status == "SURVIVED").sum() or (board.status == "error").sum()
+                  or (board.status == "CONTROL DETECTED").sum()
                   or (not args.skip_baseline and rows[0]["status"] == "NOT CLEAN"))
     summary = {
         "command": "selftest", "suite": "selftest", "vllm_version": installed_vllm_version(),
         "mutants": len(names), "detected": int(len(detected)),
+        "scored_mutants": int(len(scored)),
+        "detection_rate": round(len(detected) / len(scored), 3) if len(scored) else None,
+        "detected_by_phase": {str(k): int(v) for k, v in detected.phase.value_counts().items()},
+        "control": ("skipped" if not board.control.any() else
+                    "CONTROL DETECTED" if (board.status == "CONTROL DETECTED").any() else "survived"),
+        "fuzz_only": bool(args.fuzz_only),
         "survived": int((board.status == "SURVIVED").sum()),
         "errors": int((board.status == "error").sum()),
         "equivalent": int((board.status == "equivalent").sum()),
@@ -110,8 +138,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(summary)
         return int(failed)
-    cols = ["mutant", "status", "via", "seconds_to_detection", "kind", "shrunk_steps"]
+    cols = ["mutant", "status", "phase", "via", "seconds_to_detection", "kind", "shrunk_steps"]
     print(board[cols].to_string(index=False))
+    rate = summary["detection_rate"]
+    print(f"selftest: detection rate {rate if rate is None else f'{rate:.0%}'} of "
+          f"{summary['scored_mutants']} scored mutants (by phase: {summary['detected_by_phase']}); "
+          f"control {summary['control']}")
     print(f"selftest: {headline}")
     print(verdict_line(summary["classes"]) + f" — exit {int(failed)}")
     for line in class_rows_for_print(classes):

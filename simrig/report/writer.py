@@ -99,14 +99,14 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
             title, summary, steps, findings, contract, extra_tables, classes=classes,
             occurrences=findings if occurrences is None else occurrences, headline=headline),
             encoding="utf-8")
-        _swap_into_place(tmp, out)
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path) -> None:
     """Rename the finished directory to OUT; an earlier report there is moved
     aside first and removed only once the new one is in place."""
     old = None

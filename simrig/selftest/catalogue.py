@@ -77,11 +77,26 @@ CATALOGUE: tuple[Mutant, ...] = (
            "cu_num_logits_np = np.arange(num_reqs + 1, dtype=np.int32)",
            "cu_num_logits_np = np.arange(num_reqs + 1, dtype=np.int64)",
            "cu_num_logits on the host drifts to int64 from the int32 the kernels and dummy use"),
+    Mutant("gather-drops-single-draft-counts", _MR, "GPUModelRunner.gather_batch_req_state",
+           "if draft_tokens:\n",
+           "if draft_tokens and num_reqs > 1:\n",
+           "a lone spec-decode request loses its per-request draft counts (None where the drafts "
+           "are scheduled): a None-vs-array bug the contract used to skip"),
+    Mutant("decode-graph-eligible-and-typo", _MR, "GPUModelRunner.gather_batch_req_state",
+           "(prefill_runs_as_decode_np | ~is_prefilling_np).all()",
+           "(prefill_runs_as_decode_np & ~is_prefilling_np).all()",
+           "| typed as &: a batch whose only prefill rows run as decodes is refused the decode "
+           "cudagraph (the eligibility flag contradicts its own definition)"),
     Mutant("slot-order-fifo", _ST, "RequestState.add_request",
            "req_idx = self.free_indices.pop()",
            "req_idx = self.free_indices.pop(0)",
            "slots handed out FIFO instead of LIFO: different slot numbers, same semantics",
            equivalent=True),
+    Mutant("control-noop", _ST, "RequestState.remove_request",
+           "self.free_indices.append(req_idx)",
+           "self.free_indices.append(req_idx)  # control mutant: the same statement",
+           "control: a source edit that changes nothing; it must survive, or the scoring is broken",
+           control=True),
 )
 
 BY_NAME = {m.name: m for m in CATALOGUE}

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from simrig.selftest.driver import BASELINE, ChildResult
+from simrig.selftest.driver import BASELINE, PHASE_TRACES, ChildResult, counts_as_detection
 
 
 def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[str, ...]],
@@ -36,10 +36,11 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
 
                 result.new_findings += int(verdict_of(finding) == NEW)
                 continue
-            if sig in known or finding.known:
+            if not counts_as_detection(finding, known):
                 continue
             result.detected = True
             result.via = f"replay:{Path(path).name}"
+            result.phase = PHASE_TRACES
             result.seconds_to_detection = time.monotonic() - start
             result.examples_to_detection = 0
             result.kind = finding.kind

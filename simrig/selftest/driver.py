@@ -36,6 +36,7 @@ class ChildResult:
     applied: bool = True
     detected: bool = False
     via: str = ""  # "replay:<trace>" or "fuzz:<mode>"
+    phase: str = ""  # which phase detected it: "bundled-traces", "fuzz-valid", "fuzz-adversarial"
     seconds_to_detection: float | None = None
     examples_to_detection: int | None = None
     kind: str = ""
@@ -47,6 +48,33 @@ class ChildResult:
     new_findings: int = 0  # baseline only: non-known findings on unmutated code
     elapsed_s: float = 0.0
     error: str = ""
+
+
+# The phases a mutant can be detected in, in the order a child runs them.
+PHASE_TRACES = "bundled-traces"
+PHASE_FUZZ = "fuzz-{mode}"
+
+
+def counts_as_detection(finding: Any, baseline: set[tuple[str, ...]]) -> bool:
+    """Is this finding evidence of the mutant?
+
+    Only a finding the unmutated code cannot produce: not a known finding of
+    this vLLM version, not a loud rejection (the unmutated runner's expected
+    KeyError on contract-violating input), not a rig_error (simrig's own
+    bug), and not a class the baseline run showed. Without a baseline run
+    (``--skip-baseline``) the first three still hold, so a no-op mutant
+    cannot be "detected" by replaying an adversarial trace.
+    """
+    if finding.known or finding.extra.get("loud_rejection") or finding.kind == "rig_error":
+        return False
+    return tuple(finding.signature) not in baseline
+
+
+def baseline_cache(root: Path) -> Path:
+    """Where the last baseline run's classes are kept for ``--skip-baseline``."""
+    from simrig.checks.known import installed_vllm_version
+
+    return root / ".cache" / "selftest" / f"baseline-vllm-{installed_vllm_version()}.json"
 
 
 def bundled_traces(root: Path) -> list[Path]:
@@ -95,10 +123,14 @@ def scoreboard_rows(results: list[ChildResult]) -> list[dict[str, Any]]:
         row["description"] = m.description if m else "unmutated vLLM"
         row["equivalent"] = bool(m and m.equivalent)
         row["target"] = f"{m.module}.{m.qualname}" if m else ""
+        row["control"] = bool(m and m.control)
         if m is None:
             row["status"] = "clean" if r.new_findings == 0 and not r.error else "NOT CLEAN"
         elif r.error or not r.applied:
             row["status"] = "error"
+        elif m.control:
+            # the no-op edit: a detection would come from the rig, not the mutant
+            row["status"] = "CONTROL DETECTED" if r.detected else "control survived"
         elif r.detected:
             row["status"] = "detected"
         else:
@@ -124,15 +156,18 @@ def scoreboard_classes(rows: list[dict[str, Any]]) -> Any:
 
         detected mutant       -> expected (the class the mutant caused, as simrig must see it)
         equivalent mutant     -> known    (documented blind spot, README)
-        survivor, error, unclean baseline -> new (fails the selftest)
+        survivor, error, unclean baseline, detected control -> new (fails the selftest)
+
+    A clean baseline and a surviving control mutant are no class: their
+    absence of one is the point.
     """
     from simrig.report.classes import EXPECTED, KNOWN, NEW, ClassStats, Where, class_frame
 
     out = []
     for row in rows:
         status = row["status"]
-        if status == "clean":
-            continue  # a clean baseline is no finding class (its absence of one is the point)
+        if status in ("clean", "control survived"):
+            continue
         verdict = (EXPECTED if status == "detected" else
                    KNOWN if status == "equivalent" else NEW)
         sig = [p for p in str(row.get("signature", "")).split(" / ")] if row.get("signature") else []

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from simrig.campaign.fuzz import Campaign, CampaignOptions
-from simrig.selftest.driver import ChildResult
+from simrig.selftest.driver import PHASE_FUZZ, ChildResult, counts_as_detection
 
 SHRINK_S = 30.0
 VALID_SHARE = 0.6  # of the remaining budget; adversarial gets the rest
@@ -39,7 +39,7 @@ class _UntilNew(Campaign):
         failing = super()._on_step(machine, index, step, obs, found)
         if self.detected_key is None and not self.collect_all:
             for f in found:
-                if not f.known and tuple(f.signature) not in self.baseline:
+                if counts_as_detection(f, self.baseline):
                     self.detected_key = tuple(f.signature)
                     self.detected_at = self._elapsed()
                     self.detected_since_child_start = time.monotonic() - self.child_start
@@ -81,6 +81,7 @@ def fuzz_until_new(result: ChildResult, baseline: set[tuple[str, ...]], budget_s
                        None)
             result.detected = True
             result.via = f"fuzz:{mode}"
+            result.phase = PHASE_FUZZ.format(mode=mode)
             result.seconds_to_detection = campaign.detected_since_child_start
             result.examples_to_detection = examples_before + (campaign.detected_examples or 0)
             result.kind = campaign.detected_key[0]

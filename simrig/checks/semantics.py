@@ -1,0 +1,119 @@
+"""Self-consistency of one InputBatch, real or dummy, from the meaning of its fields.
+
+The reference model predicts a real batch from the Steps; a dummy batch
+(``InputBatch.make_dummy``, what cudagraph capture and profiling run) has no
+Steps behind it, so both are also held to the relations their fields'
+comments in ``vllm/v1/worker/gpu/input_batch.py`` state:
+
+    rule                                              source (InputBatch field comment)
+    ────                                              ─────────────────────────────────
+    query_start_loc = [0, cumsum(num_scheduled)]      "[num_reqs + 1]" offsets of each query
+    query_start_loc_np == query_start_loc             host copy of the same offsets
+    seq_lens = num_computed + num_scheduled           "[num_reqs]" seq_lens; num_computed_tokens_np
+    positions of row i = num_computed_i + 0..q_i-1    "[num_tokens_after_padding]" positions
+    is_prefilling = computed_prefill < prefill_len    "CPU bool array == (num_computed_prefill_
+                                                       tokens_np < prefill_len_np)"
+    has_prefill = any(is_prefilling)                  "== np.any(is_prefilling_np)"
+    decode_graph_eligible = every row a decode or     "No prefills, or only prefill rows that
+      a prefill row that runs as a decode               run as decodes."
+    expanded_idx_mapping == idx_mapping w/o drafts    "Identical to idx_mapping except for spec
+                                                       decoding."
+    logits_indices: cu_num_logits[-1] rows, each      "[total_num_logits]" rows of hidden states
+      inside the batch's tokens
+
+Rows past ``num_reqs`` / tokens past ``num_tokens`` (padding) are not judged here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simrig.checks import findings as fk
+from simrig.checks.contract import stage_req_ids
+from simrig.checks.findings import Finding, guarded
+from simrig.checks.reference import short
+from simrig.observe import StageObs
+
+
+def _get(stage: StageObs, name: str) -> Any:
+    f = stage.fields.get(name)
+    if f is None or f.kind in ("none", "object"):
+        return None
+    return np.asarray(f.values) if f.kind in ("numpy", "torch") else f.values
+
+
+@guarded("semantics")
+def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
+    """Findings for every relation of the module docstring ``stage`` breaks."""
+    out: list[Finding] = []
+    if stage.error is not None or not stage.fields:
+        return out
+
+    def add(name: str, expected: Any, actual: Any, rule: str) -> None:
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage, check="semantics",
+                           rank=stage.rank, req_ids=stage_req_ids(stage), field=name,
+                           expected=short(expected), actual=short(actual), message=rule))
+
+    def same(name: str, expected: Any, actual: Any, rule: str) -> None:
+        if actual is None or expected is None:
+            return  # absence is the contract's finding (missing_field)
+        e, a = np.asarray(expected), np.asarray(actual)
+        if e.shape != a.shape or not np.array_equal(e.astype(np.int64), a.astype(np.int64)):
+            add(name, e, a, rule)
+
+    q = _get(stage, "num_scheduled_tokens")
+    num_reqs = len(q) if q is not None else None
+    if q is None:
+        return out
+    q = q.astype(np.int64)
+    qsl_expected = np.concatenate([[0], np.cumsum(q)])
+    qsl = _get(stage, "query_start_loc")
+    same("query_start_loc", qsl_expected, None if qsl is None else qsl[: num_reqs + 1],
+         "query_start_loc is not [0, cumsum(num_scheduled_tokens)]")
+    qsl_np = _get(stage, "query_start_loc_np")
+    same("query_start_loc_np", qsl_expected, None if qsl_np is None else qsl_np[: num_reqs + 1],
+         "query_start_loc_np is not [0, cumsum(num_scheduled_tokens)]")
+    nc = _get(stage, "num_computed_tokens_np")
+    seq_lens = _get(stage, "seq_lens")
+    if nc is not None:
+        nc = nc.astype(np.int64)[:num_reqs]
+        same("seq_lens", nc + q, None if seq_lens is None else seq_lens[:num_reqs],
+             "seq_lens != num_computed_tokens + num_scheduled_tokens")
+        positions = _get(stage, "positions")
+        if positions is not None and len(positions) >= int(q.sum()):
+            expected = np.concatenate([start + np.arange(n) for start, n in zip(nc, q)] or [[]])
+            same("positions", expected, positions[: int(q.sum())],
+                 "positions of a row are not num_computed_tokens .. num_computed_tokens + q - 1")
+    prefilling = _get(stage, "is_prefilling_np")
+    computed_prefill, prefill_len = (_get(stage, "num_computed_prefill_tokens_np"),
+                                     _get(stage, "prefill_len_np"))
+    if prefilling is not None and computed_prefill is not None and prefill_len is not None:
+        same("is_prefilling_np", (computed_prefill < prefill_len)[:num_reqs], prefilling[:num_reqs],
+             "is_prefilling_np != (num_computed_prefill_tokens_np < prefill_len_np)")
+    has_prefill = _get(stage, "has_prefill")
+    if prefilling is not None and has_prefill is not None and bool(has_prefill) != bool(prefilling.any()):
+        add("has_prefill", bool(prefilling.any()), bool(has_prefill), "has_prefill != any(is_prefilling_np)")
+    eligible = _get(stage, "decode_graph_eligible")
+    if prefilling is not None and eligible is not None:
+        as_decode = _get(stage, "prefill_runs_as_decode_np")
+        rows = prefilling[:num_reqs].astype(bool)
+        if as_decode is not None:
+            rows = rows & ~as_decode[:num_reqs].astype(bool)
+        if bool(eligible) != (not rows.any()):
+            add("decode_graph_eligible", not rows.any(), bool(eligible),
+                "decode_graph_eligible != no prefill row, or only prefill rows that run as decodes")
+    drafts = _get(stage, "num_draft_tokens")
+    idx, expanded = _get(stage, "idx_mapping"), _get(stage, "expanded_idx_mapping")
+    if drafts == 0 and idx is not None and expanded is not None:
+        same("expanded_idx_mapping", idx[:num_reqs], expanded[:num_reqs],
+             "without drafts, expanded_idx_mapping must equal idx_mapping")
+    cu, logits = _get(stage, "cu_num_logits"), _get(stage, "logits_indices")
+    if cu is not None and logits is not None and len(cu) > num_reqs:
+        total = int(cu[num_reqs])
+        if len(logits) < total or (total and not (0 <= logits[:total].min() and
+                                                  logits[:total].max() < int(q.sum()))):
+            add("logits_indices", f"{total} rows in [0, {int(q.sum())})", logits,
+                "logits_indices must hold cu_num_logits[-1] rows inside the batch's tokens")
+    return out
