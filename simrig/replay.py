@@ -166,6 +166,8 @@ class ReplayResult:
     vllm_version: str = ""
     device: str = ""
     known_elided: dict[str, int] = field(default_factory=dict)  # kind -> known rows not listed
+    # Stages the installed release cannot drive, one entry per trace x PCP size.
+    unavailable: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def num_new(self) -> int:
@@ -192,6 +194,7 @@ class ReplayResult:
             "stages": list(self.stages),
             "vllm_version": self.vllm_version,
             "device": self.device,
+            "unavailable": list(self.unavailable),
         }
 
 
@@ -211,6 +214,7 @@ class ReplayRecorder:
     replay_s: float = 0.0
     known_seen: dict[tuple, int] = field(default_factory=dict)
     known_elided: dict[str, int] = field(default_factory=dict)  # kind -> rows not listed
+    unavailable: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, trace: str, pcp_size: int, line: int, step: Step, composition: tuple,
                observation: obs.StepObs, found: list[Finding]) -> None:
@@ -264,7 +268,7 @@ class ReplayRecorder:
             first_findings=sorted(self.first_findings, key=lambda f: f.known), traces=list(traces),
             pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=self.num_steps,
             replay_s=self.replay_s, vllm_version=vllm_version, device=device,
-            known_elided=dict(self.known_elided))
+            known_elided=dict(self.known_elided), unavailable=list(self.unavailable))
 
     def contract_frame(self) -> pd.DataFrame:
         rows = [(*key, *value) for key, value in self.contract.items()]
@@ -332,6 +336,9 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
 def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Sequence[str],
                 rec: ReplayRecorder, progress: Progress | None, api: Any) -> None:
     tracker = BatchTracker()
+    for item in api.unavailable(config):  # reported; every other stage still runs
+        rec.unavailable.append({"trace": name, "pcp_size": config.pcp_size, "stage": item.stage,
+                                "capability": item.capability, "reason": item.reason})
     if progress is not None:
         progress.begin(f"{name} pcp={config.pcp_size}")
     start = time.perf_counter()

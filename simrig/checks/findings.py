@@ -32,6 +32,7 @@ class Finding:
     exception_type: str = ""
     trace: str = ""  # source trace (or campaign example) it came from
     known: bool = False  # matches a documented known finding of this vLLM version
+    known_by: str = ""  # the known-findings file and entry that explained it ("FILE#i")
     extra: dict[str, Any] = dc_field(default_factory=dict)
 
     @property

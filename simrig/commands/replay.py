@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
           f"(pcp sizes {','.join(map(str, result.pcp_sizes))}) in {summary['elapsed_s']:.1f} s "
           f"({summary['steps_per_s']:.1f} steps/s), vLLM {result.vllm_version} on {result.device}")
     print(f"findings: {summary['findings']} ({summary['new']} new, {summary['known']} known): {kinds}")
+    for item in summary.get("unavailable", []):
+        print(f"  [unavailable] {item['trace']} pcp={item['pcp_size']}: {item['stage']} "
+              f"({item['capability']}): {item['reason']}")
     for finding in result.first_findings[:SHOWN_FINDINGS]:
         mark = "known" if finding.known else "NEW"
         where = f"{finding.trace}: " if finding.trace else ""
