@@ -80,3 +80,11 @@ def value_diff(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     out = out.rename(columns={"trace": "first_trace", "step": "first_step",
                               "pcp_size": "first_pcp_size", "rank": "first_rank"})
     return out.reset_index(drop=True), len(summary)
+
+
+def drop_fields(values: pd.DataFrame, fields: set[tuple[str, str]]) -> pd.DataFrame:
+    """``values`` without the (stage, field) pairs in ``fields``."""
+    if not fields:
+        return values
+    pairs = pd.MultiIndex.from_frame(values[["stage", "field"]])
+    return values[~pairs.isin(list(fields))]

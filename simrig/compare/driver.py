@@ -78,9 +78,12 @@ class SideProcess:
             self.proc.wait()
 
     def tables(self) -> dict[str, Any]:
+        unstable = self.out / "unstable.json"
         return {name: pd.read_parquet(self.out / f"{name}.parquet")
                 for name in ("classes", "contract", "values")} | {
-            "meta": json.loads((self.out / "meta.json").read_text())}
+            "meta": json.loads((self.out / "meta.json").read_text()),
+            "unstable": {tuple(x) for x in json.loads(unstable.read_text())}
+            if unstable.is_file() else set()}
 
 
 @dataclass
@@ -119,7 +122,9 @@ def compare(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, .
     classes = diff.class_diff(ta["classes"], tb["classes"])
     contract = diff.contract_diff(ta["contract"], tb["contract"])
     lat = diff.latency(sides[0].rounds, sides[1].rounds)
-    values, compared = diff.value_diff(ta["values"], tb["values"])
+    unstable = ta["unstable"] | tb["unstable"]  # differ between two runs of one vLLM
+    values, compared = diff.value_diff(diff.drop_fields(ta["values"], unstable),
+                                       diff.drop_fields(tb["values"], unstable))
     summary = {
         "a": {"spec": a.spec, **ta["meta"]}, "b": {"spec": b.spec, **tb["meta"]},
         "traces": traces, "stages": list(stages), "rounds": rounds,
@@ -127,6 +132,8 @@ def compare(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, .
         "contract": {s: int((contract["status"] == s).sum())
                      for s in (diff.SAME, diff.DIFFERS, diff.A_ONLY, diff.B_ONLY)},
         "value_fields_compared": compared, "value_fields_differing": len(values),
+        "value_fields_nondeterministic": sorted(f"{s}.{f}" for s, f in unstable),
+        "value_stability_checked": rounds >= 2,
         "latency": {row.stage: {"ratio": round(row.ratio_b_over_a, 3),
                                 "ci": [round(row.ci_low, 3), round(row.ci_high, 3)],
                                 "verdict": row.verdict} for row in lat.itertuples()},
@@ -186,7 +193,11 @@ def headline(result: Comparison) -> list[str]:
     for row in result.contract[result.contract["status"] == diff.DIFFERS].itertuples():
         lines.append(f"  {row.stage}.{row.field}: A {row.a} -> B {row.b}")
     lines.append(f"values: {s['value_fields_differing']} of {s['value_fields_compared']} "
-                 "(stage, field) pairs differ on the same step")
+                 "(stage, field) pairs differ on the same step"
+                 + (f" ({len(s['value_fields_nondeterministic'])} nondeterministic, not compared: "
+                    f"{', '.join(s['value_fields_nondeterministic'])})"
+                    if s['value_fields_nondeterministic'] else "")
+                 + ("" if s["value_stability_checked"] else " (one round: stability not checked)"))
     for row in result.values.itertuples():
         lines.append(f"  {row.stage}.{row.field}: {row.differing}/{row.compared} steps "
                      f"(first: {Path(row.first_trace).name} step {row.first_step})")

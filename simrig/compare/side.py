@@ -3,7 +3,8 @@
     driver ──"round K\\n"──► side (python -m simrig.compare.side OUT STAGES TRACE...)
            ◄──"SIMRIG-SIDE {json}\\n"── per round: seconds spent in each stage's real calls
 
-Round 0 also writes, under OUT, what this vLLM did on every step:
+Round 1 repeats round 0's value digests to find nondeterministic fields
+(unstable.json). Round 0 also writes, under OUT, what this vLLM did on every step:
 findings (one row per finding class), the observed dtype contract, a digest
 of every field's values per (trace, PCP size, step, stage, rank), and the
 stages this release cannot drive. Later rounds only time. The side lives
@@ -47,6 +48,40 @@ def digest(fo: FieldObs) -> str:
 class SideRun:
     def __init__(self, out: Path, stages: tuple[str, ...], traces: list[str]):
         self.out, self.stages, self.traces = out, stages, traces
+        self.first_digests: dict[tuple, str] = {}
+
+    def stability_round(self) -> dict[str, float]:
+        """Round 1 repeats round 0's digests: a field whose values differ
+        between two runs of the same vLLM (e.g. make_dummy's random request
+        ids) is nondeterministic, and its value diff across versions means
+        nothing. Writes unstable.json (stage, field pairs)."""
+        stage_s, digests = self._replay(collect_values=True)
+        unstable = sorted({(k[3], k[5]) for k, d in digests.items()
+                           if self.first_digests.get(k, d) != d})
+        (self.out / "unstable.json").write_text(json.dumps(unstable) + "\n")
+        return stage_s
+
+    def _replay(self, collect_values: bool) -> tuple[dict[str, float], dict[tuple, str]]:
+        from simrig.adapters.runner import load
+        from simrig.replay import replay_steps
+        from simrig.sources.trace import TraceReader
+
+        api = load()
+        stage_s: dict[str, float] = defaultdict(float)
+        digests: dict[tuple, str] = {}
+        for trace in self.traces:
+            reader = TraceReader(trace)
+            pcp = reader.header.config.pcp_size
+            reader.close()
+            for replayed in replay_steps(trace, stages=self.stages, api=api):
+                for st in replayed.observation.stages:
+                    stage_s[st.stage] += st.duration_s
+                    if collect_values:
+                        rank = -1 if st.rank is None else st.rank
+                        for name, fo in st.fields.items():
+                            digests[(trace, pcp, replayed.observation.index, st.stage, rank,
+                                     name)] = digest(fo)
+        return dict(stage_s), digests
 
     def round(self, collect: bool) -> dict[str, float]:
         """Replay every trace once; seconds per stage (and the tables when ``collect``)."""
@@ -73,8 +108,10 @@ class SideRun:
                     rank = -1 if st.rank is None else st.rank
                     for name, fo in st.fields.items():
                         contract.add((st.stage, name, fo.kind, fo.dtype))
-                        values.append((trace, config.pcp_size, replayed.observation.index,
-                                       st.stage, rank, name, digest(fo)))
+                        key = (trace, config.pcp_size, replayed.observation.index, st.stage,
+                               rank, name)
+                        self.first_digests[key] = d = digest(fo)
+                        values.append((*key, d))
                 if collect:
                     for f in replayed.findings:
                         key = tuple(getattr(f, k) for k in CLASS_KEY)
@@ -118,7 +155,7 @@ def main(argv: list[str]) -> int:
             break
         k = int(cmd[1])
         try:
-            stage_s = side.round(collect=k == 0)
+            stage_s = side.stability_round() if k == 1 else side.round(collect=k == 0)
         except Exception as exc:  # reported to the driver as one line, never lost
             print(PREFIX + json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
             return 1
