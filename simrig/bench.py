@@ -235,6 +235,51 @@ def median_ratio_ci(a: Any, b: Any, resamples: int = 2000, seed: int = 0
     return float(low), float(high), verdict(float(low), float(high))
 
 
+def interleave(python_a: str, python_b: str, rounds: int, *, filter_expr: str | None,
+               log: Any = print) -> pd.DataFrame:
+    """Run the suites under two interpreters in rounds A, B, A, B ... (the same
+    time window, so both see the same load) and compare per-round medians."""
+    root = repo_root()
+    if root is None:
+        raise UsageError(f"{SUITE}: not found in the working directory or the simrig checkout")
+    if rounds < 1:
+        raise UsageError(f"--rounds: must be >= 1, got {rounds}")
+    per_round: dict[str, list[pd.DataFrame]] = {"a": [], "b": []}
+    with tempfile.TemporaryDirectory(prefix="simrig-bench-interleave-") as tmp:
+        for k in range(rounds):
+            for side, python in (("a", python_a), ("b", python_b)):
+                out = Path(tmp) / f"{side}{k}.json"
+                cmd = pytest_command(filter_expr=filter_expr, save=None, storage=Path(tmp) / "s",
+                                     json_out=out, python=python)
+                status = subprocess.call(cmd, cwd=root, stdout=subprocess.DEVNULL)
+                if status not in (0, 1) or not out.is_file() or not out.stat().st_size:
+                    raise UsageError(f"--interleave: the suites did not run under {python} "
+                                     f"(pytest exit {status})")
+                per_round[side].append(load_run(out))
+            log(f"bench: round {k + 1}/{rounds} done")
+    return interleaved_table(per_round["a"], per_round["b"])
+
+
+def interleaved_table(rounds_a: list[pd.DataFrame], rounds_b: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per benchmark: mean of per-round medians on each side, paired bootstrap ratio B/A."""
+    from simrig.compare.stats import bootstrap_ratio
+
+    def medians(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        return pd.concat([f.set_index("fullname")["median"].rename(i) for i, f in enumerate(frames)],
+                         axis=1)
+
+    ma, mb = medians(rounds_a), medians(rounds_b)
+    rows = []
+    for name in sorted(set(ma.index) & set(mb.index)):
+        a, b = ma.loc[name].to_numpy(float), mb.loc[name].to_numpy(float)
+        r = bootstrap_ratio(a, b)
+        rows.append({"fullname": name, "median_a": float(np.mean(a)), "median_b": float(np.mean(b)),
+                     "median_ratio": r.ratio, "ci_low": r.low, "ci_high": r.high,
+                     "rounds": r.rounds, "verdict": r.verdict})
+    return pd.DataFrame(rows, columns=["fullname", "median_a", "median_b", "median_ratio", "ci_low",
+                                       "ci_high", "rounds", "verdict"])
+
+
 def regressions(table: pd.DataFrame) -> pd.DataFrame:
     return table[table["status"] == STATUS_REGRESSED]
 

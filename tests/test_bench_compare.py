@@ -172,3 +172,18 @@ def test_raw_timings_give_an_interval_and_noise_is_not_a_regression() -> None:
     row = bench.compare(_run_with_data("t", tight), _run_with_data("t", slower), fail_pct=5).iloc[0]
     assert row["verdict"] == "slower" and row["ci_low"] > 1.2
     assert row["status"] == bench.STATUS_REGRESSED
+
+
+def test_interleaved_rounds_pair_the_load() -> None:
+    """Round k of A and B ran in the same window: a load swing shared by both
+    is not a change, a consistent 30 % is."""
+    def frame(values: dict[str, float]) -> pd.DataFrame:
+        return pd.DataFrame([{"fullname": k, "median": v} for k, v in values.items()])
+
+    load = [1.0, 2.0, 1.0, 1.9, 1.2]
+    a = [frame({"same": x, "slow": x}) for x in load]
+    b = [frame({"same": x * (1.01 if i % 2 else 0.99), "slow": x * 1.3}) for i, x in enumerate(load)]
+    table = bench.interleaved_table(a, b).set_index("fullname")
+    assert table.loc["same", "verdict"] == "within noise"
+    assert table.loc["slow", "verdict"] == "slower"
+    assert abs(table.loc["slow", "median_ratio"] - 1.3) < 1e-9
