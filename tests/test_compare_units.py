@@ -81,3 +81,16 @@ def test_bad_vllm_specs_are_one_line_usage_errors(spec, match):
 def test_a_release_spec_names_its_side_venv():
     side = resolve_spec("0.31.0")
     assert side.kind == "release" and side.venv.name == "vllm-0.31.0" and side.source == "vllm==0.31.0"
+
+
+def test_latency_compares_only_work_both_sides_did():
+    from simrig.compare.side import SEP
+
+    # B also partitions a trace A cannot (an unavailable stage): that time is left out
+    a = [{f"partition{SEP}pcp2": 1.0, f"prepare{SEP}t": 2.0} for _ in range(4)]
+    b = [{f"partition{SEP}pcp2": 1.0, f"partition{SEP}shard": 3.0, f"prepare{SEP}t": 2.0}
+         for _ in range(4)]
+    frame, unshared = diff.latency(a, b)
+    ratios = dict(zip(frame["stage"], frame["ratio_b_over_a"]))
+    assert ratios == {"partition": 1.0, "prepare": 1.0}
+    assert unshared == ["partition on shard (B only)"]

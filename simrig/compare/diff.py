@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from simrig.compare.side import CLASS_KEY
+from simrig.compare.side import CLASS_KEY, SEP
 from simrig.compare.stats import bootstrap_ratio
 
 A_ONLY, B_ONLY, BOTH, SAME, DIFFERS = "A only", "B only", "both", "same", "differs"
@@ -53,18 +53,29 @@ def contract_diff(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 
 def latency(rounds_a: Sequence[dict[str, float]], rounds_b: Sequence[dict[str, float]]
-            ) -> pd.DataFrame:
-    stages = sorted(set().union(*rounds_a, *rounds_b))
+            ) -> tuple[pd.DataFrame, list[str]]:
+    """Per stage, over the (stage, trace) runs both sides made: (rows, runs only one side made).
+
+    A stage one release cannot drive on a trace (e.g. PCP decode sharding on
+    0.31) is left out of both sides' sums for that trace, so a ratio always
+    compares the same work."""
+    keys_a, keys_b = set().union(*rounds_a), set().union(*rounds_b)
+    shared = keys_a & keys_b
+    stages = sorted({k.split(SEP, 1)[0] for k in shared})
     rows = []
     for stage in stages:
-        a = [r.get(stage, 0.0) for r in rounds_a]
-        b = [r.get(stage, 0.0) for r in rounds_b]
+        keys = [k for k in shared if k.split(SEP, 1)[0] == stage]
+        a = [sum(r.get(k, 0.0) for k in keys) for r in rounds_a]
+        b = [sum(r.get(k, 0.0) for k in keys) for r in rounds_b]
         r = bootstrap_ratio(a, b)
         rows.append({"stage": stage, "a_ms_per_round": 1e3 * sum(a) / len(a),
                      "b_ms_per_round": 1e3 * sum(b) / len(b), "ratio_b_over_a": r.ratio,
                      "ci_low": r.low, "ci_high": r.high, "rounds": r.rounds, "verdict": r.verdict})
-    return pd.DataFrame(rows, columns=["stage", "a_ms_per_round", "b_ms_per_round",
-                                       "ratio_b_over_a", "ci_low", "ci_high", "rounds", "verdict"])
+    frame = pd.DataFrame(rows, columns=["stage", "a_ms_per_round", "b_ms_per_round",
+                                        "ratio_b_over_a", "ci_low", "ci_high", "rounds", "verdict"])
+    unshared = sorted(k.replace(SEP, " on ") + (" (A only)" if k in keys_a else " (B only)")
+                      for k in keys_a ^ keys_b)
+    return frame, unshared
 
 
 def value_diff(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, int]:

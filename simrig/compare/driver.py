@@ -121,7 +121,7 @@ def compare(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, .
     ta, tb = sides[0].tables(), sides[1].tables()
     classes = diff.class_diff(ta["classes"], tb["classes"])
     contract = diff.contract_diff(ta["contract"], tb["contract"])
-    lat = diff.latency(sides[0].rounds, sides[1].rounds)
+    lat, unshared = diff.latency(sides[0].rounds, sides[1].rounds)
     unstable = ta["unstable"] | tb["unstable"]  # differ between two runs of one vLLM
     values, compared = diff.value_diff(diff.drop_fields(ta["values"], unstable),
                                        diff.drop_fields(tb["values"], unstable))
@@ -134,6 +134,7 @@ def compare(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, .
         "value_fields_compared": compared, "value_fields_differing": len(values),
         "value_fields_nondeterministic": sorted(f"{s}.{f}" for s, f in unstable),
         "value_stability_checked": rounds >= 2,
+        "latency_not_compared": unshared,
         "latency": {row.stage: {"ratio": round(row.ratio_b_over_a, 3),
                                 "ci": [round(row.ci_low, 3), round(row.ci_high, 3)],
                                 "verdict": row.verdict} for row in lat.itertuples()},
@@ -205,4 +206,6 @@ def headline(result: Comparison) -> list[str]:
     for row in result.latency.itertuples():
         lines.append(f"  {row.stage:<12} {row.ratio_b_over_a:6.3f} "
                      f"[{row.ci_low:.3f}, {row.ci_high:.3f}] {row.verdict}")
+    for item in s["latency_not_compared"]:
+        lines.append(f"  not compared (one side only): {item}")
     return lines

@@ -1,7 +1,8 @@
 """One side of a comparison: runs inside that side's venv, driven over stdin.
 
     driver ──"round K\\n"──► side (python -m simrig.compare.side OUT STAGES TRACE...)
-           ◄──"SIMRIG-SIDE {json}\\n"── per round: seconds spent in each stage's real calls
+           ◄──"SIMRIG-SIDE {json}\\n"── per round: seconds spent in each stage's real calls,
+                                       per trace ("stage<TAB>trace")
 
 Round 1 repeats round 0's value digests to find nondeterministic fields
 (unstable.json). Round 0 also writes, under OUT, what this vLLM did on every step:
@@ -28,6 +29,7 @@ import pandas as pd
 from simrig.observe import FieldObs
 
 PREFIX = "SIMRIG-SIDE "
+SEP = "\t"  # stage SEP trace: timings are kept per trace so unshared work is never compared
 CLASS_KEY = ("kind", "stage", "field", "check", "exception_type")
 
 
@@ -75,7 +77,7 @@ class SideRun:
             reader.close()
             for replayed in replay_steps(trace, stages=self.stages, api=api):
                 for st in replayed.observation.stages:
-                    stage_s[st.stage] += st.duration_s
+                    stage_s[f"{st.stage}{SEP}{trace}"] += st.duration_s
                     if collect_values:
                         rank = -1 if st.rank is None else st.rank
                         for name, fo in st.fields.items():
@@ -102,7 +104,7 @@ class SideRun:
             unavailable += [{"trace": trace, **item._asdict()} for item in api.unavailable(config)]
             for replayed in replay_steps(trace, stages=self.stages, api=api):
                 for st in replayed.observation.stages:
-                    stage_s[st.stage] += st.duration_s
+                    stage_s[f"{st.stage}{SEP}{trace}"] += st.duration_s
                     if not collect:
                         continue
                     rank = -1 if st.rank is None else st.rank
