@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,14 +72,13 @@ def test_replay_on_the_side_release_has_only_known_findings(tmp_path):
 def test_compare_side_against_installed(tmp_path):
     """One short side-by-side run: both sides report, the dummy logits_indices class is shared."""
     out = tmp_path / "cmp"
-    python = Path(SIDE) / "bin" / "python"
-    proc = subprocess.run([str(python), "-m", "simrig", "compare", "--vllm", SIDE, "--vllm",
+    proc = subprocess.run([sys.executable, "-m", "simrig", "compare", "--vllm", SIDE, "--vllm",
                            "installed", "traces/samples/spec_decode.jsonl", "--rounds", "3",
                            "--stages", "gather,prepare,dummy", "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["a"]["vllm_version"] != summary["b"]["vllm_version"]
+    assert summary["a"]["vllm_version"] != summary["b"]["vllm_version"] == _installed_version()
     classes = (out / "classes.csv").read_text()
     assert "dtype_drift,dummy,logits_indices,parity" in classes
     assert set(summary["latency"]) >= {"gather", "prepare", "dummy"}
