@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("traces", nargs="*", default=["traces/samples"], metavar="TRACE",
                    help="trace files or directories (default traces/samples)")
     p.add_argument("--rounds", type=int, default=5,
-                   help="interleaved timing rounds per side (default 5; a verdict needs >= 3)")
+                   help="interleaved rounds per side (default 5); the first is a warm-up, "
+                        "a verdict needs >= 3 timed rounds")
     p.add_argument("--stages", default=None, help="optional stages, as in simrig replay")
     p.add_argument("--fuzz-budget", type=float, default=0.0, metavar="S",
                    help="also run the same seeded valid-mode campaign for S seconds on each side")

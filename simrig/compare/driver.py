@@ -121,13 +121,17 @@ def compare(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, .
     ta, tb = sides[0].tables(), sides[1].tables()
     classes = diff.class_diff(ta["classes"], tb["classes"])
     contract = diff.contract_diff(ta["contract"], tb["contract"])
-    lat, unshared = diff.latency(sides[0].rounds, sides[1].rounds)
+    # Round 1 is a warm-up (first kernel launches, caches) and also collects the
+    # tables: only later rounds are timed when there are any.
+    timed = slice(1, None) if rounds > 1 else slice(None)
+    lat, unshared = diff.latency(sides[0].rounds[timed], sides[1].rounds[timed])
     unstable = ta["unstable"] | tb["unstable"]  # differ between two runs of one vLLM
     values, compared = diff.value_diff(diff.drop_fields(ta["values"], unstable),
                                        diff.drop_fields(tb["values"], unstable))
     summary = {
         "a": {"spec": a.spec, **ta["meta"]}, "b": {"spec": b.spec, **tb["meta"]},
         "traces": traces, "stages": list(stages), "rounds": rounds,
+        "timed_rounds": len(sides[0].rounds[timed]),
         "classes": {s: int((classes["side"] == s).sum()) for s in (diff.A_ONLY, diff.B_ONLY, diff.BOTH)},
         "contract": {s: int((contract["status"] == s).sum())
                      for s in (diff.SAME, diff.DIFFERS, diff.A_ONLY, diff.B_ONLY)},
