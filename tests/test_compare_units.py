@@ -94,3 +94,16 @@ def test_latency_compares_only_work_both_sides_did():
     ratios = dict(zip(frame["stage"], frame["ratio_b_over_a"]))
     assert ratios == {"partition": 1.0, "prepare": 1.0}
     assert unshared == ["partition on shard (B only)"]
+
+
+def test_value_digest_ignores_dtype_but_not_values_or_shape():
+    from simrig.compare.side import digest
+    from simrig.observe import FieldObs
+
+    def obs(arr):
+        return FieldObs("torch", arr.dtype.name, arr.shape, arr)
+
+    base = digest(obs(np.arange(6, dtype=np.int64)))
+    assert digest(obs(np.arange(6, dtype=np.int32))) == base  # a dtype change is the contract's business
+    assert digest(obs(np.arange(1, 7, dtype=np.int64))) != base
+    assert digest(obs(np.arange(6, dtype=np.int64).reshape(2, 3))) != base

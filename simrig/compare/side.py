@@ -87,6 +87,8 @@ class SideRun:
 
     def round(self, collect: bool) -> dict[str, float]:
         """Replay every trace once; seconds per stage (and the tables when ``collect``)."""
+        if not collect:  # a timed round
+            return self._replay(collect_values=False)[0]
         from simrig.adapters.runner import load
         from simrig.replay import replay_steps
         from simrig.sources.trace import TraceReader
@@ -105,8 +107,6 @@ class SideRun:
             for replayed in replay_steps(trace, stages=self.stages, api=api):
                 for st in replayed.observation.stages:
                     stage_s[f"{st.stage}{SEP}{trace}"] += st.duration_s
-                    if not collect:
-                        continue
                     rank = -1 if st.rank is None else st.rank
                     for name, fo in st.fields.items():
                         contract.add((st.stage, name, fo.kind, fo.dtype))
@@ -114,16 +114,13 @@ class SideRun:
                                rank, name)
                         self.first_digests[key] = d = digest(fo)
                         values.append((*key, d))
-                if collect:
-                    for f in replayed.findings:
-                        key = tuple(getattr(f, k) for k in CLASS_KEY)
-                        row = classes.setdefault(key, {**dict(zip(CLASS_KEY, key)), "count": 0,
-                                                       "known": f.known, "known_by": f.known_by,
-                                                       "first_trace": trace,
-                                                       "first_step": f.step})
-                        row["count"] += 1
-        if collect:
-            self._write(api, classes, contract, values, unavailable)
+                for f in replayed.findings:
+                    key = tuple(getattr(f, k) for k in CLASS_KEY)
+                    row = classes.setdefault(key, {**dict(zip(CLASS_KEY, key)), "count": 0,
+                                                   "known": f.known, "known_by": f.known_by,
+                                                   "first_trace": trace, "first_step": f.step})
+                    row["count"] += 1
+        self._write(api, classes, contract, values, unavailable)
         return dict(stage_s)
 
     def _write(self, api: Any, classes: dict, contract: set, values: list,
