@@ -6,7 +6,12 @@
     load_run(path)          one row per benchmark: name, group, min, median,
          |                  mean, stddev, rounds, extra_info   (seconds)
          v
-    compare(A, B, pct)      B/A ratios for min and median, status per row
+    compare(A, B, pct)      B/A ratios for min and median, a bootstrap 95 % interval
+         |                  of the median ratio from the runs' raw timings, a verdict
+         |                  (faster / slower / within noise), status per row
+    interleave(A, B, N)     the suites under two interpreters (two vLLMs) in rounds
+         |                  A, B, A, B ...; per benchmark the paired bootstrap of the
+         |                  per-round medians (simrig.compare.stats)
          |
          v
     markdown (terminal), CSV and HTML (bar chart of median ratios) under --out
@@ -31,13 +36,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from simrig.compare.stats import SLOWER
 from simrig.errors import UsageError
 
 SUITE = Path("tests") / "bench"
 STAT_FIELDS = ("min", "median", "mean", "stddev", "rounds")
-RUN_COLUMNS = ("name", "fullname", "group", *STAT_FIELDS, "extra_info")
+RUN_COLUMNS = ("name", "fullname", "group", *STAT_FIELDS, "extra_info", "data")
 STATUS_REGRESSED, STATUS_OK = "regressed", "ok"
 STATUS_ONLY_A, STATUS_ONLY_B = "only in A", "only in B"
 
@@ -57,11 +64,13 @@ def default_storage() -> Path:
 
 
 def pytest_command(*, filter_expr: str | None, save: str | None, storage: Path,
-                   json_out: Path | None = None) -> list[str]:
+                   json_out: Path | None = None, python: str | None = None) -> list[str]:
     """The pytest invocation; ``-o addopts=`` drops the project's default
-    ``--ignore=tests/bench --benchmark-disable`` so the suites run enabled."""
-    cmd = [sys.executable, "-m", "pytest", str(SUITE), "-o", "addopts=",
-           "-p", "no:cacheprovider", "--benchmark-enable",
+    ``--ignore=tests/bench --benchmark-disable`` so the suites run enabled.
+    Raw timings are kept (``--benchmark-save-data``) so a comparison can give
+    each ratio its uncertainty."""
+    cmd = [python or sys.executable, "-m", "pytest", str(SUITE), "-o", "addopts=",
+           "-p", "no:cacheprovider", "--benchmark-enable", "--benchmark-save-data",
            f"--benchmark-storage=file://{storage.resolve()}", "-q"]
     if filter_expr:
         cmd += ["-k", filter_expr]
@@ -156,9 +165,11 @@ def load_run(path: str | os.PathLike[str]) -> pd.DataFrame:
         extra = bench.get("extra_info") or {}
         if not isinstance(extra, dict):
             raise UsageError(f"{where}.extra_info: not an object")
+        data = stats.get("data")
+        raw = [float(x) for x in data] if isinstance(data, list) and all(map(_number, data)) else []
         rows.append({"name": bench["name"], "fullname": str(bench.get("fullname") or bench["name"]),
                      "group": bench.get("group") or "", **{k: stats[k] for k in STAT_FIELDS},
-                     "extra_info": extra})
+                     "extra_info": extra, "data": raw})
     frame = pd.DataFrame(rows, columns=list(RUN_COLUMNS))
     dupes = frame["fullname"][frame["fullname"].duplicated()]
     if len(dupes):
@@ -176,7 +187,8 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, fail_pct: float | None = None) -> 
     """
     if fail_pct is not None and (not math.isfinite(fail_pct) or fail_pct < 0):
         raise UsageError(f"--fail-on-regression {fail_pct}: must be a percentage >= 0")
-    cols = ["fullname", "name", "group", "min", "median"]
+    cols = ["fullname", "name", "group", "min", "median", "data"]
+    a, b = (f if "data" in f.columns else f.assign(data=[[] for _ in range(len(f))]) for f in (a, b))
     merged = a[cols].merge(b[cols], on="fullname", how="outer", suffixes=("_a", "_b"),
                            indicator=True)
     merged["name"] = merged["name_a"].fillna(merged["name_b"])
@@ -188,14 +200,84 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, fail_pct: float | None = None) -> 
     status[merged["median_ratio"] > limit] = STATUS_REGRESSED
     status[merged["_merge"] == "left_only"] = STATUS_ONLY_A
     status[merged["_merge"] == "right_only"] = STATUS_ONLY_B
+    merged["ci_low"], merged["ci_high"], merged["verdict"] = zip(*(
+        median_ratio_ci(x, y) for x, y in zip(merged["data_a"], merged["data_b"]))) \
+        if len(merged) else ((), (), ())
+    # A ratio inside the noise is never a regression, however large it looks.
+    status[(merged["verdict"] != NO_RAW) & (merged["verdict"] != SLOWER)
+           & (status == STATUS_REGRESSED)] = STATUS_OK
     merged["status"] = status
     out = merged[["name", "group", "min_a", "min_b", "min_ratio", "median_a", "median_b",
-                  "median_ratio", "status", "fullname"]]
+                  "median_ratio", "ci_low", "ci_high", "verdict", "status", "fullname"]]
     out = out.sort_values(["median_ratio", "fullname"], ascending=[False, True],
                           na_position="last", kind="stable").reset_index(drop=True)
     out.attrs.update(a_path=a.attrs.get("path", "A"), b_path=b.attrs.get("path", "B"),
                      fail_pct=fail_pct)
     return out
+
+
+NO_RAW = "no raw timings"
+
+
+def median_ratio_ci(a: Any, b: Any, resamples: int = 2000, seed: int = 0
+                    ) -> tuple[float, float, str]:
+    """95 % bootstrap interval of median(B)/median(A) from two runs' raw timings
+    (resampled independently: saved runs are not paired) and its verdict."""
+    from simrig.compare.stats import MIN_ROUNDS, verdict
+
+    if not isinstance(a, list) or not isinstance(b, list) or min(len(a), len(b)) < MIN_ROUNDS:
+        return math.nan, math.nan, NO_RAW
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a), np.asarray(b)
+    med_a = np.median(xa[rng.integers(0, len(xa), (resamples, len(xa)))], axis=1)
+    med_b = np.median(xb[rng.integers(0, len(xb), (resamples, len(xb)))], axis=1)
+    low, high = np.percentile(med_b / med_a, [2.5, 97.5])
+    return float(low), float(high), verdict(float(low), float(high))
+
+
+def interleave(python_a: str, python_b: str, rounds: int, *, filter_expr: str | None,
+               log: Any = print) -> pd.DataFrame:
+    """Run the suites under two interpreters in rounds A, B, A, B ... (the same
+    time window, so both see the same load) and compare per-round medians."""
+    root = repo_root()
+    if root is None:
+        raise UsageError(f"{SUITE}: not found in the working directory or the simrig checkout")
+    if rounds < 1:
+        raise UsageError(f"--rounds: must be >= 1, got {rounds}")
+    per_round: dict[str, list[pd.DataFrame]] = {"a": [], "b": []}
+    with tempfile.TemporaryDirectory(prefix="simrig-bench-interleave-") as tmp:
+        for k in range(rounds):
+            for side, python in (("a", python_a), ("b", python_b)):
+                out = Path(tmp) / f"{side}{k}.json"
+                cmd = pytest_command(filter_expr=filter_expr, save=None, storage=Path(tmp) / "s",
+                                     json_out=out, python=python)
+                status = subprocess.call(cmd, cwd=root, stdout=subprocess.DEVNULL)
+                if status not in (0, 1) or not out.is_file() or not out.stat().st_size:
+                    raise UsageError(f"--interleave: the suites did not run under {python} "
+                                     f"(pytest exit {status})")
+                per_round[side].append(load_run(out))
+            log(f"bench: round {k + 1}/{rounds} done")
+    return interleaved_table(per_round["a"], per_round["b"])
+
+
+def interleaved_table(rounds_a: list[pd.DataFrame], rounds_b: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per benchmark: mean of per-round medians on each side, paired bootstrap ratio B/A."""
+    from simrig.compare.stats import bootstrap_ratio
+
+    def medians(frames: list[pd.DataFrame]) -> pd.DataFrame:
+        return pd.concat([f.set_index("fullname")["median"].rename(i) for i, f in enumerate(frames)],
+                         axis=1)
+
+    ma, mb = medians(rounds_a), medians(rounds_b)
+    rows = []
+    for name in sorted(set(ma.index) & set(mb.index)):
+        a, b = ma.loc[name].to_numpy(float), mb.loc[name].to_numpy(float)
+        r = bootstrap_ratio(a, b)
+        rows.append({"fullname": name, "median_a": float(np.mean(a)), "median_b": float(np.mean(b)),
+                     "median_ratio": r.ratio, "ci_low": r.low, "ci_high": r.high,
+                     "rounds": r.rounds, "verdict": r.verdict})
+    return pd.DataFrame(rows, columns=["fullname", "median_a", "median_b", "median_ratio", "ci_low",
+                                       "ci_high", "rounds", "verdict"])
 
 
 def regressions(table: pd.DataFrame) -> pd.DataFrame:
@@ -222,7 +304,12 @@ def _display(table: pd.DataFrame) -> pd.DataFrame:
         "median A": table["median_a"].map(format_seconds),
         "median B": table["median_b"].map(format_seconds),
         "B/A median": table["median_ratio"].map(_ratio),
-        "B/A min": table["min_ratio"].map(_ratio), "status": table["status"]})
+        "B/A min": table["min_ratio"].map(_ratio),
+        "95% CI": [f"[{_ratio(lo)}, {_ratio(hi)}]" if math.isfinite(lo) else "-"
+                   for lo, hi in zip(table["ci_low"], table["ci_high"])]
+        if "ci_low" in table.columns else "-",
+        "verdict": table["verdict"] if "verdict" in table.columns else "-",
+        "status": table["status"]})
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

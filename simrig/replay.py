@@ -169,6 +169,8 @@ class ReplayResult:
     device: str = ""
     known_elided: dict[str, int] = field(default_factory=dict)  # kind -> known rows not listed
     classes: pd.DataFrame | None = None  # one row per finding class (report.classes)
+    # Stages the installed release cannot drive, one entry per trace x PCP size.
+    unavailable: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def num_rig_errors(self) -> int:
@@ -217,6 +219,7 @@ class ReplayResult:
             "stages": list(self.stages),
             "vllm_version": self.vllm_version,
             "device": self.device,
+            "unavailable": list(self.unavailable),
         }
 
 
@@ -239,6 +242,7 @@ class ReplayRecorder:
     classes: ClassTally = field(default_factory=ClassTally)
     where: Where | None = None  # the trace being replayed (set by the replay driver)
     trace_lengths: dict[str, int] = field(default_factory=dict)  # trace -> steps
+    unavailable: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, trace: str, pcp_size: int, line: int, step: Step, composition: tuple,
                observation: obs.StepObs, found: list[Finding]) -> None:
@@ -298,7 +302,8 @@ class ReplayRecorder:
             first_findings=sorted(self.first_findings, key=lambda f: f.known), traces=list(traces),
             pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=self.num_steps,
             replay_s=self.replay_s, vllm_version=vllm_version, device=device,
-            known_elided=dict(self.known_elided), classes=self.classes.frame())
+            known_elided=dict(self.known_elided), classes=self.classes.frame(),
+            unavailable=list(self.unavailable))
 
     def contract_frame(self) -> pd.DataFrame:
         rows = [(*key, *value) for key, value in self.contract.items()]
@@ -367,6 +372,9 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
 def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Sequence[str],
                 rec: ReplayRecorder, progress: Progress | None, api: Any) -> None:
     tracker = BatchTracker()
+    for item in api.unavailable(config):  # reported; every other stage still runs
+        rec.unavailable.append({"trace": name, "pcp_size": config.pcp_size, "stage": item.stage,
+                                "capability": item.capability, "reason": item.reason})
     args: tuple[str, ...] = ()
     if config.pcp_size != header.config.pcp_size:
         args += ("--pcp-sizes", str(config.pcp_size))

@@ -85,7 +85,9 @@ def test_cli_compare_writes_markdown_csv_html(tmp_path, capsys) -> None:
                    "--out", str(out), "--fail-on-regression", "10"])
     assert status == 1  # get regressed by 50 %
     text = capsys.readouterr().out
-    assert "| test_mapping[n256-get] | mapping n=256 | 10 us | 15 us | 1.500 | 1.250 | regressed |" in text
+    # the fixture runs hold no raw timings: no interval, the plain threshold decides
+    assert ("| test_mapping[n256-get] | mapping n=256 | 10 us | 15 us | 1.500 | 1.250 | - "
+            "| no raw timings | regressed |") in text
     csv = out / "compare_0001_base_vs_0002_change.csv"
     page = out / "compare_0001_base_vs_0002_change.html"
     assert sorted(p.name for p in out.iterdir()) == sorted([csv.name, page.name])  # no temp files left
@@ -145,3 +147,43 @@ def test_extra_info_table_lists_stage_medians() -> None:
     assert text.splitlines()[0] == "| benchmark | prepare_median_ms |"
     assert "| test_stage_latency[pcp1] | 40 |" in text
     assert "| test_mapping[n256-get] |" not in text  # no stage data: no row
+
+
+def _run_with_data(name: str, data: list[float]) -> pd.DataFrame:
+    import numpy as np
+
+    return pd.DataFrame([{"name": name, "fullname": name, "group": "g", "min": min(data),
+                          "median": float(np.median(data)), "mean": 0.0, "stddev": 0.0,
+                          "rounds": len(data), "extra_info": {}, "data": data}])
+
+
+def test_raw_timings_give_an_interval_and_noise_is_not_a_regression() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    noisy = list(1e-5 * rng.lognormal(0, 0.6, 40))  # a shared machine: 2x swings
+    same_code = list(1e-5 * rng.lognormal(0, 0.6, 40))
+    table = bench.compare(_run_with_data("t", noisy), _run_with_data("t", same_code), fail_pct=5)
+    row = table.iloc[0]
+    assert row["ci_low"] < 1 < row["ci_high"] and row["verdict"] == "within noise"
+    assert row["status"] == bench.STATUS_OK  # whatever the point ratio says
+    tight = list(1e-5 * rng.normal(1, 0.01, 40))
+    slower = list(1.3e-5 * rng.normal(1, 0.01, 40))
+    row = bench.compare(_run_with_data("t", tight), _run_with_data("t", slower), fail_pct=5).iloc[0]
+    assert row["verdict"] == "slower" and row["ci_low"] > 1.2
+    assert row["status"] == bench.STATUS_REGRESSED
+
+
+def test_interleaved_rounds_pair_the_load() -> None:
+    """Round k of A and B ran in the same window: a load swing shared by both
+    is not a change, a consistent 30 % is."""
+    def frame(values: dict[str, float]) -> pd.DataFrame:
+        return pd.DataFrame([{"fullname": k, "median": v} for k, v in values.items()])
+
+    load = [1.0, 2.0, 1.0, 1.9, 1.2]
+    a = [frame({"same": x, "slow": x}) for x in load]
+    b = [frame({"same": x * (1.01 if i % 2 else 0.99), "slow": x * 1.3}) for i, x in enumerate(load)]
+    table = bench.interleaved_table(a, b).set_index("fullname")
+    assert table.loc["same", "verdict"] == "within noise"
+    assert table.loc["slow", "verdict"] == "slower"
+    assert abs(table.loc["slow", "median_ratio"] - 1.3) < 1e-9

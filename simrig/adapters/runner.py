@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from simrig.adapters import platform
+from simrig.adapters import platform, versions
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 
@@ -44,7 +44,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.gather_batch_req_state",
                ("scheduler_output", "dummy_run")),
     EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.prepare_inputs",
-               ("scheduler_output", "batch_req_state", "batch_desc", "num_active_loras")),
+               ("scheduler_output", "batch_req_state", "batch_desc")),  # + num_active_loras: versions.py
     EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.add_requests",
                ("scheduler_output",)),
     EntryPoint("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.update_requests",
@@ -66,10 +66,10 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
                ("max_num_reqs", "max_model_len", "max_num_batched_tokens",
                 "num_speculative_steps", "vocab_size", "device")),
     EntryPoint("vllm.v1.worker.gpu.pcp_manager", "PCPManager",
-               ("pcp_world_size", "pcp_rank", "device", "shard_decode_requests",
+               ("pcp_world_size", "pcp_rank", "device",  # + shard_decode_requests: versions.py
                 "max_num_reqs", "max_num_tokens", "dcp_world_size", "dcp_rank")),
     EntryPoint("vllm.v1.worker.gpu.pcp_manager", "PCPManager.partition_batch",
-               ("input_batch", "batch_desc")),
+               ("input_batch",)),  # + batch_desc or padded sizes: versions.py
     EntryPoint("vllm.v1.worker.gpu.cudagraph_utils", "BatchExecutionDescriptor",
                ("cg_mode", "num_tokens", "num_reqs")),
     EntryPoint("vllm.v1.core.sched.output", "SchedulerOutput",
@@ -161,6 +161,8 @@ class VllmApi:
         self.CachedRequestData = resolved["CachedRequestData"]
         self.CUDAGraphMode = CUDAGraphMode
         self.SamplingParams = SamplingParams
+        self.shape = _detect_shape(self.version, resolved, self.GPUModelRunner)
+        self._fill_so = versions.filled(self.shape, "SchedulerOutput")
 
     # ------------------------------------------------------------------ mapping
     def scheduler_output(self, step: Step) -> Any:
@@ -199,6 +201,7 @@ class VllmApi:
             finished_req_ids=set(step.finished),
             free_encoder_mm_hashes=[],
             preempted_req_ids=set(step.preempted) or None,
+            **self._fill_so,
         )
 
     def batch_descriptor(self, num_tokens: int) -> Any:
@@ -246,25 +249,32 @@ class VllmApi:
             max_num_tokens=config.max_num_batched_tokens,
             device=self.device,
         )
-        return runner
+        return versions.adapt_runner(self.shape, runner)
 
     def build_pcp_managers(self, config: RunnerConfig) -> list[Any]:
-        """One real PCPManager per PCP rank (empty when pcp_size == 1)."""
-        if config.pcp_size <= 1:
+        """One real PCPManager per PCP rank (empty when pcp_size == 1, or when
+        the installed release cannot drive this PCP configuration: see
+        ``unavailable``)."""
+        if config.pcp_size <= 1 or self.unavailable(config):
             return []
         return [
-            self.PCPManager(
+            versions.adapt_pcp_manager(self.shape, self.PCPManager(
                 pcp_world_size=config.pcp_size,
                 pcp_rank=rank,
                 device=self.device,
-                shard_decode_requests=config.shard_decode_requests,
                 max_num_reqs=config.max_num_reqs,
                 max_num_tokens=config.max_num_batched_tokens,
                 dcp_world_size=config.dcp_size,
                 dcp_rank=0,
-            )
+                **versions.pcp_kwargs(self.shape, config.shard_decode_requests),
+            ))
             for rank in range(config.pcp_size)
         ]
+
+    def unavailable(self, config: RunnerConfig) -> list[versions.Unavailable]:
+        """Stages this release cannot drive for ``config`` (the rest still run)."""
+        return self.shape.unavailable(pcp_size=config.pcp_size,
+                                      shard_decode_requests=config.shard_decode_requests)
 
     def dummy_buffers(self, config: RunnerConfig) -> Any:
         return self.InputBuffers(
@@ -341,3 +351,20 @@ def entry_point_report() -> tuple[str, list[EntryPointStatus]]:
         except VllmApiError as exc:
             statuses.append(EntryPointStatus(ep, False, str(exc)))
     return version, statuses
+
+
+# ------------------------------------------------------- release differences
+# Everything that differs between vLLM releases is decided in versions.py;
+# these two functions only hand it the installed objects.
+def _detect_shape(version: str, resolved: dict[str, Any], runner_cls: Any) -> versions.ApiShape:
+    return versions.detect_shape(
+        version, runner_cls=runner_cls, pcp_cls=resolved["PCPManager"],
+        request_state_cls=resolved["RequestState"],
+        scheduler_output_cls=resolved["SchedulerOutput"],
+        new_request_cls=resolved["NewRequestData"],
+        cached_request_cls=resolved["CachedRequestData"])
+
+
+def shape_report() -> versions.ApiShape:
+    """The installed release's call shape (VllmApiError on a shape simrig does not know)."""
+    return load().shape

@@ -39,6 +39,7 @@ class Finding:
     trace: str = ""  # source trace (or campaign example) it came from
     known: bool = False  # matches a documented known finding of this vLLM version
     traceback: str = ""  # rig_error only: where simrig's own code failed
+    known_by: str = ""  # the known-findings file and entry that explained it ("FILE#i")
     extra: dict[str, Any] = dc_field(default_factory=dict)
 
     @property

@@ -1,13 +1,19 @@
-"""Known findings: documented discrepancies of a given vLLM version.
+"""Known findings: documented discrepancies of vLLM, each for a range of releases.
 
-A committed JSON file per version, ``reports/baselines/known-findings-vllm-<version>.json``:
+Committed JSON files ``reports/baselines/known-findings*.json``:
 
-    {"vllm_version": "0.33.0",
+    {"vllm_version": "0.33.0",                       # the release the file was written on
      "findings": [{"kind": "dtype_drift", "stage": "dummy", "field": "logits_indices",
-                   "check": "parity", "explanation": "one line", "evidence": "where"}]}
+                   "check": "parity",
+                   "vllm": ">=0.30.0,<=0.33.0",      # the releases it applies to
+                   "explanation": "one line", "evidence": "file, function"}]}
 
-A finding whose (kind, stage, field, check) matches an entry is marked
-``known=True``: still reported, but separated from new regressions.
+An entry without ``vllm`` applies to its file's ``vllm_version`` only. A
+finding whose (kind, stage, field, check) matches an entry applying to the
+installed release is marked ``known=True`` and ``known_by`` names the file and
+entry that explained it (``known-findings.json#0``): still reported, but
+separated from new regressions. So a finding explained on 0.33.0 is not new
+on 0.32.0 when the entry's range covers 0.32.0.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +31,32 @@ from simrig.errors import UsageError
 BASELINE_DIR = Path(os.environ.get("SIMRIG_BASELINES",
                                    Path(__file__).resolve().parents[2] / "reports" / "baselines"))
 KEY_FIELDS = ("kind", "stage", "field", "check")
+_CLAUSE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\d+(?:\.\d+){0,2})\s*$")
+
+
+def release_tuple(version: str) -> tuple[int, int, int]:
+    """'0.32.0' -> (0, 32, 0); a source checkout '0.34.0.dev12+gabc' -> (0, 34, 0)."""
+    parts = re.findall(r"\d+", version.split("+")[0])[:3]
+    nums = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return nums[0], nums[1], nums[2]
+
+
+def parse_range(spec: str) -> tuple[tuple[str, tuple[int, int, int]], ...]:
+    """'>=0.30,<=0.33' -> ((op, release), ...); ValueError on a bad clause."""
+    clauses = []
+    for raw in spec.split(","):
+        m = _CLAUSE.match(raw)
+        if m is None:
+            raise ValueError(f"bad version clause {raw.strip()!r} (use e.g. '>=0.30.0,<=0.33.0')")
+        clauses.append((m.group(1), release_tuple(m.group(2))))
+    return tuple(clauses)
+
+
+def in_range(version: str, spec: str) -> bool:
+    """Whether release ``version`` lies in ``spec`` (comma = and)."""
+    v = release_tuple(version)
+    ops = {">=": v.__ge__, "<=": v.__le__, "==": v.__eq__, ">": v.__gt__, "<": v.__lt__}
+    return all(ops[op](bound) for op, bound in parse_range(spec))
 
 
 @dataclass(frozen=True)
@@ -34,10 +67,15 @@ class KnownFinding:
     check: str
     explanation: str
     evidence: str = ""
+    versions: str = ""  # a range such as ">=0.30.0,<=0.33.0"; "" = the file's release
+    source: str = ""  # "known-findings.json#0": the file and entry
 
     @property
     def key(self) -> tuple[str, str, str, str]:
         return (self.kind, self.stage, self.field, self.check)
+
+    def applies_to(self, version: str) -> bool:
+        return in_range(version, self.versions) if self.versions else False
 
 
 class KnownFindings:
@@ -45,32 +83,43 @@ class KnownFindings:
         self.entries = entries
         self.vllm_version = vllm_version
         self.path = path
-        self._by_key = {e.key: e for e in entries}
+        self._by_key: dict[tuple[str, str, str, str], KnownFinding] = {}
+        for e in entries:
+            self._by_key.setdefault(e.key, e)  # the first file/entry explains it
 
     def match(self, finding: Finding) -> KnownFinding | None:
         return self._by_key.get((finding.kind, finding.stage, finding.field, finding.check))
 
     def apply(self, findings: list[Finding]) -> list[Finding]:
         for f in findings:
-            if self.match(f) is not None:
+            entry = self.match(f)
+            if entry is not None:
                 f.known = True
+                f.known_by = entry.source
         return findings
+
+    def for_version(self, version: str) -> KnownFindings:
+        """The entries that apply to release ``version``."""
+        return KnownFindings([e for e in self.entries if e.applies_to(version)], version, self.path)
 
     def __len__(self) -> int:
         return len(self.entries)
 
 
 def known_findings_path(vllm_version: str) -> Path:
+    """Where entries written on ``vllm_version`` alone go."""
     return BASELINE_DIR / f"known-findings-vllm-{vllm_version}.json"
 
 
 def parse_known_findings(text: str, path: str) -> KnownFindings:
+    """Every entry of one file; an entry without a range gets the file's release."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("findings"), list):
         raise UsageError(f"{path}:1: findings: must be a list")
+    file_version = str(doc.get("vllm_version", ""))
     entries = []
     for i, raw in enumerate(doc["findings"]):
         if not isinstance(raw, dict):
@@ -78,21 +127,37 @@ def parse_known_findings(text: str, path: str) -> KnownFindings:
         for key in (*KEY_FIELDS, "explanation"):
             if not isinstance(raw.get(key), str):
                 raise UsageError(f"{path}:1: findings[{i}].{key}: must be a string")
+        versions = raw.get("vllm", f"=={file_version}" if file_version else "")
+        if not isinstance(versions, str):
+            raise UsageError(f"{path}:1: findings[{i}].vllm: must be a string such as '>=0.30.0'")
+        if versions:
+            try:
+                parse_range(versions)
+            except ValueError as exc:
+                raise UsageError(f"{path}:1: findings[{i}].vllm: {exc}") from None
         entries.append(KnownFinding(raw["kind"], raw["stage"], raw["field"], raw["check"],
-                                    raw["explanation"], str(raw.get("evidence", ""))))
-    return KnownFindings(entries, str(doc.get("vllm_version", "")), path)
+                                    raw["explanation"], str(raw.get("evidence", "")), versions,
+                                    f"{Path(path).name}#{i}"))
+    return KnownFindings(entries, file_version, path)
+
+
+@functools.lru_cache(maxsize=None)
+def load_all_known_findings() -> KnownFindings:
+    """Every entry of every committed known-findings file, files sorted by name."""
+    entries: list[KnownFinding] = []
+    if BASELINE_DIR.is_dir():
+        for path in sorted(BASELINE_DIR.glob("known-findings*.json")):
+            entries += parse_known_findings(path.read_text(encoding="utf-8"), str(path)).entries
+    return KnownFindings(entries, "", str(BASELINE_DIR))
 
 
 @functools.lru_cache(maxsize=None)
 def load_known_findings(vllm_version: str) -> KnownFindings:
-    """The known findings of ``vllm_version`` (empty when none are documented).
+    """The known findings that apply to ``vllm_version`` (empty when none do).
 
-    Cached: a campaign builds a Checker per example, and the baseline file
-    does not change during a run."""
-    path = known_findings_path(vllm_version)
-    if not path.is_file():
-        return KnownFindings([], vllm_version)
-    return parse_known_findings(path.read_text(encoding="utf-8"), str(path))
+    Cached: a campaign builds a Checker per example, and the baseline files
+    do not change during a run."""
+    return load_all_known_findings().for_version(vllm_version)
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,6 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save", metavar="NAME", help="keep the run in the storage under NAME")
     p.add_argument("--storage", metavar="DIR", type=Path,
                    help="where saved runs live (default: .benchmarks/ in the checkout)")
+    p.add_argument("--interleave", nargs=2, metavar=("VLLM_A", "VLLM_B"),
+                   help="run the suites under two vLLMs (side venvs: a release X.Y.Z, a venv "
+                        "path or 'installed') in interleaved rounds; ratios with a 95%% "
+                        "bootstrap interval and a verdict")
+    p.add_argument("--rounds", type=int, default=5, help="with --interleave: rounds per side (default 5)")
     p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
                    help="compare two runs (file path, saved name, or saved number) "
                         "instead of running")
@@ -38,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from simrig import bench
     from simrig.errors import UsageError
 
+    if args.interleave is not None:
+        return run_interleaved(args)
     storage = args.storage or bench.default_storage()
     if args.compare is None:
         if args.fail_on_regression is not None:
@@ -72,4 +79,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(bad)} benchmark(s) regressed beyond {args.fail_on_regression:g}%: "
               f"worst {worst['name']} median x{worst['median_ratio']:.3f}")
         return 1
+    return 0
+
+
+def run_interleaved(args: argparse.Namespace) -> int:
+    import sys
+
+    from simrig import bench
+    from simrig.compare.envs import side_for_compare
+
+    a, b = (side_for_compare(spec) for spec in args.interleave)
+    table = bench.interleave(a.python, b.python, args.rounds, filter_expr=args.filter,
+                             log=lambda line: print(line, file=sys.stderr))
+    print(f"A: {a.spec}\nB: {b.spec}  ({args.rounds} interleaved rounds)\n")
+    shown = table.assign(**{
+        "median A": table["median_a"].map(bench.format_seconds),
+        "median B": table["median_b"].map(bench.format_seconds),
+        "B/A": table["median_ratio"].map(lambda v: f"{v:.3f}"),
+        "95% CI": [f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(table["ci_low"], table["ci_high"])]})
+    print(bench.markdown_table(shown[["fullname", "median A", "median B", "B/A", "95% CI", "verdict"]]))
     return 0

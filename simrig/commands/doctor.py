@@ -43,5 +43,21 @@ def run(args: argparse.Namespace) -> int:
     if choice.is_cpu and _version("triton") == "not installed":
         print("simrig doctor: error: CPU mode needs triton for the Triton interpreter", file=sys.stderr)
         return 2
+    _print_release_shape()
     print("all entry points usable")
     return 0
+
+
+def _print_release_shape() -> None:
+    """How simrig calls this release, and what it cannot drive here (never fatal)."""
+    from simrig.adapters.runner import shape_report
+
+    shape = shape_report()  # a shape the adapter does not know -> VllmApiError, exit 2
+    print("call shape (read from the installed code):")
+    for line in shape.describe():
+        print(f"  {line}")
+    missing = shape.unavailable(pcp_size=2, shard_decode_requests=True)
+    for name, ok in shape.capabilities().items():
+        print(f"  {'ok  ' if ok else 'n/a '} capability {name}")
+    for item in missing:
+        print(f"unavailable on this vLLM: {item.line()}; the other stages run")

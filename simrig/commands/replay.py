@@ -81,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     for line in class_rows_for_print(result.classes):
         print(line)
     print(time_share_line(summary["time_share"]))
+    for item in summary.get("unavailable", []):
+        print(f"  [unavailable] {item['trace']} pcp={item['pcp_size']}: {item['stage']} "
+              f"({item['capability']}): {item['reason']}")
     print(f"report: {report / 'report.html'}")
     return summary["exit_status"]
 

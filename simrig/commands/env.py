@@ -1,0 +1,50 @@
+"""``simrig env``: side venvs holding another vLLM (see simrig/compare/envs.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="build and list side venvs for other vLLM releases",
+                       description="Side venvs under .venvs/ hold another vLLM (a release, a wheel "
+                                   "or a source checkout) with the bootstrap's CPU recipe, for "
+                                   "simrig compare.")
+    env_sub = p.add_subparsers(dest="env_command", metavar="ACTION")
+    env_sub.required = True
+    create = env_sub.add_parser("create", help="build the side venv for --vllm SPEC")
+    create.add_argument("--vllm", required=True, metavar="SPEC",
+                        help="a release (0.31.0), a vLLM wheel or a vLLM source checkout")
+    create.set_defaults(func=run_create)
+    listing = env_sub.add_parser("list", help="the side venvs and their doctor verdict")
+    listing.set_defaults(func=run_list)
+
+
+def run_create(args: argparse.Namespace) -> int:
+    from simrig.compare import envs
+    from simrig.errors import UsageError
+
+    side = envs.resolve_spec(args.vllm)
+    venv = envs.create(side, log=lambda line: print(line, file=sys.stderr))
+    verdict = envs.doctor(side)
+    if not verdict.ok:
+        raise UsageError(f"--vllm {args.vllm}: built {venv}, but its vLLM is unusable: {verdict.line}")
+    print(f"{venv}  vLLM {verdict.version}  doctor ok"
+          + "".join(f"\n  unavailable: {u}" for u in verdict.unavailable))
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from simrig.compare import envs
+
+    sides = envs.list_sides()
+    if not sides:
+        print(f"no side venvs under {envs.VENVS} (simrig env create --vllm X.Y.Z)")
+        return 0
+    for side, verdict in sides:
+        status = "doctor ok" if verdict.ok else f"doctor FAIL: {verdict.line}"
+        print(f"{side.venv}  vLLM {verdict.version}  {status}")
+        for item in verdict.unavailable:
+            print(f"  unavailable: {item}")
+    return 0
