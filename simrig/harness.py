@@ -168,10 +168,15 @@ class Harness:
             elif type(value) is tuple:  # gather: (BatchReqState, uniform count)
                 record.fields = obs.observe_fields(value[0])
                 record.fields["uniform_decode_token_count"] = obs.observe_value(value[1])
+                record.declared = obs.declared_fields(value[0]) | {"uniform_decode_token_count"}
             else:
                 record.fields = obs.observe_fields(value)
+                record.declared = obs.declared_fields(value)
             if extra is not None:
-                record.fields.update(extra(fn))
+                more = extra(fn)
+                record.fields.update(more)
+                if record.declared is not None:
+                    record.declared |= {name.split(".")[0] for name in more}
         return True if value is None else value
 
 

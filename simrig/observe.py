@@ -51,6 +51,11 @@ class StageObs:
     fields: dict[str, FieldObs] = field(default_factory=dict)
     duration_s: float = 0.0
     error: ErrorObs | None = None
+    # Top-level field names the installed type declares (plus the harness's own
+    # extra groups, e.g. "manager"); None when unknown (a hand-built observation).
+    # A contract field whose root is not declared is a release difference, not
+    # a missing value.
+    declared: frozenset[str] | None = None
 
 
 @dataclass
@@ -86,6 +91,13 @@ def observe_value(value: Any) -> FieldObs:
     if isinstance(value, (list, tuple)):
         return FieldObs("list", "", (len(value),), list(value))
     return FieldObs("object", type(value).__name__, (), None)
+
+
+def declared_fields(obj: Any) -> frozenset[str]:
+    """The field names a dataclass or NamedTuple's type declares."""
+    if dataclasses.is_dataclass(obj):
+        return frozenset(f.name for f in dataclasses.fields(obj))
+    return frozenset(getattr(obj, "_fields", ()))
 
 
 def observe_fields(obj: Any, prefix: str = "") -> dict[str, FieldObs]:

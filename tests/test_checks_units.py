@@ -198,3 +198,19 @@ def test_batch_semantics_from_field_meanings():
     for name, value in broken.items():
         got = {f.field for f in check_batch_semantics(0, batch(**{name: value}))}
         assert name in got, (name, got)
+
+
+def test_contract_skips_fields_the_release_does_not_declare():
+    """A field another release moved or lacks (0.31.0 has no InputBatch.pcp) is a release
+    difference; a field the installed type declares but the observation lacks is a finding."""
+    from simrig.checks.contract import BATCH_CONTRACT
+
+    full = {name: arr([0], np.dtype(c.dtype), c.kind) for name, c in BATCH_CONTRACT.items()
+            if not name.startswith("pcp.")}
+    roots = frozenset(name.split(".")[0] for name in full)
+    older = StageObs("prepare", fields=dict(full), declared=roots)
+    assert [f for f in check_contract(0, older) if f.kind == fk.MISSING_FIELD] == []
+    gone = dict(full)
+    del gone["seq_lens"]
+    declared_but_absent = StageObs("prepare", fields=gone, declared=roots)
+    assert [f.field for f in check_contract(0, declared_but_absent)] == ["seq_lens"]

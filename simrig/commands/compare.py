@@ -13,7 +13,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run the same traces (and optionally the same seeded fuzz "
                                    "campaign) under vLLM A and vLLM B, each in its own process "
                                    "and venv, and write one side-by-side report. Exit 1 when B "
-                                   "has finding classes A does not, 2 on bad input.")
+                                   "has finding classes A does not, 2 on bad input.",
+                       epilog="exit status: 0 B has no finding class A lacks; 1 B has a finding "
+                              "class A does not; 2 bad input: an unknown --vllm spec, a side venv "
+                              "whose vLLM does not import, a release without Model Runner V2")
     p.add_argument("--vllm", action="append", required=True, metavar="SPEC",
                    help="give twice: A then B (a release X.Y.Z with a side venv from "
                         "'simrig env create', a venv path, or 'installed')")
