@@ -79,7 +79,8 @@ def test_compare_side_against_installed(tmp_path):
     assert proc.returncode in (0, 1), proc.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["a"]["vllm_version"] != summary["b"]["vllm_version"] == _installed_version()
-    classes = (out / "classes.csv").read_text()
-    assert "dtype_drift,dummy,logits_indices,parity" in classes
+    sides = (out / "class_sides.csv").read_text()
+    assert "dtype_drift,dummy,logits_indices,parity" in sides
+    assert summary["classes"]["new"] == summary["class_sides"]["B only"]
     assert set(summary["latency"]) >= {"gather", "prepare", "dummy"}
     assert summary["exit_status"] == proc.returncode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -33,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from simrig.compare import envs
     from simrig.compare.driver import compare, headline, write
     from simrig.compare.fuzzsides import fuzz_classes
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         if args.fuzz_budget > 0:
             fuzz_classes(result, a, b, args.fuzz_budget, Path(work), log=log)
         report = write(result, out)
+    from simrig.commands.common import record_history
+
+    written = json.loads((report / "summary.json").read_text())
+    record_history(written, pd.read_parquet(report / "classes.parquet"))
     for line in headline(result):
         print(line)
     print(f"report: {report / 'report.html'}")

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,36 +144,49 @@ def compare(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, .
 
 
 def write(result: Comparison, out: Path) -> Path:
-    """The report directory, written into a temporary one renamed into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """The report directory, written by the shared report writer (atomically).
+
+    The class table speaks the reports' vocabulary: a class B has and A does
+    not is *new* (it is what fails the compare, known to B's table or not);
+    a class both have, or only A, is *known* (its side says which). The
+    side-by-side class diff is ``class_sides``.
+    """
+    from simrig.report.writer import write_report
+
     if out.exists() and any(out.iterdir()) and not (out / "summary.json").is_file():
         raise UsageError(f"--out: {out} is a non-empty directory that is not a simrig report")
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
-        tables = {"classes": result.classes, "contract_diff": result.contract,
-                  "latency": result.latency, "value_diff": result.values}
-        for name, frame in tables.items():
-            frame.to_csv(tmp / f"{name}.csv", index=False)
-        summary = {**result.summary, "exit_status": result.exit_status}
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        (tmp / "report.html").write_text(render_html(summary, tables), encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    s = result.summary
+    summary = {"command": "compare", "suite": f"compare {s['a']['spec']} {s['b']['spec']}",
+               "vllm_version": s["b"]["vllm_version"],
+               **{k: v for k, v in s.items() if k != "classes"},
+               "class_sides": s["classes"], "exit_status": result.exit_status}
+    empty = pd.DataFrame()
+    tables = {"class_sides": result.classes, "contract_diff": result.contract,
+              "latency": result.latency, "value_diff": result.values}
+    first = headline(result)
+    return write_report(out, empty, empty, empty, summary, extra_tables=tables,
+                        title=f"simrig compare: vLLM {s['a']['vllm_version']} (A) vs "
+                              f"{s['b']['vllm_version']} (B)",
+                        classes=class_verdicts(result.classes), occurrences=empty,
+                        headline="; ".join(first[:2]))
 
 
-def render_html(summary: dict[str, Any], tables: dict[str, pd.DataFrame]) -> str:
-    a, b = summary["a"], summary["b"]
-    parts = ["<html><head><meta charset='utf-8'><title>simrig compare</title></head><body>",
-             f"<h1>vLLM {a['vllm_version']} (A) vs {b['vllm_version']} (B)</h1>",
-             f"<pre>{json.dumps(summary, indent=2, default=str)}</pre>"]
-    for name, frame in tables.items():
-        parts.append(f"<h2>{name}</h2>" + frame.to_html(index=False, na_rep=""))
-    return "\n".join(parts) + "</body></html>\n"
+def class_verdicts(sides: pd.DataFrame) -> pd.DataFrame:
+    """The class diff as one row per class with a verdict (report.classes)."""
+    from simrig.report.classes import KNOWN, NEW, ClassStats, class_frame
+
+    stats = []
+    for row in sides.itertuples():
+        b_only = row.side == diff.B_ONLY
+        known_by = row.known_by_b if row.side != diff.A_ONLY else row.known_by_a
+        note = {diff.A_ONLY: "only in A (gone in B)", diff.B_ONLY: "only in B (new in B)",
+                diff.BOTH: "in both"}[row.side]
+        stats.append(ClassStats(
+            kind=row.kind, stage=row.stage, field=row.field, exception_type=row.exception_type,
+            verdict=NEW if b_only else KNOWN, occurrences=int(row.count_a) + int(row.count_b),
+            checks={row.check}, message=f"{note}: A x{int(row.count_a)}, B x{int(row.count_b)}",
+            explanation=note + (f"; explained by {known_by}" if known_by else "")))
+    return class_frame(stats)
 
 
 def headline(result: Comparison) -> list[str]:
