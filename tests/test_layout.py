@@ -13,7 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
-SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest", "commands")
+SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest", "commands",
+               "distributed")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, replay driver, cli and the benchmark runner.
 CORE = {"__init__", "__main__", "bench", "cli", "errors", "harness", "observe", "progress",
@@ -65,7 +66,8 @@ def test_only_adapters_import_vllm():
     ("sources", ("simrig.checks.checker", "simrig.campaign", "simrig.selftest", "simrig.report")),
     ("adapters", ("simrig.checks", "simrig.report", "simrig.campaign", "simrig.selftest",
                   "simrig.sources", "simrig.harness", "simrig.replay")),
-    ("campaign", ("simrig.selftest", "simrig.commands")),
+    ("campaign", ("simrig.selftest", "simrig.commands", "simrig.distributed")),
+    ("distributed", ("simrig.selftest", "simrig.commands", "vllm")),
 ])
 def test_subpackage_import_rules(package, forbidden):
     assert violations(SIMRIG / package, forbidden) == []

@@ -45,7 +45,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also copy each failing shrunk trace into the regressions folder")
     p.add_argument("--progress", choices=("tty", "plain", "quiet"), default=None,
                    help="progress on stderr (default tty on a terminal, else plain)")
+    add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
     p.set_defaults(func=run)
+
+
+def add_distributed_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """--workers / --ray, shared by fuzz, replay and selftest (needs simrig[ray])."""
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help=f"{what} (needs the simrig[ray] extra; default: one process, no Ray)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="join this Ray cluster ('auto': the one `ray start` runs here; default "
+                        "RAY_ADDRESS, else start a local Ray with N CPUs); implies --workers")
+
+
+def distributed_workers(args: argparse.Namespace) -> int | None:
+    """The worker count when the command should run on Ray, else None."""
+    from simrig.errors import UsageError
+
+    if args.workers is None and not args.ray:
+        return None
+    workers = args.workers if args.workers is not None else 1
+    if workers < 1:
+        raise UsageError(f"--workers: must be >= 1, got {workers}")
+    return workers
 
 
 def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> tuple[int, ...]:
@@ -101,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
 
     options = options_from_args(args)
+    workers = distributed_workers(args)
+    if workers is not None:
+        from simrig.distributed.cluster import import_ray
+
+        import_ray()  # a missing Ray fails here, before anything runs
+        return _run_sharded(options, workers, args.ray)
     campaign = Campaign(options)
     status = campaign.run()
     s = campaign.summary()
@@ -116,6 +144,32 @@ def run(args: argparse.Namespace) -> int:
         steps = f" {len(cls.steps)} steps" if cls.steps is not None else ""
         print(f"  {mark} x{cls.count} {cls.first.one_line()[:160]}\n       -> {where}{steps}")
     for text in campaign.stats.rig_errors:
+        print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
+    print(f"report: {options.out_dir}")
+    return status
+
+
+def _run_sharded(options, workers: int, address: str | None) -> int:
+    from simrig.distributed.fuzz_shards import ShardedCampaign
+
+    sharded = ShardedCampaign(options, workers, address)
+    status = sharded.run()
+    s = sharded.merged.summary()
+    print(f"fuzz {s['mode']} on {workers} workers: {s['examples']} examples, {s['steps']} steps in "
+          f"{s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
+          f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}")
+    for row in sharded.rows:
+        note = f" -- {row.note}" if row.note else ""
+        print(f"  shard {row.shard} [{row.status}] {row.worker} seed {row.seed} pcp {row.pcp_sizes}: "
+              f"{row.examples} examples, {row.steps} steps, {row.steps_per_s:.2f} steps/s, "
+              f"{row.classes} classes{note}")
+    print(f"findings: {s['findings']} in {s['finding_classes']} classes ({s['failing_classes']} failing)")
+    for cls in sorted(sharded.merged.classes.values(), key=lambda c: c.key):
+        mark = "FAIL" if cls.failing else ("loud" if cls.loud else "known")
+        steps = f" {len(cls.steps)} steps" if cls.steps is not None else ""
+        print(f"  {mark} x{cls.count} {cls.first.one_line()[:160]}\n       -> "
+              f"{cls.trace_path or cls.source}{steps} (found by {','.join(sharded.found_by[cls.key])})")
+    for text in sharded.merged.stats.rig_errors:
         print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
     print(f"report: {options.out_dir}")
     return status
