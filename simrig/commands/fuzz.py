@@ -45,29 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also copy each failing shrunk trace into the regressions folder")
     p.add_argument("--progress", choices=("tty", "plain", "quiet"), default=None,
                    help="progress on stderr (default tty on a terminal, else plain)")
+    from simrig.distributed.cluster import add_distributed_arguments
+
     add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
     p.set_defaults(func=run)
-
-
-def add_distributed_arguments(p: argparse.ArgumentParser, what: str) -> None:
-    """--workers / --ray, shared by fuzz, replay and selftest (needs simrig[ray])."""
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help=f"{what} (needs the simrig[ray] extra; default: one process, no Ray)")
-    p.add_argument("--ray", default=None, metavar="ADDRESS",
-                   help="join this Ray cluster ('auto': the one `ray start` runs here; default "
-                        "RAY_ADDRESS, else start a local Ray with N CPUs); implies --workers")
-
-
-def distributed_workers(args: argparse.Namespace) -> int | None:
-    """The worker count when the command should run on Ray, else None."""
-    from simrig.errors import UsageError
-
-    if args.workers is None and not args.ray:
-        return None
-    workers = args.workers if args.workers is not None else 1
-    if workers < 1:
-        raise UsageError(f"--workers: must be >= 1, got {workers}")
-    return workers
 
 
 def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> tuple[int, ...]:
@@ -123,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
 
     options = options_from_args(args)
+    from simrig.distributed.cluster import distributed_workers, import_ray
+
     workers = distributed_workers(args)
     if workers is not None:
-        from simrig.distributed.cluster import import_ray
-
         import_ray()  # a missing Ray fails here, before anything runs
         return _run_sharded(options, workers, args.ray)
     campaign = Campaign(options)

@@ -11,6 +11,8 @@ import argparse
 import sys
 import time
 
+from simrig.errors import UsageError
+
 SHOWN_FINDINGS = 5
 
 
@@ -30,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    from simrig.distributed.cluster import add_distributed_arguments
+
+    add_distributed_arguments(p, "replay trace x PCP size x segment units on N Ray workers")
+    p.add_argument("--segment-steps", type=int, default=None, metavar="N",
+                   help="with --workers: cut traces longer than N steps into segments, each "
+                        "starting with a resync step (default: max(200, total steps / N))")
     p.set_defaults(func=run)
 
 
@@ -50,13 +58,28 @@ def run(args: argparse.Namespace) -> int:
 
     mode = QUIET if args.quiet else (TTY if sys.stderr.isatty() else PLAIN)
     progress = Progress(sys.stderr, mode=mode, total=total)
+    from simrig.distributed.cluster import distributed_workers, import_ray
+
+    workers = distributed_workers(args)
+    if args.segment_steps is not None and args.segment_steps < 1:
+        raise UsageError(f"--segment-steps: must be >= 1, got {args.segment_steps}")
     try:
-        result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
+        if workers is not None:
+            from simrig.distributed.replay_shards import replay_sharded
+
+            import_ray()
+            result = replay_sharded(paths, workers=workers, address=args.ray, pcp_sizes=pcp_sizes,
+                                    stages=stages, segment_steps=args.segment_steps,
+                                    progress=progress).result
+        else:
+            result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
     finally:
         progress.close()
     summary = result.summary()
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     summary["exit_status"] = 1 if result.num_new else 0
+    if workers is not None:
+        summary["workers"] = workers
     report = write_report(out, result.steps, result.findings, result.contract, summary)
 
     kinds = ", ".join(f"{k} {v}" for k, v in summary["findings_by_kind"].items()) or "none"

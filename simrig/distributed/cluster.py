@@ -10,6 +10,7 @@ is a ``UsageError``: one line, exit 2, before any report directory exists.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from collections.abc import Iterator
@@ -22,6 +23,25 @@ RAY_EXTRA = "pip install 'simrig[ray]'"
 # How long a cluster's address may take to accept a connection before it counts
 # as unreachable.
 CONNECT_TIMEOUT_S = 10
+
+
+def add_distributed_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """--workers / --ray, shared by fuzz, replay and selftest (needs simrig[ray])."""
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help=f"{what} (needs the simrig[ray] extra; default: one process, no Ray)")
+    p.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="join this Ray cluster ('auto': the one `ray start` runs here; default "
+                        "RAY_ADDRESS, else start a local Ray with N CPUs); implies --workers")
+
+
+def distributed_workers(args: argparse.Namespace) -> int | None:
+    """The worker count when the command should run on Ray, else None."""
+    if args.workers is None and not args.ray:
+        return None
+    workers = args.workers if args.workers is not None else 1
+    if workers < 1:
+        raise UsageError(f"--workers: must be >= 1, got {workers}")
+    return workers
 
 
 def import_ray() -> Any:
