@@ -102,13 +102,11 @@ def options_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
+    from simrig.distributed.cluster import distributed_workers
 
     options = options_from_args(args)
-    from simrig.distributed.cluster import distributed_workers, import_ray
-
-    workers = distributed_workers(args)
+    workers = distributed_workers(args)  # Ray missing / unreachable: exit 2 before anything runs
     if workers is not None:
-        import_ray()  # a missing Ray fails here, before anything runs
         return _run_sharded(options, workers, args.ray)
     campaign = Campaign(options)
     status = campaign.run()

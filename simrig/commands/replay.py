@@ -51,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
     stages = parse_stages(args.stages)
     out = check_out_dir(args.out) if args.out else default_out_dir("replay")
     paths = expand_trace_paths(args.traces)
+    from simrig.distributed.cluster import distributed_workers
+
+    workers = distributed_workers(args)
+    if args.segment_steps is not None and args.segment_steps < 1:
+        raise UsageError(f"--segment-steps: must be >= 1, got {args.segment_steps}")
     total = 0
     for path in paths:  # every header and step line, before anything runs
         header, num_steps = scan_trace(path)
@@ -58,16 +63,10 @@ def run(args: argparse.Namespace) -> int:
 
     mode = QUIET if args.quiet else (TTY if sys.stderr.isatty() else PLAIN)
     progress = Progress(sys.stderr, mode=mode, total=total)
-    from simrig.distributed.cluster import distributed_workers, import_ray
-
-    workers = distributed_workers(args)
-    if args.segment_steps is not None and args.segment_steps < 1:
-        raise UsageError(f"--segment-steps: must be >= 1, got {args.segment_steps}")
     try:
         if workers is not None:
             from simrig.distributed.replay_shards import replay_sharded
 
-            import_ray()
             result = replay_sharded(paths, workers=workers, address=args.ray, pcp_sizes=pcp_sizes,
                                     stages=stages, segment_steps=args.segment_steps,
                                     progress=progress).result

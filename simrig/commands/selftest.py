@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from simrig.errors import UsageError
 
@@ -25,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-baseline", action="store_true",
                    help="do not run the unmutated code first (its signatures are then taken "
                         "from the known-findings baseline only)")
+    from simrig.distributed.cluster import add_distributed_arguments
+
+    add_distributed_arguments(p, "run the mutants (each in its own child process) on N Ray workers")
     p.set_defaults(func=run)
 
 
@@ -44,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--budget-per-mutant: must be > 0 seconds")
     names = select_mutants([n for n in (args.mutants or "").split(",") if n])
     out = check_out_dir(args.out or default_out_dir("selftest"))
+    from simrig.distributed.cluster import distributed_workers
+
+    workers = distributed_workers(args)
     root = Path(__file__).resolve().parents[2]
     traces = bundled_traces(root)
     # A child also pays the vLLM import (~15 s) and its replay; give it room past the budget.
@@ -57,14 +64,26 @@ def run(args: argparse.Namespace) -> int:
                          traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
         results.append(base)
         baseline_sigs = base.signatures
-    for i, name in enumerate(names, 1):
+    def verdict(name: str, r: Any) -> str:
+        return ("detected in %.1f s via %s (%s)" % (r.seconds_to_detection, r.via, r.kind)
+                if r.detected else (r.error or ("equivalent" if BY_NAME[name].equivalent else "SURVIVED")))
+
+    if workers is not None:  # one Ray task per mutant; results in catalogue order
+        from simrig.distributed.cluster import ray_session
+        from simrig.distributed.tasks import map_in_order
+
+        calls = [dict(mutant=name, budget_s=args.budget_per_mutant, seed=args.seed,
+                      baseline=baseline_sigs, traces=traces, out_dir=out.parent / f".{out.name}-work",
+                      timeout_s=timeout) for name in names]
+        with ray_session(workers, args.ray) as ray:
+            results += map_in_order(ray, run_child, calls, on_done=lambda i, r: print(
+                f"selftest: {names[i]} -> {verdict(names[i], r)}", file=sys.stderr, flush=True))
+    for i, name in enumerate(names if workers is None else [], 1):
         print(f"selftest: [{i}/{len(names)}] {name}", file=sys.stderr, end="", flush=True)
         r = run_child(name, budget_s=args.budget_per_mutant, seed=args.seed, baseline=baseline_sigs,
                       traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
         results.append(r)
-        verdict = ("detected in %.1f s via %s (%s)" % (r.seconds_to_detection, r.via, r.kind)
-                   if r.detected else (r.error or ("equivalent" if BY_NAME[name].equivalent else "SURVIVED")))
-        print(f" -> {verdict}", file=sys.stderr)
+        print(f" -> {verdict(name, r)}", file=sys.stderr)
     rows = scoreboard_rows(results)
     board = pd.DataFrame(rows)
     detected = board[board.status == "detected"]
@@ -82,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         "budget_per_mutant_s": args.budget_per_mutant, "seed": args.seed,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
+    if workers is not None:
+        summary["workers"] = workers
     empty = pd.DataFrame()
     write_report(out, empty, empty, empty, summary, extra_tables={"scoreboard": board},
                  title="simrig selftest scoreboard")

@@ -35,12 +35,17 @@ def add_distributed_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def distributed_workers(args: argparse.Namespace) -> int | None:
-    """The worker count when the command should run on Ray, else None."""
+    """The worker count when the command should run on Ray, else None. Checks,
+    before anything runs, that Ray is installed and the cluster reachable."""
     if args.workers is None and not args.ray:
         return None
     workers = args.workers if args.workers is not None else 1
     if workers < 1:
         raise UsageError(f"--workers: must be >= 1, got {workers}")
+    import_ray()
+    address = cluster_address(args.ray)
+    if address:
+        check_reachable(address)
     return workers
 
 
@@ -50,12 +55,6 @@ def import_ray() -> Any:
     except ImportError:
         raise UsageError(f"--workers: Ray is not installed ({RAY_EXTRA})") from None
     return ray
-
-
-def check_workers(workers: int) -> int:
-    if workers < 1:
-        raise UsageError(f"--workers: must be >= 1, got {workers}")
-    return workers
 
 
 def cluster_address(address: str | None) -> str | None:
