@@ -135,7 +135,7 @@ def test_a_killed_worker_loses_nothing_it_reported(tmp_path):
     lines = Lines(proc)
     started = lines.wait_for(lambda l: l.startswith("fuzz: shard s1 started on "))
     lines.wait_for(lambda l: l.startswith("fuzz: shard s1 found "))
-    pid = int(started.rsplit(":", 1)[1])
+    pid = int(started.split(" started on ")[1].split("/")[0].rsplit(":", 1)[1])
     reported = _found(lines.lines, "s1")
     os.kill(pid, signal.SIGKILL)
     proc.wait(timeout=300)

@@ -116,7 +116,13 @@ def pinned_here(ray: Any) -> dict[str, Any]:
 
 
 def worker_name() -> str:
-    """host:pid of the process running a shard."""
+    """host:pid/node of the process running a shard (node: Ray node id, 8 hex digits)."""
     import socket
 
-    return f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()[:8]
+    except Exception:  # noqa: BLE001 -- outside a Ray worker
+        node = "-"
+    return f"{socket.gethostname()}:{os.getpid()}/{node}"
