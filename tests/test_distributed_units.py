@@ -29,7 +29,8 @@ def test_units_cut_long_traces_only_and_cover_every_step():
     listing = [("a", 1000, 1, False), ("b", 50, 1, False), ("c", 1000, 2, True)]
     units = plan_units(listing, workers=4)
     a = [u for u in units if u.path == "a"]
-    assert len(a) == 1000 // max(MIN_SEGMENT_STEPS, 2050 // 4 + 1) + 1 or len(a) > 1
+    # segment length max(200, ceil(2050 / 4)) = 513: the 1000-step trace in 2 halves
+    assert MIN_SEGMENT_STEPS <= 513 and [(u.start, u.stop) for u in a] == [(0, 500), (500, 1000)]
     assert a[0].start == 0 and a[-1].stop == 1000
     assert all(x.stop == y.start for x, y in zip(a, a[1:]))
     assert [(u.start, u.stop) for u in units if u.path == "b"] == [(0, 50)]

@@ -77,7 +77,8 @@ def ray_session(workers: int, address: str | None = None) -> Iterator[Any]:
             ray.init(address=address, **common)
         else:
             os.environ.pop("RAY_ADDRESS", None)
-            ray.init(num_cpus=workers, **common)
+            # "local": a private Ray even when `ray start` runs one on this machine.
+            ray.init(address="local", num_cpus=workers, **common)
     except Exception as exc:  # noqa: BLE001 -- Ray raises many types for one cause
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         where = f"cannot reach a Ray cluster at {address!r}" if address else "cannot start a local Ray"
