@@ -169,3 +169,19 @@ def test_sigint_on_the_driver_stops_every_shard_and_writes_all_found(tmp_path):
     shards = pd.read_csv(out / "shards.csv")
     assert set(shards.status) == {"interrupted"}
     assert before <= set(_report_classes(out).cls)
+
+
+def test_selftest_on_two_workers_gives_the_one_process_scoreboard(tmp_path):
+    """Same mutants, same inputs: the same scoreboard apart from timings."""
+    from simrig.cli import main
+
+    common = ["selftest", "--mutants", "getitem-to-get,idx-mapping-host-int32",
+              "--budget-per-mutant", "90", "--skip-baseline"]
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    assert main([*common, "--workers", "2", "--out", str(tmp_path / "two")]) == 0
+    content = ["mutant", "status", "via", "kind", "signature", "applied", "detected", "target",
+               "shrunk_steps", "message"]
+    one = pd.read_csv(tmp_path / "one" / "scoreboard.csv", keep_default_na=False)[content]
+    two = pd.read_csv(tmp_path / "two" / "scoreboard.csv", keep_default_na=False)[content]
+    assert one.status.tolist() == ["detected", "detected"]
+    pd.testing.assert_frame_equal(one, two)

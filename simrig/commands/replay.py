@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
         if workers is not None:
             from simrig.distributed.replay_shards import replay_sharded
 
-            result = replay_sharded(paths, workers=workers, address=args.ray, pcp_sizes=pcp_sizes,
-                                    stages=stages, segment_steps=args.segment_steps,
-                                    progress=progress).result
+            sharded = replay_sharded(paths, workers=workers, address=args.ray, pcp_sizes=pcp_sizes,
+                                     stages=stages, segment_steps=args.segment_steps,
+                                     progress=progress)
+            result = sharded.result
         else:
             result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
     finally:
@@ -77,8 +78,11 @@ def run(args: argparse.Namespace) -> int:
     summary = result.summary()
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     summary["exit_status"] = 1 if result.num_new else 0
-    if workers is not None:
+    if workers is not None:  # per unit: where it ran and how long its replay took
         summary["workers"] = workers
+        summary["units"] = [{"trace": u.unit.path, "pcp_size": u.unit.pcp_size, "start": u.unit.start,
+                             "stop": u.unit.stop, "replay_s": round(u.seconds, 3), "worker": u.worker}
+                            for u in sharded.units]
     report = write_report(out, result.steps, result.findings, result.contract, summary)
 
     kinds = ", ".join(f"{k} {v}" for k, v in summary["findings_by_kind"].items()) or "none"

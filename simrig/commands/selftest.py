@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
                          traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
         results.append(base)
         baseline_sigs = base.signatures
+
     def verdict(name: str, r: Any) -> str:
         return ("detected in %.1f s via %s (%s)" % (r.seconds_to_detection, r.via, r.kind)
                 if r.detected else (r.error or ("equivalent" if BY_NAME[name].equivalent else "SURVIVED")))
