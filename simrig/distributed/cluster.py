@@ -78,7 +78,10 @@ def ray_session(workers: int, address: str | None = None) -> Iterator[Any]:
         else:
             os.environ.pop("RAY_ADDRESS", None)
             # "local": a private Ray even when `ray start` runs one on this machine.
-            ray.init(address="local", num_cpus=workers, **common)
+            # Ray nices its workers (15) by default: on a machine shared with other work
+            # the shards would then get only the CPU nobody else wants.
+            ray.init(address="local", num_cpus=workers, _system_config={"worker_niceness": 0},
+                     **common)
     except Exception as exc:  # noqa: BLE001 -- Ray raises many types for one cause
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         where = f"cannot reach a Ray cluster at {address!r}" if address else "cannot start a local Ray"
