@@ -24,6 +24,8 @@ else
     echo "bootstrap: pip's notice above about vLLM requirements that are not installed is expected:"
     echo "           they are CUDA, serving and multimodal packages the MRV2 input path never imports"
 fi
-"$venv/bin/pip" install "${pipq[@]}" -e .
+# The [ray] extra (pinned Ray) so --workers/--ray work out of the box; every
+# command also runs without it.
+"$venv/bin/pip" install "${pipq[@]}" -e ".[ray]"
 touch "$venv/.simrig-installed"
 echo "bootstrap: done; try $venv/bin/simrig doctor"

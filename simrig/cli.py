@@ -22,7 +22,6 @@ import sys
 
 from simrig.commands import COMMAND_MODULES
 
-
 # Exit statuses of commands whose own module states them in its description only.
 DEFAULT_EPILOGS = {
     "record": "exit status: 0 trace written; 2 bad arguments, a bad workload file or unusable vLLM",

@@ -7,10 +7,16 @@ import json
 import pandas as pd
 import pytest
 
-from simrig.checks.findings import Finding
 from simrig.checks.expected import EXPECTATION_MISSING, mark_expected, missing_expectations
-from simrig.report.classes import (ClassTally, Where, classes_from_rows, verdict_counts,
-                                   verdict_line, verdict_of)
+from simrig.checks.findings import Finding
+from simrig.report.classes import (
+    ClassTally,
+    Where,
+    classes_from_rows,
+    verdict_counts,
+    verdict_line,
+    verdict_of,
+)
 from simrig.report.timing import time_share
 from simrig.sources.trace import Expectation, TraceError, TraceReader
 

@@ -11,9 +11,9 @@ import time
 
 import pandas as pd
 import pytest
+from test_report_agreement import assert_report_agrees
 
 from simrig.cli import main
-from test_report_agreement import assert_report_agrees
 
 
 @pytest.mark.parametrize("argv, message", [

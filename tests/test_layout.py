@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
 SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest", "commands",
-               "compare")
+               "compare", "distributed")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, replay driver, cli and the benchmark runner.
 CORE = {"__init__", "__main__", "bench", "cli", "errors", "harness", "observe", "progress",
@@ -66,10 +66,11 @@ def test_only_adapters_import_vllm():
     ("sources", ("simrig.checks.checker", "simrig.campaign", "simrig.selftest", "simrig.report")),
     ("adapters", ("simrig.checks", "simrig.report", "simrig.campaign", "simrig.selftest",
                   "simrig.sources", "simrig.harness", "simrig.replay")),
-    ("campaign", ("simrig.selftest", "simrig.commands")),
+    ("campaign", ("simrig.selftest", "simrig.commands", "simrig.distributed")),
     # compare drives other vLLMs in their own processes: the driver side never
     # imports the adapters (only side.py, which runs inside a side venv, does, lazily)
     ("compare", ("simrig.selftest", "simrig.commands", "simrig.campaign")),
+    ("distributed", ("simrig.selftest", "simrig.commands", "vllm")),
 ])
 def test_subpackage_import_rules(package, forbidden):
     assert violations(SIMRIG / package, forbidden) == []

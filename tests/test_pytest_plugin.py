@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from hypothesis import given
 
-from strategies import scheduled_runs          # (config, [Step, ...]) valid under config
+from strategies import scheduled_runs  # (config, [Step, ...]) valid under config
 
 pytestmark = pytest.mark.vllm
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from test_report_agreement import assert_report_agrees
 
 from simrig.adapters import mutate
 from simrig.cli import main
 from simrig.selftest.catalogue import CATALOGUE, Mutant
-from test_report_agreement import assert_report_agrees
 
 pytestmark = pytest.mark.vllm
 

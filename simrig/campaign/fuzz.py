@@ -43,7 +43,7 @@ class CampaignOptions:
     mode: str = "valid"
     pcp_sizes: tuple[int, ...] = (1, 2)
     out_dir: Path = Path("reports/fuzz")
-    database: Path | None = Path(".cache/hypothesis")
+    database: Any = Path(".cache/hypothesis")  # a folder, None, or a Hypothesis ExampleDatabase
     max_examples: int | None = None  # stop after this many examples (else budget only)
     save_regressions: bool = False
     regressions_dir: Path = Path("traces/regressions")
@@ -56,6 +56,9 @@ class CampaignOptions:
     shrink_grace_s: float | None = None  # extra time to finish a shrink (default budget/4, <= 120 s)
     progress: str | None = None  # tty / plain / quiet (default: tty when stderr is one)
     configs: Any = None  # strategy of RunnerConfig (default: small configs over pcp_sizes)
+    # fn(FindingClass): a class was first seen or got a smaller failing run. Sharded
+    # campaigns (simrig.distributed) stream each one to their driver as it happens.
+    on_class: Any = None
 
 
 @dataclass
@@ -163,6 +166,7 @@ class Campaign:
             cls = self.classes.get(key)
             if cls is None:
                 cls = self.classes[key] = FindingClass(key, f)
+                self._notify(cls)
             cls.count += 1
             if key in self.tolerated or f.known:
                 continue
@@ -179,6 +183,11 @@ class Campaign:
         candidate = FindingClass(cls.key, cls.first, steps=steps)
         if cls.steps is None or candidate.size() < cls.size():
             cls.steps, cls.violations, cls.config = steps, dict(machine.violations), machine.config
+            self._notify(cls)
+
+    def _notify(self, cls: FindingClass) -> None:
+        if self.options.on_class is not None:
+            self.options.on_class(cls)
 
     def _on_teardown(self, machine: Any) -> None:
         if machine.steps:
@@ -230,12 +239,13 @@ class Campaign:
                 if cls is None:
                     cls = self.classes[key] = FindingClass(key, f, source=str(path),
                                                            trace_path=str(path), reproduced=True)
+                    self._notify(cls)
                 cls.count += 1
                 self.tolerated.add(key)  # already has a minimal trace: do not shrink it again
 
     def explore(self) -> None:
         from hypothesis import HealthCheck, Phase, Verbosity, settings
-        from hypothesis.database import DirectoryBasedExampleDatabase
+        from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
         from hypothesis.stateful import get_state_machine_test
 
         from strategies.machine import VIOLATIONS, MachineSettings, SchedulerContractMachine
@@ -247,9 +257,11 @@ class Campaign:
             violations=o.violations if o.violations is not None else VIOLATIONS,
             on_step=self._on_step, on_teardown=self._on_teardown, stopped=self.stopped)
         machine = SchedulerContractMachine.bind(machine_settings)
-        database = DirectoryBasedExampleDatabase(str(o.database)) if o.database else None
+        database = o.database if isinstance(o.database, ExampleDatabase) else (
+            DirectoryBasedExampleDatabase(str(o.database)) if o.database else None)
         key = f"simrig-fuzz:{o.mode}:{','.join(map(str, o.pcp_sizes))}".encode()
         while not self.stopped():
+            self.between_chunks()
             chunk = self.stats.chunks
             self.stats.chunks += 1
             self._chunk_failed = False
@@ -273,6 +285,10 @@ class Campaign:
             self.stats.stopped_by = "signal"
         elif self._examples_done():
             self.stats.stopped_by = "max_examples"
+
+    def between_chunks(self) -> None:
+        """Hook before each Hypothesis run: the only time the tolerated classes
+        may change (mid-run it would make Hypothesis' replays inconsistent)."""
 
     def _after_failure(self, exc: BaseException) -> None:
         """Hypothesis re-raises the shrunk example's error (or a Flaky one after

@@ -38,16 +38,7 @@ def write_shrunk(cls: Any, options: Any, staging: Path) -> Path:
     """Write a FindingClass's smallest run under STAGING/ (moved to OUT/shrunk/
     with the report), replay it, set ``cls.trace_path`` (final path) and
     ``cls.reproduced``; copy failing ones into the regressions folder when asked."""
-    kind, stage, fld, exc_type, loud = cls.key
-    # A loud rejection is what the runner must keep doing: the trace says so.
-    expect = (Expectation(kind, stage=stage or None, field=fld or None,
-                          exception_type=exc_type or None,
-                          note="loud rejection of a contract violation (simrig fuzz)"),) if loud else ()
-    header = TraceHeader(config=cls.config, adversarial=options.mode == "adversarial", expect=expect,
-                         source={
-        "kind": "shrunk", "tool": "simrig fuzz", "seed": options.seed, "mode": options.mode,
-        "signature": list(cls.key[:4]), "loud_rejection": cls.key[4],
-        "violation_steps": {str(k): v for k, v in sorted(cls.violations.items())}})
+    header = shrunk_header(cls, options)
     path = Path(staging) / f"{trace_name(cls.key)}.jsonl"
     write_trace(path, header, cls.steps)
     cls.trace_path = str(Path(options.out_dir) / "shrunk" / path.name)
@@ -56,6 +47,20 @@ def write_shrunk(cls: Any, options: Any, staging: Path) -> Path:
     if options.save_regressions and cls.failing:
         write_trace(Path(options.regressions_dir) / path.name, header, cls.steps)
     return path
+
+
+def shrunk_header(cls: Any, options: Any) -> TraceHeader:
+    """The header of a class's shrunk trace: what it must reproduce."""
+    kind, stage, fld, exc_type, loud = cls.key
+    # A loud rejection is what the runner must keep doing: the trace says so.
+    expect = (Expectation(kind, stage=stage or None, field=fld or None,
+                          exception_type=exc_type or None,
+                          note="loud rejection of a contract violation (simrig fuzz)"),) if loud else ()
+    return TraceHeader(config=cls.config, adversarial=options.mode == "adversarial", expect=expect,
+                       source={
+        "kind": "shrunk", "tool": "simrig fuzz", "seed": options.seed, "mode": options.mode,
+        "signature": list(cls.key[:4]), "loud_rejection": cls.key[4],
+        "violation_steps": {str(k): v for k, v in sorted(cls.violations.items())}})
 
 
 def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),

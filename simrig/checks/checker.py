@@ -34,8 +34,8 @@ from simrig.checks.known import KnownFindings, installed_vllm_version, load_know
 from simrig.checks.lifecycle import DUPLICATE_NEW, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract
 from simrig.checks.parity import check_parity
 from simrig.checks.pcp import check_pcp
-from simrig.checks.semantics import check_batch_semantics
 from simrig.checks.reference import ReferenceModel
+from simrig.checks.semantics import check_batch_semantics
 from simrig.observe import DUMMY, GATHER, PARTITION, PREPARE, StepObs
 from simrig.step import RunnerConfig, Step
 

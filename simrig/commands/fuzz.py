@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-regressions", action="store_true",
                    help="also copy each failing shrunk trace into the regressions folder")
     add_output_flags(p, "fuzz")
+    from simrig.distributed.cluster import add_distributed_arguments
+
+    add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
     p.set_defaults(func=run)
 
 
@@ -102,10 +105,14 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
     from simrig.commands.common import emit_json, record_history
+    from simrig.distributed.cluster import distributed_workers
     from simrig.report.classes import class_rows_for_print, verdict_line
     from simrig.report.timing import time_share_line
 
     options = options_from_args(args)
+    workers = distributed_workers(args)  # Ray missing / unreachable: exit 2 before anything runs
+    if workers is not None:
+        return _run_sharded(options, workers, args.ray)
     campaign = Campaign(options)
     status = campaign.run()
     s = getattr(campaign, "report_summary", None) or campaign.summary()
@@ -123,4 +130,30 @@ def run(args: argparse.Namespace) -> int:
     if s.get("time_share"):
         print(time_share_line(s["time_share"]))
     print(f"report: {options.out_dir / 'report.html'}")
+    return status
+
+
+def _run_sharded(options, workers: int, address: str | None) -> int:
+    from simrig.distributed.fuzz_shards import ShardedCampaign
+
+    sharded = ShardedCampaign(options, workers, address)
+    status = sharded.run()
+    s = sharded.merged.summary()
+    print(f"fuzz {s['mode']} on {workers} workers: {s['examples']} examples, {s['steps']} steps in "
+          f"{s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
+          f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}")
+    for row in sharded.rows:
+        note = f" -- {row.note}" if row.note else ""
+        print(f"  shard {row.shard} [{row.status}] {row.worker} seed {row.seed} pcp {row.pcp_sizes}: "
+              f"{row.examples} examples, {row.steps} steps, {row.steps_per_s:.2f} steps/s, "
+              f"{row.classes} classes{note}")
+    print(f"findings: {s['findings']} in {s['finding_classes']} classes ({s['failing_classes']} failing)")
+    for cls in sorted(sharded.merged.classes.values(), key=lambda c: c.key):
+        mark = "FAIL" if cls.failing else ("loud" if cls.loud else "known")
+        steps = f" {len(cls.steps)} steps" if cls.steps is not None else ""
+        print(f"  {mark} x{cls.count} {cls.first.one_line()[:160]}\n       -> "
+              f"{cls.trace_path or cls.source}{steps} (found by {','.join(sharded.found_by[cls.key])})")
+    for text in sharded.merged.stats.rig_errors:
+        print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
+    print(f"report: {options.out_dir}")
     return status

@@ -12,6 +12,8 @@ import json
 import sys
 import time
 
+from simrig.errors import UsageError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from simrig.commands.common import add_output_flags
@@ -34,6 +36,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
     add_output_flags(p, "replay")
+    from simrig.distributed.cluster import add_distributed_arguments
+
+    add_distributed_arguments(p, "replay trace x PCP size x segment units on N Ray workers")
+    p.add_argument("--segment-steps", type=int, default=None, metavar="N",
+                   help="with --workers: cut traces longer than N steps into segments, each "
+                        "starting with a resync step (default: max(200, total steps / N))")
     p.set_defaults(func=run)
 
 
@@ -50,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     stages = parse_stages(args.stages)
     out = check_out_dir(args.out) if args.out else default_out_dir("replay")
     paths = expand_trace_paths(args.traces)
+    from simrig.distributed.cluster import distributed_workers
+
+    workers = distributed_workers(args)
+    if args.segment_steps is not None and args.segment_steps < 1:
+        raise UsageError(f"--segment-steps: must be >= 1, got {args.segment_steps}")
     total = 0
     for path in paths:  # every header and step line, before anything runs
         header, num_steps = scan_trace(path)
@@ -57,13 +70,26 @@ def run(args: argparse.Namespace) -> int:
 
     progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
     try:
-        result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
+        if workers is not None:
+            from simrig.distributed.replay_shards import replay_sharded
+
+            sharded = replay_sharded(paths, workers=workers, address=args.ray, pcp_sizes=pcp_sizes,
+                                     stages=stages, segment_steps=args.segment_steps,
+                                     progress=progress)
+            result = sharded.result
+        else:
+            result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
     finally:
         progress.close()
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
                **result.summary()}
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     summary["exit_status"] = result.exit_status
+    if workers is not None:  # per unit: where it ran and how long its replay took
+        summary["workers"] = workers
+        summary["units"] = [{"trace": u.unit.path, "pcp_size": u.unit.pcp_size, "start": u.unit.start,
+                             "stop": u.unit.stop, "replay_s": round(u.seconds, 3), "worker": u.worker}
+                            for u in sharded.units]
     headline = (f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
                 f"(pcp sizes {','.join(map(str, result.pcp_sizes))}) in {summary['elapsed_s']:.1f} s "
                 f"({summary['steps_per_s']:.1f} steps/s), vLLM {result.vllm_version} on {result.device}")

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from simrig.errors import UsageError
 
@@ -35,19 +36,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="score the fuzz campaign alone: no bundled traces, for the baseline "
                         "and every mutant")
     add_output_flags(p, "selftest")
+    from simrig.distributed.cluster import add_distributed_arguments
+
+    add_distributed_arguments(p, "run the mutants (each in its own child process) on N Ray workers")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from simrig.report.writer import check_out_dir, default_out_dir, write_report
-    from simrig.selftest.catalogue import BY_NAME, CATALOGUE
     from simrig.checks.known import installed_vllm_version
     from simrig.commands.common import emit_json, progress_mode, record_history
     from simrig.report.classes import class_rows_for_print, verdict_line
-    from simrig.selftest.driver import (BASELINE, baseline_cache, bundled_traces, run_child,
-                                        scoreboard_classes, scoreboard_rows, select_mutants)
+    from simrig.report.writer import check_out_dir, default_out_dir, write_report
+    from simrig.selftest.catalogue import BY_NAME, CATALOGUE
+    from simrig.selftest.driver import (
+        BASELINE,
+        baseline_cache,
+        bundled_traces,
+        run_child,
+        scoreboard_classes,
+        scoreboard_rows,
+        select_mutants,
+    )
 
     if args.list:
         for m in CATALOGUE:
@@ -58,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--budget-per-mutant: must be > 0 seconds")
     names = select_mutants([n for n in (args.mutants or "").split(",") if n])
     out = check_out_dir(args.out or default_out_dir("selftest"))
+    from simrig.distributed.cluster import distributed_workers
+
+    workers = distributed_workers(args)
     root = Path(__file__).resolve().parents[2]
     traces = [] if args.fuzz_only else bundled_traces(root)
     # A child also pays the vLLM import (~15 s) and its replay; give it room past the budget.
@@ -83,18 +97,30 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, KeyError) as exc:
             raise UsageError(f"{baseline_cache(root)}: unreadable baseline ({exc}); "
                              "run without --skip-baseline once") from None
-    for i, name in enumerate(names, 1):
+
+    def verdict(name: str, r: Any) -> str:
+        m = BY_NAME[name]
+        text = ("detected in %.1f s by %s via %s (%s)" % (r.seconds_to_detection, r.phase, r.via, r.kind)
+                if r.detected else (r.error or ("equivalent" if m.equivalent else
+                                                "control survived" if m.control else "SURVIVED")))
+        return ("CONTROL DETECTED (the scoring is broken): " + text) if m.control and r.detected else text
+
+    if workers is not None:  # one Ray task per mutant; results in catalogue order
+        from simrig.distributed.cluster import ray_session
+        from simrig.distributed.tasks import map_in_order
+
+        calls = [dict(mutant=name, budget_s=args.budget_per_mutant, seed=args.seed,
+                      baseline=baseline_sigs, traces=traces, out_dir=out.parent / f".{out.name}-work",
+                      timeout_s=timeout) for name in names]
+        with ray_session(workers, args.ray) as ray:
+            results += map_in_order(ray, run_child, calls, on_done=lambda i, r: say(
+                f"selftest: {names[i]} -> {verdict(names[i], r)}", flush=True))
+    for i, name in enumerate(names if workers is None else [], 1):
         say(f"selftest: [{i}/{len(names)}] {name}", end="", flush=True)
         r = run_child(name, budget_s=args.budget_per_mutant, seed=args.seed, baseline=baseline_sigs,
                       traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
         results.append(r)
-        m = BY_NAME[name]
-        verdict = ("detected in %.1f s by %s via %s (%s)" % (r.seconds_to_detection, r.phase, r.via, r.kind)
-                   if r.detected else (r.error or ("equivalent" if m.equivalent else
-                                                   "control survived" if m.control else "SURVIVED")))
-        if m.control and r.detected:
-            verdict = "CONTROL DETECTED (the scoring is broken): " + verdict
-        say(f" -> {verdict}")
+        say(f" -> {verdict(name, r)}")
     rows = scoreboard_rows(results)
     board = pd.DataFrame(rows)
     detected = board[board.status == "detected"]
@@ -124,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         "budget_per_mutant_s": args.budget_per_mutant, "seed": args.seed,
         "elapsed_s": round(time.monotonic() - started, 1), "exit_status": int(failed),
     }
+    if workers is not None:
+        summary["workers"] = workers
     empty = pd.DataFrame()
     classes = scoreboard_classes(rows)
     headline = (f"{summary['detected']}/{len(names)} mutants detected, {summary['survived']} survived, "

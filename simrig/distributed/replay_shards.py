@@ -1,0 +1,213 @@
+"""``simrig replay --workers N``: trace x PCP size x segment units on Ray, one merged result.
+
+    units: every (trace, PCP size); a trace longer than the segment length is cut
+           into segments [start, stop) of its steps (adversarial traces stay whole)
+
+    segment [start, stop) on a worker, through the one replay loop (run_steps):
+      steps 0 .. start-1  parsed only: RunnerMirror + BatchTracker follow them
+      resync step         every request the runner holds, re-sent (as the live
+                          recorder's parts begin); replayed, never recorded
+      steps start..stop-1 replayed and recorded with their original step numbers
+
+    driver: units largest first on Ray; merged in trace / PCP / segment order, so
+            tables, contract counts and the first findings equal a one-process
+            replay's; known rows re-capped per (trace, PCP size, signature) across
+            segments (KNOWN_ROWS_PER_SIGNATURE), the rest counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simrig.checks.findings import Finding
+from simrig.replay import FIRST_FINDINGS, KNOWN_ROWS_PER_SIGNATURE, ReplayRecorder, ReplayResult, sort_rows
+from simrig.step import Step
+
+MIN_SEGMENT_STEPS = 200  # below this a resync costs more than the parallelism gains
+
+
+@dataclass(frozen=True)
+class Unit:
+    order: int  # position in a one-process replay
+    path: str
+    pcp_size: int
+    start: int  # first step (0: from the beginning, no resync)
+    stop: int  # one past the last step
+
+    @property
+    def num_steps(self) -> int:
+        return self.stop - self.start
+
+
+def plan_units(traces: Sequence[tuple[str, int, int, bool]], workers: int,
+               segment_steps: int | None = None) -> list[Unit]:
+    """traces: (path, steps, pcp_size, adversarial) per trace x PCP size, in replay order.
+    Segment length: ``segment_steps``, else max(MIN_SEGMENT_STEPS, total / workers)."""
+    total = sum(n for _, n, _, _ in traces)
+    length = segment_steps or max(MIN_SEGMENT_STEPS, math.ceil(total / max(workers, 1)))
+    units: list[Unit] = []
+    for path, n, pcp_size, adversarial in traces:
+        parts = 1 if adversarial or n <= length else math.ceil(n / length)
+        bounds = [round(i * n / parts) for i in range(parts + 1)]
+        for a, b in zip(bounds, bounds[1:]):
+            units.append(Unit(len(units), str(path), pcp_size, a, b))
+    return units
+
+
+@dataclass
+class UnitResult:
+    unit: Unit
+    steps: Any
+    findings: Any
+    contract: dict[tuple[str, str, str, str], list[Any]]
+    first_findings: list[Finding]
+    known_elided: dict[str, int]
+    num_steps: int
+    seconds: float
+    vllm_version: str = ""
+    device: str = ""
+    worker: str = ""
+
+
+def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
+    """A Ray task: one unit through ``run_steps``; step numbers are the trace's own."""
+    from simrig.adapters.runner import load
+    from simrig.distributed.cluster import worker_name
+    from simrig.replay import BatchTracker, run_steps
+    from simrig.sources.live import RunnerMirror
+    from simrig.sources.trace import TraceReader
+
+    api = load()
+    reader = TraceReader(unit.path)
+    header = reader.header
+    config = dataclasses.replace(header.config, pcp_size=unit.pcp_size)
+    tracker, mirror, rec = BatchTracker(), RunnerMirror(), ReplayRecorder()
+    shift = unit.start - 1 if unit.start else 0  # replayed index -> trace step
+
+    def steps() -> Iterator[tuple[int, Step]]:
+        for i, (line, step) in enumerate(reader):
+            if i >= unit.stop:
+                return
+            if i < unit.start:
+                mirror.apply(step)
+                tracker.observe(step)
+                continue
+            if i == unit.start and unit.start:
+                yield -1, mirror.resync_step()
+            yield line, step
+
+    started = time.perf_counter()
+    try:
+        for replayed in run_steps(header, steps(), name=unit.path, config=config, stages=stages,
+                                  api=api):
+            if replayed.line == -1:
+                continue  # the resync step is scaffolding, not part of the trace
+            observation = replayed.observation
+            if shift:
+                observation = dataclasses.replace(observation, index=observation.index + shift)
+                for finding in replayed.findings:
+                    finding.step += shift
+            rec.record(unit.path, unit.pcp_size, replayed.line, replayed.step,
+                       tracker.observe(replayed.step), observation, replayed.findings)
+    finally:
+        reader.close()
+    return UnitResult(unit, rec.steps.to_frame(), rec.findings.to_frame(), rec.contract,
+                      rec.first_findings, rec.known_elided, rec.num_steps,
+                      time.perf_counter() - started, api.version,
+                      f"{api.device} ({api.platform.mode})", worker_name())
+
+
+@dataclass
+class MergedReplay:
+    result: ReplayResult
+    units: list[UnitResult] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def merge_units(results: list[UnitResult], traces: Sequence[str], pcp_sizes: Sequence[int],
+                stages: Sequence[str], wall_s: float) -> ReplayResult:
+    """One ReplayResult as a one-process replay of the same traces would give."""
+    import pandas as pd
+
+    results = sorted(results, key=lambda r: r.unit.order)
+    rec = ReplayRecorder()
+    for r in results:
+        for key, (count, *first) in r.contract.items():
+            entry = rec.contract.get(key)
+            if entry is None:
+                rec.contract[key] = [count, *first]
+            else:
+                entry[0] += count
+        for kind, n in r.known_elided.items():
+            rec.known_elided[kind] = rec.known_elided.get(kind, 0) + n
+        for finding in r.first_findings:
+            if sum(f.known == finding.known for f in rec.first_findings) < FIRST_FINDINGS:
+                rec.first_findings.append(finding)
+    frames = [r.findings for r in results if len(r.findings)]
+    findings = pd.concat(frames, ignore_index=True) if frames else results[0].findings
+    findings = _recap_known(sort_rows(findings, ("trace", "pcp_size", "step", "stage", "rank",
+                                                 "kind", "check", "field", "req_ids", "message")),
+                            rec.known_elided)
+    frames = [r.steps for r in results if len(r.steps)]
+    steps = pd.concat(frames, ignore_index=True) if frames else results[0].steps
+    first = results[0] if results else None
+    return ReplayResult(
+        steps=sort_rows(steps, ("trace", "pcp_size", "step", "stage", "rank")),
+        findings=findings, contract=rec.contract_frame(),
+        first_findings=sorted(rec.first_findings, key=lambda f: f.known), traces=list(traces),
+        pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=sum(r.num_steps for r in results),
+        replay_s=wall_s, vllm_version=first.vllm_version if first else "",
+        device=first.device if first else "", known_elided=dict(rec.known_elided))
+
+
+def _recap_known(findings: Any, elided: dict[str, int]) -> Any:
+    """Keep the first KNOWN_ROWS_PER_SIGNATURE known rows per (trace, PCP size,
+    check, signature) over all segments; count the rest in ``elided``."""
+    if not len(findings):
+        return findings
+    known = findings["known"].astype(bool)
+    group = ["trace", "pcp_size", "check", "kind", "stage", "field", "exception_type"]
+    rank = findings[known].groupby([findings[c].astype(str) for c in group]).cumcount()
+    over = rank[rank >= KNOWN_ROWS_PER_SIGNATURE].index
+    for kind, n in findings.loc[over, "kind"].astype(str).value_counts().items():
+        elided[kind] = elided.get(kind, 0) + int(n)
+    return findings.drop(index=over).reset_index(drop=True)
+
+
+def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
+                   pcp_sizes: Sequence[int] | None, stages: tuple[str, ...],
+                   segment_steps: int | None = None, progress: Any = None) -> MergedReplay:
+    """Replay traces on Ray workers; the merged result of every unit."""
+    from simrig.distributed.cluster import ray_session
+    from simrig.replay import scan_trace
+
+    listing, used = [], []
+    for path in paths:
+        header, n = scan_trace(path)
+        for size in (pcp_sizes or [header.config.pcp_size]):
+            listing.append((str(path), n, size, header.adversarial))
+            if size not in used:
+                used.append(size)
+    units = plan_units(listing, workers, segment_steps)
+    started = time.perf_counter()
+    results: list[UnitResult] = []
+    with ray_session(workers, address) as ray:
+        task = ray.remote(num_cpus=1, max_retries=2)(replay_unit)
+        pending = [task.remote(u, stages) for u in sorted(units, key=lambda u: -u.num_steps)]
+        done_steps = 0
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            result = ray.get(ready[0])
+            results.append(result)
+            done_steps += result.num_steps
+            if progress is not None:
+                progress.update(done_steps, 0, 0)
+    wall = time.perf_counter() - started
+    merged = merge_units(results, [str(p) for p in paths], used, stages, wall)
+    return MergedReplay(merged, sorted(results, key=lambda r: r.unit.order), wall)

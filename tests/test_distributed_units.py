@@ -1,0 +1,74 @@
+"""Sharding plans and the one-line failures of --workers/--ray (no Ray cluster started)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simrig.campaign.fuzz import CampaignOptions
+from simrig.distributed.fuzz_shards import plan_shards
+from simrig.distributed.replay_shards import MIN_SEGMENT_STEPS, plan_units
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shards_deal_pcp_sizes_and_seeds():
+    plan = plan_shards(CampaignOptions(seed=7, pcp_sizes=(1, 2, 4), mode="valid"), 4)
+    assert [s.pcp_sizes for s in plan] == [(1,), (2,), (4,), (1,)]
+    assert [s.seed for s in plan] == [7, 8, 9, 10]
+    assert [s.replay_regressions for s in plan] == [True, False, False, False]
+    assert {s.name for s in plan} == {"s0", "s1", "s2", "s3"}
+    one = plan_shards(CampaignOptions(seed=3, pcp_sizes=(1, 2)), 1)
+    assert [(s.pcp_sizes, s.seed) for s in one] == [((1, 2), 3)]
+
+
+def test_units_cut_long_traces_only_and_cover_every_step():
+    listing = [("a", 1000, 1, False), ("b", 50, 1, False), ("c", 1000, 2, True)]
+    units = plan_units(listing, workers=4)
+    a = [u for u in units if u.path == "a"]
+    # segment length max(200, ceil(2050 / 4)) = 513: the 1000-step trace in 2 halves
+    assert MIN_SEGMENT_STEPS <= 513 and [(u.start, u.stop) for u in a] == [(0, 500), (500, 1000)]
+    assert a[0].start == 0 and a[-1].stop == 1000
+    assert all(x.stop == y.start for x, y in zip(a, a[1:]))
+    assert [(u.start, u.stop) for u in units if u.path == "b"] == [(0, 50)]
+    assert [(u.start, u.stop) for u in units if u.path == "c"] == [(0, 1000)]  # adversarial: whole
+    assert [u.order for u in units] == list(range(len(units)))
+    forced = plan_units([("a", 100, 1, False)], workers=1, segment_steps=30)
+    assert [(u.start, u.stop) for u in forced] == [(0, 25), (25, 50), (50, 75), (75, 100)]
+
+
+def _cli(args: list[str], hide_ray: bool = False) -> subprocess.CompletedProcess:
+    code = ("import sys\n" + ("sys.modules['ray'] = None\n" if hide_ray else "")
+            + "from simrig.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", [
+    ["fuzz", "--workers", "2", "--budget", "5"],
+    ["replay", "traces/samples", "--workers", "2"],
+    ["selftest", "--workers", "2", "--mutants", "getitem-to-get"],
+])
+def test_missing_ray_is_one_line_exit_2_no_report(tmp_path, command):
+    out = tmp_path / "out"
+    done = _cli([*command, "--out", str(out)], hide_ray=True)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "Ray is not installed" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "not-an-address"])
+def test_unreachable_ray_address_is_one_line_exit_2_no_report(tmp_path, address):
+    out = tmp_path / "out"
+    done = _cli(["fuzz", "--workers", "2", "--ray", address, "--budget", "5", "--out", str(out)])
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "--ray" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_workers_must_be_positive(tmp_path):
+    done = _cli(["fuzz", "--workers", "0", "--out", str(tmp_path / "o")])
+    assert done.returncode == 2 and "--workers" in done.stderr
