@@ -349,16 +349,21 @@ class ShardedCampaign:
 
         import pandas as pd
 
-        from simrig.campaign.fuzz import _one_row, junit_xml
+        from simrig.campaign.fuzz import junit_xml
         from simrig.campaign.shrink import shrunk_header, trace_name
         from simrig.replay import sort_rows
-        from simrig.report.writer import write_report
+        from simrig.report.classes import classes_from_rows
+        from simrig.report.writer import swap_into_place, write_report
         from simrig.sources.trace import write_trace
 
         o = self.options
         out = Path(o.out_dir)
+        # The report, shrunk/ and junit.xml are built beside OUT and swapped in
+        # whole: the report directory is complete or absent.
+        report_staging = out.parent / f".{out.name}-staging"
         staging = out.parent / f".{out.name}-shrunk-staging"
-        shutil.rmtree(staging, ignore_errors=True)
+        for folder in (report_staging, staging):
+            shutil.rmtree(folder, ignore_errors=True)
         staging.mkdir(parents=True)
         try:
             for cls in sorted(self.merged.classes.values(), key=lambda c: c.key):
@@ -382,15 +387,20 @@ class ShardedCampaign:
             contract = _merge_contract([r.contract for r in results])
             steps = sort_rows(steps, ("trace", "pcp_size", "step", "stage", "rank"))
             shards = pd.DataFrame([dataclasses.asdict(r) for r in self.rows])
-            write_report(out, steps, findings, contract, summary,
-                         extra_tables={"campaign": _one_row(summary), "occurrences": occurrences,
-                                       "shards": shards},
-                         title=f"simrig fuzz campaign on {self.workers} Ray workers")
+            classes = classes_from_rows(findings)
+            summary["exit_status"] = self.merged.exit_status()
+            write_report(report_staging, steps, findings, contract, summary,
+                         extra_tables={"occurrences": occurrences, "shards": shards},
+                         title=f"simrig fuzz campaign on {self.workers} Ray workers",
+                         classes=classes, occurrences=occurrences,
+                         headline=self.merged.headline(summary))
             if any(staging.iterdir()):
-                os.replace(staging, out / "shrunk")
-            (out / "junit.xml").write_text(junit_xml(self.merged), encoding="utf-8")
+                os.replace(staging, report_staging / "shrunk")
+            (report_staging / "junit.xml").write_text(junit_xml(self.merged), encoding="utf-8")
+            swap_into_place(report_staging, out)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(report_staging, ignore_errors=True)
 
 
 def _concat(frames: list[Any]) -> Any:
