@@ -25,3 +25,18 @@ def _history_in_tmp(tmp_path_factory):
         os.environ.pop("SIMRIG_HISTORY", None)
     else:
         os.environ["SIMRIG_HISTORY"] = old
+
+
+@pytest.fixture
+def ghost_trace(tmp_path):
+    """A two-step trace whose second step schedules ``ghost-7``, an id never added:
+    the runner must raise KeyError naming it."""
+    from simrig.sources.trace import TraceHeader, write_trace
+    from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+
+    path = tmp_path / "ghost.jsonl"
+    steps = [Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4}),
+             Step(cached=[CachedUpdate("a", 4)], num_scheduled_tokens={"a": 1, "ghost-7": 1})]
+    write_trace(path, TraceHeader(config=RunnerConfig(max_num_reqs=4, max_num_batched_tokens=16,
+                                                      max_model_len=64)), steps)
+    return path

@@ -25,8 +25,8 @@ from simrig.replay import (
 )
 from simrig.report.tables import ColumnTable
 from simrig.report.writer import REPORT_FILES, write_report
-from simrig.sources.trace import TraceError, TraceHeader, read_trace, write_trace
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.sources.trace import TraceError, read_trace
+from simrig.step import Step
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "traces" / "samples"
@@ -280,24 +280,16 @@ def test_malformed_line_mid_replay_raises_trace_error(vllm_api):
         replay_traces([MALFORMED / "unknown_field.jsonl"], stages=CHEAP)
 
 
-def _ghost_trace(path: Path) -> Path:
-    steps = [Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4}),
-             Step(cached=[CachedUpdate("a", 4)], num_scheduled_tokens={"a": 1, "ghost-7": 1})]
-    write_trace(path, TraceHeader(config=RunnerConfig(max_num_reqs=4, max_num_batched_tokens=16,
-                                                      max_model_len=64)), steps)
-    return path
-
-
 @pytest.mark.vllm
-def test_never_added_id_is_recorded_where_the_runner_raised(vllm_api, tmp_path):
-    result = replay_trace(_ghost_trace(tmp_path / "ghost.jsonl"), stages=CHEAP)
+def test_never_added_id_is_recorded_where_the_runner_raised(vllm_api, ghost_trace):
+    result = replay_trace(ghost_trace, stages=CHEAP)
     gather = result.steps[(result.steps["stage"] == "gather")]
     assert list(gather["error"].astype(str)) == ["", "KeyError"]
 
 
 @pytest.mark.vllm
-def test_never_added_id_gives_a_key_error_finding_naming_it(vllm_api, tmp_path, capsys):
-    trace = _ghost_trace(tmp_path / "ghost.jsonl")
+def test_never_added_id_gives_a_key_error_finding_naming_it(vllm_api, tmp_path, capsys, ghost_trace):
+    trace = ghost_trace
     out = tmp_path / "rep"
     status = main(["replay", str(trace), "--stages", "gather,dummy", "--out", str(out), "--quiet"])
     printed = capsys.readouterr().out

@@ -19,8 +19,6 @@ import pytest
 
 from simrig.cli import main
 from simrig.report.classes import verdict_line
-from simrig.sources.trace import TraceHeader, write_trace
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 ROOT = Path(__file__).resolve().parents[1]
 REGRESSIONS = ROOT / "traces" / "regressions"
@@ -49,14 +47,6 @@ def assert_report_agrees(out: Path, status: int) -> dict:
     return summary
 
 
-def _ghost_trace(path: Path) -> Path:
-    steps = [Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4}),
-             Step(cached=[CachedUpdate("a", 4)], num_scheduled_tokens={"a": 1, "ghost-7": 1})]
-    write_trace(path, TraceHeader(config=RunnerConfig(max_num_reqs=4, max_num_batched_tokens=16,
-                                                      max_model_len=64)), steps)
-    return path
-
-
 @pytest.mark.vllm
 def test_shipped_regression_traces_replay_green_with_their_expected_classes(tmp_path, capsys):
     out = tmp_path / "rep"
@@ -78,8 +68,8 @@ def test_shipped_regression_traces_replay_green_with_their_expected_classes(tmp_
 
 
 @pytest.mark.vllm
-def test_a_new_class_fails_everywhere_at_once(tmp_path, capsys):
-    trace = _ghost_trace(tmp_path / "ghost.jsonl")
+def test_a_new_class_fails_everywhere_at_once(tmp_path, capsys, ghost_trace):
+    trace = ghost_trace
     out = tmp_path / "rep"
     status = main(["replay", str(trace), "--stages", "gather,dummy", "--out", str(out), "--quiet"])
     assert status == 1
