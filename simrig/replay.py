@@ -432,6 +432,7 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     from simrig.checks import findings as fk
     from simrig.checks.checker import Checker, check_step
     from simrig.checks.expected import mark_expected, missing_expectations
+    from simrig.checks.lifecycle import LOUD_KINDS
     from simrig.harness import Harness, run_step_guarded
 
     config = config if config is not None else header.config
@@ -462,7 +463,7 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
                            violations.get(index), name)
         if header.adversarial and not violations:
             for f in found:
-                if f.kind in (fk.KEY_ERROR, fk.CONTRACT_VIOLATION_INPUT):
+                if f.kind in LOUD_KINDS:
                     f.extra["loud_rejection"] = True
         mark_expected(header.expect, found, met)
         if held is not None:

@@ -8,7 +8,6 @@ and no report directory is written.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from simrig.commands.common import emit_json, progress_mode, record_history
     from simrig.progress import Progress
     from simrig.replay import expand_trace_paths, parse_pcp_sizes, parse_stages, replay_traces, scan_trace
-    from simrig.report.classes import class_rows_for_print, verdict_line
+    from simrig.report.classes import class_rows_for_print, verdict_counts, verdict_line
     from simrig.report.timing import time_share_line
     from simrig.report.writer import check_out_dir, default_out_dir, write_report
 
@@ -96,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     report = write_report(out, result.steps, result.findings, result.contract, summary,
                           classes=result.classes, headline=headline)
     summary["report"] = str(report)
-    summary["classes"] = json.loads((report / "summary.json").read_text())["classes"]
+    summary["classes"] = verdict_counts(result.classes)  # what write_report put in summary.json
     record_history(summary, result.classes)
     if getattr(args, "json", False):
         emit_json(summary)
