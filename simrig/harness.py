@@ -6,10 +6,15 @@ One step, in the order GPUModelRunner.execute_model runs it:
       lifecycle   finish_requests / add_requests / update_requests (real)
                   drafter stand-in writes draft token ids into req_states
       gather      gather_batch_req_state                    -> BatchReqState
-      prepare     prepare_inputs (eager descriptor)         -> global InputBatch
-      partition   PCPManager.partition_batch, every rank     -> rank-local InputBatch
+      dispatch    dispatch_cg_and_sync_dp (vLLM's CudaGraphManager, see
+                  adapters/cudagraph.py)                    -> BatchExecutionDescriptor
+      prepare     prepare_inputs(..., descriptor)           -> global InputBatch, padded
+      partition   PCPManager.partition_batch(batch, descriptor), every PCP rank
+                  (and every DCP rank under DCP > 1)        -> rank-local InputBatch
       postprocess sampler stand-in + postprocess_sampled    (advances GPU state)
-      dummy       InputBatch.make_dummy(num_reqs, num_tokens) on its own buffers
+      dummy       InputBatch.make_dummy for the same descriptor, as cudagraph
+                  capture builds it (PCP: prepare_inputs_for_capture_or_profile)
+      capture     first step only: make_dummy at every descriptor vLLM captures
 
 An exception stops the step where the real runner would stop (dummy still
 runs: cudagraph capture builds it independently). Nothing is raised out of
@@ -25,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from simrig import observe as obs
+from simrig.adapters import cudagraph
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
 from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
@@ -46,6 +52,8 @@ class Harness:
         self.api = api or load()
         self.runner = self.api.build_runner(config)
         self.pcp_managers = self.api.build_pcp_managers(config)
+        self.dcp_peers = self.api.build_dcp_peer_managers(config)
+        self.dispatcher = self.api.build_dispatcher(config)
         self.dummy_buffers = self.api.dummy_buffers(config)
         self.num_steps = 0
 
@@ -58,13 +66,41 @@ class Harness:
             return self._dummy(step, result)
         if not step.num_scheduled_tokens or obs.GATHER not in self.stages:
             return self._dummy(step, result)
-        batch_state = self._timed(result, obs.GATHER, None, step,
-                                  self.runner.gather_batch_req_state, so, False)
+        batch_state = self._timed(result, obs.GATHER, None, step, self._gather, so)
         if batch_state is None:
             return self._dummy(step, result)
+        desc = self._timed(result, obs.DISPATCH, None, step, self._dispatch, step, *batch_state,
+                           extra=None, observe=False)
+        if desc is None:
+            return self._dummy(step, result)
+        result.stages[-1].fields = {k: obs.observe_value(v) for k, v in cudagraph.describe(desc).items()}
         if obs.PREPARE in self.stages:
-            self._prepare_partition_postprocess(step, so, batch_state[0], result)
-        return self._dummy(step, result)
+            self._prepare_partition_postprocess(step, so, batch_state[0], desc, result)
+        return self._dummy(step, result, desc)
+
+    def _gather(self, so: Any) -> Any:
+        """gather_batch_req_state as the runner runs it: under PCP with its PCP
+        manager set (prefill rows never run as decodes there). The manager is
+        unset again for prepare_inputs, whose global batch the harness then
+        partitions for every rank itself."""
+        self.runner.pcp_manager = self.pcp_managers[0] if self.pcp_managers else None
+        try:
+            return self.runner.gather_batch_req_state(so, False)
+        finally:
+            self.runner.pcp_manager = None
+
+    def _dispatch(self, step: Step, batch_state: Any, uniform_token_count: int | None) -> Any:
+        """The descriptor execute_model picks: token count from the batch (the
+        largest rank-local one under PCP), no max query length with a prefill."""
+        num_tokens = batch_state.num_tokens
+        max_query_len = None if batch_state.has_prefill else max(step.num_scheduled_tokens.values())
+        if self.pcp_managers:
+            num_tokens = self.pcp_managers[0].get_num_tokens_for_dispatch(
+                batch_state.num_scheduled_tokens, batch_state.is_prefilling_np)
+        return cudagraph.dispatch(self.dispatcher, num_reqs=len(step.num_scheduled_tokens),
+                                  num_tokens=num_tokens, uniform_token_count=uniform_token_count,
+                                  max_query_len=max_query_len,
+                                  decode_query_len=self.config.decode_query_len)
 
     def _lifecycle(self, step: Step, so: Any, result: obs.StepObs) -> bool:
         runner = self.runner
@@ -94,10 +130,9 @@ class Harness:
             ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
             states.draft_tokens[idx, :k] = self.api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
 
-    def _prepare_partition_postprocess(self, step: Step, so: Any, batch_state: Any,
+    def _prepare_partition_postprocess(self, step: Step, so: Any, batch_state: Any, desc: Any,
                                        result: obs.StepObs) -> None:
         runner = self.runner
-        desc = self.api.batch_descriptor(batch_state.num_tokens)
         batch = self._timed(result, obs.PREPARE, None, step,
                             runner.prepare_inputs, so, batch_state, desc, 0)
         if batch is None:
@@ -106,6 +141,10 @@ class Harness:
             for rank, manager in enumerate(self.pcp_managers):
                 self._timed(result, obs.PARTITION, rank, step,
                             manager.partition_batch, batch, desc, extra=_pcp_private_view)
+            for rank, dcp_rank, manager in self.dcp_peers:
+                self._timed(result, obs.PARTITION, rank, step, manager.partition_batch, batch, desc,
+                            extra=_pcp_private_view)
+                result.stages[-1].dcp_rank = dcp_rank
         self._timed(result, obs.POSTPROCESS, None, step, self._sample, step, batch)
 
     def _sample(self, step: Step, batch: Any) -> dict[str, Any]:
@@ -137,13 +176,37 @@ class Harness:
             num_rejected_t, batch.query_start_loc)
         return {"num_sampled": num_sampled_t, "num_rejected": num_rejected_t}
 
-    def _dummy(self, step: Step, result: obs.StepObs) -> obs.StepObs:
+    def _dummy(self, step: Step, result: obs.StepObs, desc: Any = None) -> obs.StepObs:
+        if obs.DUMMY not in self.stages:
+            return result
         num_reqs = len(step.num_scheduled_tokens)
         num_tokens = step.total_num_scheduled_tokens
-        if obs.DUMMY in self.stages and 0 < num_reqs <= num_tokens:
+        if desc is not None and cudagraph.describe(desc)["cg_mode"] != "NONE":
+            # the batch this descriptor's graph was captured with
+            self._timed(result, obs.DUMMY, None, step, self._capture_dummy, desc)
+        elif 0 < num_reqs <= num_tokens:
             self._timed(result, obs.DUMMY, None, step, self.api.InputBatch.make_dummy,
                         num_reqs, num_tokens, self.dummy_buffers)
+        if result.index == 0:
+            for i, capture in enumerate(cudagraph.capture_descriptors(self.dispatcher)):
+                self._timed(result, obs.CAPTURE, i, step, self._capture_dummy, capture)
+                result.stages[-1].fields.update(
+                    {"desc." + k: obs.observe_value(v) for k, v in cudagraph.describe(capture).items()})
         return result
+
+    def _capture_dummy(self, desc: Any) -> Any:
+        """InputBatch.make_dummy with the arguments cudagraph capture derives
+        from a descriptor (CudaGraphManager.capture -> prepare_inputs_to_capture),
+        then PCP's staging of it."""
+        num_tokens = desc.num_tokens
+        num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
+        max_query_len = getattr(desc, "max_query_len", None) or getattr(desc, "uniform_token_count", None)
+        if max_query_len is None and cudagraph.describe(desc)["cg_mode"] == "FULL":
+            max_query_len = num_tokens
+        batch = self.api.make_dummy(num_reqs, num_tokens, self.dummy_buffers, max_query_len)
+        if self.pcp_managers:
+            batch = self.api.prepare_for_capture(self.pcp_managers[0], batch)
+        return batch
 
     def _timed(self, result: obs.StepObs, stage: str, rank: int | None, step: Step,
                fn: Any, *args: Any, observe: bool = True, extra: Any = None) -> Any:

@@ -16,11 +16,13 @@ import numpy as np
 # Stage names, in the order the runner runs them.
 LIFECYCLE = "lifecycle"  # finish / add / update through the real runner
 GATHER = "gather"  # GPUModelRunner.gather_batch_req_state
+DISPATCH = "dispatch"  # vLLM's cudagraph dispatch: the BatchExecutionDescriptor
 PREPARE = "prepare"  # GPUModelRunner.prepare_inputs
 PARTITION = "partition"  # PCPManager.partition_batch, one per rank
 POSTPROCESS = "postprocess"  # GPUModelRunner.postprocess_sampled (sampler stand-in)
-DUMMY = "dummy"  # InputBatch.make_dummy with the same shape
-STAGES = (LIFECYCLE, GATHER, PREPARE, PARTITION, POSTPROCESS, DUMMY)
+DUMMY = "dummy"  # InputBatch.make_dummy for the step's descriptor
+CAPTURE = "capture"  # make_dummy at one capture descriptor (first step only)
+STAGES = (LIFECYCLE, GATHER, DISPATCH, PREPARE, PARTITION, POSTPROCESS, DUMMY, CAPTURE)
 # Stages a user may switch off; lifecycle always runs.
 OPTIONAL_STAGES = (GATHER, PREPARE, PARTITION, DUMMY)
 
@@ -47,7 +49,10 @@ class ErrorObs:
 @dataclass
 class StageObs:
     stage: str
-    rank: int | None = None  # PCP rank, for the partition stage
+    # PCP rank for partition (dcp_rank too under DCP > 1); the capture
+    # descriptor's index for capture.
+    rank: int | None = None
+    dcp_rank: int = 0
     fields: dict[str, FieldObs] = field(default_factory=dict)
     duration_s: float = 0.0
     error: ErrorObs | None = None
@@ -67,9 +72,13 @@ class StepObs:
 
     def get(self, stage: str, rank: int | None = None) -> StageObs | None:
         for obs in self.stages:
-            if obs.stage == stage and obs.rank == rank:
+            if obs.stage == stage and obs.rank == rank and obs.dcp_rank == 0:
                 return obs
         return None
+
+    def all(self, stage: str) -> list[StageObs]:
+        """Every observation of ``stage`` (DCP rank 0 only: the PCP view)."""
+        return [s for s in self.stages if s.stage == stage and s.dcp_rank == 0]
 
     @property
     def errors(self) -> list[StageObs]:
@@ -86,6 +95,8 @@ def observe_value(value: Any) -> FieldObs:
         return FieldObs("numpy", value.dtype.name, value.shape, value.copy())
     if value is None:
         return FieldObs("none", "", (), None)
+    if isinstance(value, str):
+        return FieldObs("scalar", "str", (), value)
     if isinstance(value, (bool, int, float, np.generic)):
         return FieldObs("scalar", type(value).__name__, (), value)
     if isinstance(value, (list, tuple)):

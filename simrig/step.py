@@ -55,6 +55,12 @@ def rejected_from(step: "Step", req_id: str) -> int:
     return drafts - min(step.rejected.get(req_id, 0), drafts)
 
 
+# vLLM's CUDAGraphMode names; the two with a separate decode routine run
+# decode batches on FULL graphs of their own (CUDAGraphMode.separate_routine).
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+SEPARATE_DECODE_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """The runner-side limits a trace was produced under."""
@@ -67,10 +73,31 @@ class RunnerConfig:
     dcp_size: int = 1
     shard_decode_requests: bool = False
     block_size: int = 16
+    # CUDA-graph dispatch (vLLM's CompilationConfig.cudagraph_mode and
+    # cudagraph_capture_sizes): each step replays the graph vLLM's own
+    # dispatcher picks, padded to its shape. () with a graph mode: the
+    # default sizes (``graph_capture_sizes``).
+    cudagraph_mode: str = "NONE"
+    capture_sizes: tuple[int, ...] = ()
+    # Decode graphs that take any mix of 1..decode_query_len tokens per
+    # request instead of exactly decode_query_len (separate-routine modes).
+    varlen_decode: bool = False
 
     @property
     def decode_query_len(self) -> int:
         return 1 + self.num_speculative_tokens
+
+    @property
+    def graph_capture_sizes(self) -> tuple[int, ...]:
+        """The capture sizes in force: the configured ones, else vLLM's default
+        pattern (1, 2, 4, then multiples of 8) up to twice the largest decode
+        batch, capped by the token budget. Empty in eager mode."""
+        if self.cudagraph_mode == "NONE":
+            return ()
+        if self.capture_sizes:
+            return tuple(sorted(set(self.capture_sizes)))
+        cap = min(2 * self.max_num_reqs * self.decode_query_len, self.max_num_batched_tokens, 512)
+        return tuple(s for s in (1, 2, 4, *range(8, cap + 1, 8)) if s <= cap)
 
     def validate(self) -> None:
         for name in ("max_num_reqs", "max_num_batched_tokens", "max_model_len",
@@ -86,6 +113,21 @@ class RunnerConfig:
         # (ParallelConfig.pcp_shard_decode_requests).
         if self.shard_decode_requests and self.dcp_size > 1:
             raise ValueError(f"shard_decode_requests: requires dcp_size 1, got dcp_size {self.dcp_size}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode: must be one of {', '.join(CUDAGRAPH_MODES)}, "
+                             f"got {self.cudagraph_mode!r}")
+        for size in self.capture_sizes:
+            if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= self.max_num_batched_tokens:
+                raise ValueError(f"capture_sizes: each must be an integer in [1, max_num_batched_tokens="
+                                 f"{self.max_num_batched_tokens}], got {size!r}")
+        # PCPManager.validate_config: "MRV2 PCP supports full CUDA graphs for
+        # decode-only routines" (FULL without a separate decode routine is refused).
+        if self.pcp_size > 1 and self.cudagraph_mode == "FULL":
+            raise ValueError("cudagraph_mode: FULL is refused with PCP > 1 (use FULL_DECODE_ONLY, "
+                             "FULL_AND_PIECEWISE, PIECEWISE or NONE)")
+        if self.varlen_decode and self.cudagraph_mode not in SEPARATE_DECODE_MODES:
+            raise ValueError(f"varlen_decode: needs a mode with a separate decode routine "
+                             f"({', '.join(SEPARATE_DECODE_MODES)}), got {self.cudagraph_mode}")
 
 
 @dataclass

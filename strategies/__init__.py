@@ -9,14 +9,20 @@ Importable by any test suite (vLLM's own included)::
     def test_runner_accepts(run): ...
 """
 
-from strategies.configs import CUDAGRAPH_MODES, CudagraphDescriptor, cudagraph_descriptors, runner_configs
+from strategies.configs import (
+    CUDAGRAPH_MODES,
+    CudagraphDescriptor,
+    capture_size_lists,
+    cudagraph_descriptors,
+    runner_configs,
+)
 from strategies.machine import MODES, VIOLATIONS, MachineSettings, NewFinding, SchedulerContractMachine
 from strategies.model import SchedulerModel
 from strategies.requests import new_requests, prefix_cache_hits, prompt_lengths, request_ids
 from strategies.steps import scheduled_runs, scheduler_step, scheduler_steps
 
 __all__ = [
-    "CUDAGRAPH_MODES", "CudagraphDescriptor", "MODES", "MachineSettings", "NewFinding",
+    "CUDAGRAPH_MODES", "CudagraphDescriptor", "capture_size_lists", "MODES", "MachineSettings", "NewFinding",
     "SchedulerContractMachine", "SchedulerModel", "VIOLATIONS", "cudagraph_descriptors",
     "new_requests", "prefix_cache_hits", "prompt_lengths", "request_ids", "runner_configs",
     "scheduled_runs", "scheduler_step", "scheduler_steps",

@@ -11,10 +11,10 @@ from typing import NamedTuple
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from simrig.step import RunnerConfig
+from simrig.step import CUDAGRAPH_MODES, SEPARATE_DECODE_MODES, RunnerConfig
 from strategies._validate import check_choice, check_int, check_strategy
 
-CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL")
+DESCRIPTOR_MODES = ("NONE", "PIECEWISE", "FULL")  # the runtime modes a descriptor carries
 
 
 class CudagraphDescriptor(NamedTuple):
@@ -31,6 +31,13 @@ class CudagraphDescriptor(NamedTuple):
     num_reqs: int | None  # padded request count, None when not padded
 
 
+def capture_size_lists(max_num_batched_tokens: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """Capture-size lists: () for vLLM's default pattern, or 1-4 sizes within the budget."""
+    check_int("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
+    return st.one_of(st.just(()), st.lists(st.integers(1, max_num_batched_tokens), min_size=1, max_size=4,
+                                           unique=True).map(lambda xs: tuple(sorted(xs))))
+
+
 def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    max_num_batched_tokens: st.SearchStrategy[int] = st.sampled_from((16, 32, 64, 128)),
                    max_model_len: st.SearchStrategy[int] = st.sampled_from((64, 128, 256)),
@@ -38,7 +45,9 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    pcp_sizes: st.SearchStrategy[int] = st.sampled_from((1, 2, 4, 8)),
                    dcp_sizes: st.SearchStrategy[int] = st.sampled_from((1, 2)),
                    shard_decode_requests: st.SearchStrategy[bool] = st.booleans(),
-                   block_size: st.SearchStrategy[int] = st.just(16)) -> st.SearchStrategy[RunnerConfig]:
+                   block_size: st.SearchStrategy[int] = st.just(16),
+                   cudagraph_modes: st.SearchStrategy[str] = st.just("NONE"),
+                   varlen_decode: st.SearchStrategy[bool] = st.booleans()) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
     ``max_num_batched_tokens`` is raised to at least ``max_num_reqs`` (a
@@ -46,12 +55,16 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     vLLM accepts); ``dcp_size`` only appears with PCP > 1, and
     ``shard_decode_requests`` only with PCP > 1 and DCP 1 (vLLM's
     ``ParallelConfig.pcp_shard_decode_requests``: DCP needs every decode on
-    every rank).
+    every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
+    under PCP > 1 becomes FULL_AND_PIECEWISE: PCP refuses mixed FULL graphs);
+    a graph mode also draws its capture sizes (``capture_size_lists``) and,
+    for the separate-routine modes, ``varlen_decode``.
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
                 pcp_sizes=pcp_sizes, dcp_sizes=dcp_sizes,
-                shard_decode_requests=shard_decode_requests, block_size=block_size)
+                shard_decode_requests=shard_decode_requests, block_size=block_size,
+                cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode)
     for name, value in args.items():
         check_strategy(name, value)
 
@@ -60,9 +73,18 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
         reqs = draw(max_num_reqs)
         pcp = draw(pcp_sizes)
         dcp = draw(dcp_sizes) if pcp > 1 else 1
+        budget = max(draw(max_num_batched_tokens), reqs)
+        mode = draw(cudagraph_modes)
+        if mode not in CUDAGRAPH_MODES:
+            raise InvalidArgument(f"cudagraph_modes drew {mode!r}; modes are {', '.join(CUDAGRAPH_MODES)}")
+        if pcp > 1 and mode == "FULL":
+            mode = "FULL_AND_PIECEWISE"
+        sizes = draw(capture_size_lists(budget)) if mode != "NONE" else ()
+        varlen = draw(varlen_decode) if mode in SEPARATE_DECODE_MODES else False
         config = RunnerConfig(
             max_num_reqs=reqs,
-            max_num_batched_tokens=max(draw(max_num_batched_tokens), reqs),
+            max_num_batched_tokens=budget,
+            cudagraph_mode=mode, capture_sizes=sizes, varlen_decode=varlen,
             max_model_len=draw(max_model_len),
             num_speculative_tokens=draw(num_speculative_tokens),
             pcp_size=pcp,
@@ -76,7 +98,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
 
 
 def cudagraph_descriptors(num_tokens: int, num_reqs: int, *,
-                          modes: tuple[str, ...] = CUDAGRAPH_MODES,
+                          modes: tuple[str, ...] = DESCRIPTOR_MODES,
                           max_padding: int = 64) -> st.SearchStrategy[CudagraphDescriptor]:
     """A descriptor a runner could dispatch a batch of ``num_tokens`` tokens and
     ``num_reqs`` requests to; padded counts never fall below the actual ones."""
@@ -86,7 +108,7 @@ def cudagraph_descriptors(num_tokens: int, num_reqs: int, *,
     if not modes:
         raise InvalidArgument("modes=() must name at least one mode")
     for mode in modes:
-        check_choice("modes", mode, CUDAGRAPH_MODES)
+        check_choice("modes", mode, DESCRIPTOR_MODES)
 
     @st.composite
     def build(draw) -> CudagraphDescriptor:

@@ -232,8 +232,8 @@ def test_clean_sample_replays_to_exit_0_with_a_full_report(vllm_api, tmp_path, c
     steps = pd.read_parquet(out / "steps.parquet")
     assert sorted(steps["pcp_size"].unique()) == [1, 2]
     per_step = steps.groupby(["pcp_size", "step"]).size()
-    # lifecycle, gather, prepare, postprocess, dummy (+ one partition per rank at pcp 2)
-    assert set(per_step.loc[1]) == {5} and set(per_step.loc[2]) == {7}
+    # lifecycle, gather, dispatch, prepare, postprocess, dummy (+ one partition per rank at pcp 2)
+    assert set(per_step.loc[1]) == {6} and set(per_step.loc[2]) == {8}
     part = steps[steps["stage"] == "partition"]
     assert set(part["rank"]) == {0, 1} and set(part["pcp_size"]) == {2}
     assert (steps["error"].fillna("") == "").all()

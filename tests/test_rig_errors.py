@@ -152,7 +152,7 @@ def test_replay_reports_a_crashing_check_and_exits_3(tmp_path, monkeypatch, caps
     from simrig.cli import main
     from simrig.errors import EXIT_RIG_ERROR
 
-    def broken_parity(index, real, dummy):
+    def broken_parity(index, real, dummy, *args):
         raise IndexError("parity bug")
 
     monkeypatch.setattr(checker, "check_parity", broken_parity)

@@ -4,30 +4,35 @@
 step, which captured graph a batch replays: its ``_init_candidates`` builds the
 priority-ordered descriptor list per token count from the cudagraph mode and
 capture sizes, and ``dispatch`` picks the first compatible descriptor (or an
-eager one). Both are plain Python; only ``__init__`` touches the GPU world
-(the distributed PP group, the platform's graph pool). So the manager is
-created with ``__new__`` and given exactly the attributes those two methods
-read; nothing is captured and no graph runs:
+eager one). ``dp_utils.dispatch_cg_and_sync_dp`` is what
+``GPUModelRunner.execute_model`` calls around it; with one DP rank it is the
+manager's dispatch and nothing else. All of that is plain Python; only the
+manager's ``__init__`` touches the GPU world (the distributed PP group, the
+platform's graph pool). So the manager is created with ``__new__`` and given
+exactly the attributes those methods read; nothing is captured and no graph
+runs:
 
-    stood in                            real
-    ────────                            ────
-    vllm_config: scheduler/compilation/  CudaGraphManager._init_candidates
-      speculative/cache config values    CudaGraphManager.dispatch
-    graphs marked captured               _is_compatible, BatchExecutionDescriptor
+    stood in                              real
+    ────────                              ────
+    vllm_config: compilation/speculative/ CudaGraphManager._init_candidates
+      cache/parallel config values        CudaGraphManager.dispatch
+    graphs marked captured                _is_compatible, BatchExecutionDescriptor
+    (no ubatching, no LoRA capture cases) dp_utils.dispatch_cg_and_sync_dp (DP 1)
 
-Status: the dispatcher is real and tested (tests/test_cudagraph_dispatch.py);
-the harness still runs every step eager. Feeding its descriptors through
-prepare_inputs / partition_batch needs a padding-aware reference model (padded
-query_start_loc, seq_lens, idx_mapping, positions of padded rows) first.
+The harness then hands the chosen descriptor to the real ``prepare_inputs``,
+``PCPManager.partition_batch`` and ``InputBatch.make_dummy``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+from simrig.step import CUDAGRAPH_MODES, RunnerConfig
+
+MODES = CUDAGRAPH_MODES
 
 
 def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: int,
@@ -40,7 +45,7 @@ def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: i
     if mode not in MODES:
         raise ValueError(f"cudagraph mode: {mode!r}; choose from {', '.join(MODES)}")
     sizes = sorted({int(s) for s in capture_sizes})
-    if not sizes or sizes[0] < 1:
+    if mode != "NONE" and (not sizes or sizes[0] < 1):
         raise ValueError(f"capture sizes: positive integers required, got {list(capture_sizes)}")
     manager = CudaGraphManager.__new__(CudaGraphManager)
     manager.vllm_config = SimpleNamespace(
@@ -48,7 +53,7 @@ def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: i
         cache_config=SimpleNamespace(use_kda_recoverssm=False),
         parallel_config=SimpleNamespace(data_parallel_size=1))
     manager.compilation_config = SimpleNamespace(cudagraph_capture_sizes=sizes,
-                                                 max_cudagraph_capture_size=sizes[-1])
+                                                 max_cudagraph_capture_size=sizes[-1] if sizes else 0)
     manager.max_num_reqs = max_num_reqs
     manager.cudagraph_mode = getattr(CUDAGraphMode, mode)
     manager.decode_query_len = decode_query_len
@@ -64,6 +69,53 @@ def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: i
     return manager
 
 
+def dispatcher_for(config: RunnerConfig) -> Any:
+    """The manager for a runner config (eager configs get one too: it
+    dispatches every batch to a NONE descriptor, as vLLM does)."""
+    return build_dispatcher(config.cudagraph_mode, config.graph_capture_sizes,
+                            max_num_reqs=config.max_num_reqs,
+                            decode_query_len=config.decode_query_len,
+                            num_speculative_tokens=config.num_speculative_tokens,
+                            varlen_decode=config.varlen_decode)
+
+
 def capture_descriptors(manager: Any) -> list[Any]:
     """Every descriptor the manager would capture (all modes), largest first."""
     return [d for descs in manager._capture_descs.values() for d in descs]
+
+
+def dispatch(manager: Any, *, num_reqs: int, num_tokens: int, uniform_token_count: int | None,
+             max_query_len: int | None, decode_query_len: int) -> Any:
+    """The descriptor ``execute_model`` would run this batch with (one DP rank,
+    no LoRA, no ubatching), through vLLM's ``dispatch_cg_and_sync_dp`` where
+    the release has it, else the manager's own ``dispatch``."""
+    try:
+        from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+    except ImportError:
+        return manager.dispatch(num_reqs, num_tokens, uniform_token_count, 0,
+                                max_query_len=max_query_len)
+    wanted = dict(max_query_len=max_query_len, need_eager=False, num_active_loras=0,
+                  allow_ubatching=False, uniform_decode=uniform_token_count == decode_query_len)
+    accepted = _parameters(dispatch_cg_and_sync_dp)
+    kwargs = {k: v for k, v in wanted.items() if k in accepted}
+    desc, _ = dispatch_cg_and_sync_dp(manager, num_reqs, num_tokens, uniform_token_count, 1, 0,
+                                      **kwargs)
+    return desc
+
+
+_PARAMS: dict[Any, frozenset[str]] = {}
+
+
+def _parameters(fn: Any) -> frozenset[str]:
+    if fn not in _PARAMS:
+        _PARAMS[fn] = frozenset(inspect.signature(fn).parameters)
+    return _PARAMS[fn]
+
+
+def describe(desc: Any) -> dict[str, Any]:
+    """A descriptor as plain observable values (the mode by name)."""
+    mode = getattr(desc.cg_mode, "name", str(desc.cg_mode))
+    return {"cg_mode": mode, "num_tokens": int(desc.num_tokens),
+            "num_reqs": None if desc.num_reqs is None else int(desc.num_reqs),
+            "uniform_token_count": getattr(desc, "uniform_token_count", None),
+            "max_query_len": getattr(desc, "max_query_len", None)}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from simrig.adapters import platform, versions
+from simrig.adapters import cudagraph, platform, versions
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 
@@ -163,6 +163,8 @@ class VllmApi:
         self.SamplingParams = SamplingParams
         self.shape = _detect_shape(self.version, resolved, self.GPUModelRunner)
         self._fill_so = versions.filled(self.shape, "SchedulerOutput")
+        self.shape_make_dummy_takes_max_query_len = "max_query_len" in inspect.signature(
+            self.InputBatch.make_dummy).parameters
 
     # ------------------------------------------------------------------ mapping
     def scheduler_output(self, step: Step) -> Any:
@@ -208,6 +210,27 @@ class VllmApi:
         """Eager execution (no cudagraph): no token or request padding."""
         return self.BatchExecutionDescriptor(
             cg_mode=self.CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=None)
+
+    def build_dispatcher(self, config: RunnerConfig) -> Any:
+        """vLLM's CudaGraphManager for ``config``'s mode and capture sizes (see
+        ``simrig.adapters.cudagraph``); drift is one VllmApiError."""
+        try:
+            return cudagraph.dispatcher_for(config)
+        except (AttributeError, TypeError, ImportError) as exc:
+            raise VllmApiError("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager", self.version,
+                               f"cannot build the dispatcher without a GPU ({type(exc).__name__}: "
+                               f"{exc})") from None
+
+    def make_dummy(self, num_reqs: int, num_tokens: int, buffers: Any, max_query_len: int | None) -> Any:
+        """InputBatch.make_dummy, with the promised max query length where the release takes one."""
+        if self.shape_make_dummy_takes_max_query_len:
+            return self.InputBatch.make_dummy(num_reqs, num_tokens, buffers, max_query_len=max_query_len)
+        return self.InputBatch.make_dummy(num_reqs, num_tokens, buffers)
+
+    def prepare_for_capture(self, manager: Any, batch: Any) -> Any:
+        """PCP's capture/profile staging of a dummy batch, where the release has it."""
+        stage = getattr(manager, "prepare_inputs_for_capture_or_profile", None)
+        return batch if stage is None else stage(batch)
 
     # ------------------------------------------------------------------- runner
     def build_runner(self, config: RunnerConfig) -> Any:
@@ -269,6 +292,21 @@ class VllmApi:
                 **versions.pcp_kwargs(self.shape, config.shard_decode_requests),
             ))
             for rank in range(config.pcp_size)
+        ]
+
+    def build_dcp_peer_managers(self, config: RunnerConfig) -> list[tuple[int, int, Any]]:
+        """``(pcp_rank, dcp_rank, manager)`` for every DCP rank past 0: DCP
+        shards the KV cache, not the queries, so each must partition the batch
+        exactly as DCP rank 0 of its PCP rank does."""
+        if config.pcp_size <= 1 or config.dcp_size <= 1 or self.unavailable(config):
+            return []
+        return [
+            (rank, dcp_rank, versions.adapt_pcp_manager(self.shape, self.PCPManager(
+                pcp_world_size=config.pcp_size, pcp_rank=rank, device=self.device,
+                max_num_reqs=config.max_num_reqs, max_num_tokens=config.max_num_batched_tokens,
+                dcp_world_size=config.dcp_size, dcp_rank=dcp_rank,
+                **versions.pcp_kwargs(self.shape, config.shard_decode_requests))))
+            for rank in range(config.pcp_size) for dcp_rank in range(1, config.dcp_size)
         ]
 
     def unavailable(self, config: RunnerConfig) -> list[versions.Unavailable]:

@@ -31,7 +31,7 @@ from simrig.checks.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.replay import BatchTracker, ReplayRecorder
 from simrig.report.classes import ClassTally, Where, known_lookup, verdict_of
-from simrig.step import RunnerConfig, Step
+from simrig.step import CUDAGRAPH_MODES, RunnerConfig, Step
 
 Key = tuple[str, str, str, str, bool]  # signature + loud rejection
 
@@ -42,6 +42,9 @@ class CampaignOptions:
     seed: int = 0
     mode: str = "valid"
     pcp_sizes: tuple[int, ...] = (1, 2)
+    # vLLM cudagraph modes to draw configs from (each step dispatched and padded
+    # by vLLM's own CudaGraphManager); the default covers all five.
+    cudagraph_modes: tuple[str, ...] = CUDAGRAPH_MODES
     out_dir: Path = Path("reports/fuzz")
     database: Any = Path(".cache/hypothesis")  # a folder, None, or a Hypothesis ExampleDatabase
     max_examples: int | None = None  # stop after this many examples (else budget only)
@@ -252,14 +255,15 @@ class Campaign:
 
         o = self.options
         machine_settings = MachineSettings(
-            mode=o.mode, configs=o.configs if o.configs is not None else _default_configs(o.pcp_sizes),
+            mode=o.mode, configs=o.configs if o.configs is not None else _default_configs(
+                o.pcp_sizes, o.cudagraph_modes),
             stages=o.stages, extra_checks=tuple(o.extra_checks),
             violations=o.violations if o.violations is not None else VIOLATIONS,
             on_step=self._on_step, on_teardown=self._on_teardown, stopped=self.stopped)
         machine = SchedulerContractMachine.bind(machine_settings)
         database = o.database if isinstance(o.database, ExampleDatabase) else (
             DirectoryBasedExampleDatabase(str(o.database)) if o.database else None)
-        key = f"simrig-fuzz:{o.mode}:{','.join(map(str, o.pcp_sizes))}".encode()
+        key = f"simrig-fuzz:{o.mode}:{','.join(map(str, o.pcp_sizes))}:{','.join(o.cudagraph_modes)}".encode()
         while not self.stopped():
             self.between_chunks()
             chunk = self.stats.chunks
@@ -410,7 +414,8 @@ class Campaign:
         return {
             "command": "fuzz", "suite": f"fuzz {o.mode}", "mode": o.mode,
             "vllm_version": getattr(self, "vllm_version", ""), "device": getattr(self, "device", ""), "seed": o.seed, "budget_s": o.budget_s,
-            "pcp_sizes": list(o.pcp_sizes), "stages": list(o.stages),
+            "pcp_sizes": list(o.pcp_sizes), "cudagraph_modes": list(o.cudagraph_modes),
+            "stages": list(o.stages),
             "elapsed_s": st.elapsed_s, "stopped_by": st.stopped_by, "chunks": st.chunks,
             "examples": st.examples, "steps": st.steps,
             "examples_per_s": round(st.examples / elapsed, 3),
@@ -441,12 +446,13 @@ class Campaign:
         return pd.DataFrame(rows)
 
 
-def _default_configs(pcp_sizes: Sequence[int]) -> Any:
+def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = ("NONE",)) -> Any:
     from hypothesis import strategies as st
 
     from strategies.configs import runner_configs
 
-    return runner_configs(pcp_sizes=st.sampled_from(tuple(pcp_sizes)))
+    return runner_configs(pcp_sizes=st.sampled_from(tuple(pcp_sizes)),
+                          cudagraph_modes=st.sampled_from(tuple(cudagraph_modes)))
 
 
 def _install_signal_handlers(campaign: Campaign) -> dict[int, Any]:

@@ -32,11 +32,12 @@ from simrig.checks.contract import DriftTracker, check_contract
 from simrig.checks.findings import Finding
 from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
 from simrig.checks.lifecycle import DUPLICATE_NEW, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract
+from simrig.checks.padding import check_capture, check_dispatch, descriptor
 from simrig.checks.parity import check_parity
-from simrig.checks.pcp import check_pcp
+from simrig.checks.pcp import check_dcp_peers, check_pcp
 from simrig.checks.reference import ReferenceModel
 from simrig.checks.semantics import check_batch_semantics
-from simrig.observe import DUMMY, GATHER, PARTITION, PREPARE, StepObs
+from simrig.observe import CAPTURE, DUMMY, GATHER, PARTITION, PREPARE, StepObs
 from simrig.step import RunnerConfig, Step
 
 # An extra check a campaign or a test adds: (index, step, observation) -> findings.
@@ -102,18 +103,29 @@ class Checker:
         dummy = observation.get(DUMMY)
         if dummy is not None:  # built from (num_reqs, num_tokens) alone: always defined
             findings.extend(check_batch_semantics(index, dummy))
+        for capture in observation.all(CAPTURE):
+            findings.extend(check_batch_semantics(index, capture))
+            findings.extend(check_capture(index, self.config, capture))
 
     def _semantic_checks(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
         out = self.reference.compare(index, step, obs)
         real, dummy = obs.get(PREPARE), obs.get(DUMMY)
+        desc = descriptor(obs)
+        partitions = obs.all(PARTITION)
         if real is not None:
             out.extend(check_batch_semantics(index, real))
         if real is not None and dummy is not None:
-            out.extend(check_parity(index, real, dummy))
-        partitions = [s for s in obs.stages if s.stage == PARTITION]
+            out.extend(check_parity(index, real, dummy, desc, partitions or None))
         if real is not None and partitions and self.config.pcp_size > 1:
             expected = self.reference.global_batch(step, self.reference.observed_order(obs))
-            out.extend(check_pcp(index, self.config, real, partitions, expected))
+            out.extend(check_pcp(index, self.config, real, partitions, expected, desc))
+        out.extend(check_dcp_peers(index, obs))
+        pred = self.reference.predict(step, self.reference.observed_order(obs))
+        if pred is not None:
+            as_decode = ~pred.is_prefilling | ((pred.num_scheduled - pred.num_drafts == 1)
+                                               & (pred.num_computed > 0))
+            out.extend(check_dispatch(index, self.config, desc, pred.num_scheduled,
+                                      pred.is_prefilling, as_decode, tuple(pred.req_ids)))
         return out
 
 

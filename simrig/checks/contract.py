@@ -10,6 +10,7 @@ are ``np.intp`` / ``torch.int64``, lengths and offsets int32, masks bool.
     gather      BatchReqState                   GATHER_CONTRACT
     prepare     InputBatch (global)             BATCH_CONTRACT
     dummy       InputBatch.make_dummy           BATCH_CONTRACT (same promise)
+    capture     make_dummy per capture desc     BATCH_CONTRACT (same promise)
     partition   rank-local InputBatch + the     BATCH_CONTRACT + PCP/manager
                 manager's index arrays           arrays
 
@@ -40,7 +41,7 @@ import numpy as np
 
 from simrig.checks import findings as fk
 from simrig.checks.findings import Finding, guarded
-from simrig.observe import DUMMY, GATHER, PARTITION, PREPARE, StageObs
+from simrig.observe import CAPTURE, DUMMY, GATHER, PARTITION, PREPARE, StageObs
 
 INTP = np.dtype(np.intp).name  # "int64" on 64-bit platforms
 
@@ -120,6 +121,7 @@ CONTRACT: dict[str, dict[str, FieldContract]] = {
     GATHER: GATHER_CONTRACT,
     PREPARE: BATCH_CONTRACT,
     DUMMY: BATCH_CONTRACT,
+    CAPTURE: BATCH_CONTRACT,
     PARTITION: PARTITION_CONTRACT,
 }
 

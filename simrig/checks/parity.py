@@ -2,14 +2,21 @@
 
 Cudagraph capture and profiling run on dummy batches; a graph captured on a
 dummy field of another dtype (or shape) than the real one is replayed with
-the wrong buffer. For each step the dummy stage is built with the real
-batch's (num_reqs, num_tokens), so both are comparable field by field:
+the wrong buffer. For each step the dummy stage is built for the step's own
+descriptor (eager: the real (num_reqs, num_tokens); a graph: the batch that
+graph was captured with), so both are comparable field by field:
 
     field                         dtype   shape
     every array in both           =       -
-    SHAPED_FIELDS                 =       =
-    SHAPED_UNLESS_DRAFTS          =       = only when the step has no drafts
+    eager step:
+      SHAPED_FIELDS               =       =
+      SHAPED_UNLESS_DRAFTS        =       = only when the step has no drafts
                                           (drafts add logits rows the dummy lacks)
+    graph step (the graph reads these buffers at their captured shape;
+    BatchExecutionDescriptor: "num_reqs None means no request padding"):
+      TOKEN_SHAPED                        = for every graph mode
+      REQUEST_SHAPED                      = for FULL graphs (requests padded too)
+      compared on what the graph runs: the rank-local batches under PCP
     an array on one side, None    missing_field: a graph captured on the dummy
       or absent on the other      reads a buffer the real batch fills (or the
                                   reverse); never skipped
@@ -29,15 +36,25 @@ SHAPED_FIELDS = (
     "num_computed_prefill_tokens_np", "is_prefilling_np",
 )
 SHAPED_UNLESS_DRAFTS = ("logits_indices", "expanded_idx_mapping", "expanded_local_pos")
+TOKEN_SHAPED = ("input_ids", "positions", "is_padding")
+REQUEST_SHAPED = ("query_start_loc", "query_start_loc_np", "seq_lens", "seq_lens_cpu_upper_bound")
 
 
 @guarded("parity")
-def check_parity(index: int, real: StageObs, dummy: StageObs) -> list[Finding]:
+def check_parity(index: int, real: StageObs, dummy: StageObs, desc: dict | None = None,
+                 graph_batches: list[StageObs] | None = None) -> list[Finding]:
+    """``desc``: the step's descriptor as the dispatch stage observed it;
+    ``graph_batches``: what the graph runs (PCP rank-local batches), default ``[real]``."""
     if real.error is not None or dummy.error is not None:
         return []
     drafts = real.fields.get("num_draft_tokens")
     has_drafts = drafts is not None and bool(drafts.values)
-    shaped = set(SHAPED_FIELDS) | (set() if has_drafts else set(SHAPED_UNLESS_DRAFTS))
+    graph = desc is not None and desc.get("cg_mode") not in (None, "NONE")
+    if graph:
+        shaped: set[str] = set()
+        padded = set(TOKEN_SHAPED) | (set(REQUEST_SHAPED) if desc.get("cg_mode") == "FULL" else set())
+    else:
+        shaped = set(SHAPED_FIELDS) | (set() if has_drafts else set(SHAPED_UNLESS_DRAFTS))
     ids = stage_req_ids(real)
     out = []
     for name in list(real.fields) + [n for n in dummy.fields if n not in real.fields]:
@@ -68,6 +85,22 @@ def check_parity(index: int, real: StageObs, dummy: StageObs) -> list[Finding]:
                 kind=fk.VALUE_MISMATCH, step=index, stage=DUMMY, check="parity", req_ids=ids,
                 field=name, expected=f"shape {r.shape}", actual=f"shape {d.shape}",
                 message=f"real batch shape {r.shape}, dummy batch shape {d.shape}"))
+    if graph:
+        for batch in graph_batches if graph_batches is not None else [real]:
+            if batch.error is not None:
+                continue
+            for name in sorted(padded):
+                r, d = batch.fields.get(name), dummy.fields.get(name)
+                if r is None or d is None or r.kind not in ARRAY_KINDS or d.kind not in ARRAY_KINDS:
+                    continue
+                if r.shape != d.shape:
+                    where = "" if batch.rank is None else f" (PCP rank {batch.rank})"
+                    out.append(Finding(
+                        kind=fk.VALUE_MISMATCH, step=index, stage=DUMMY, check="parity", req_ids=ids,
+                        rank=batch.rank, field=name, expected=f"shape {d.shape}",
+                        actual=f"shape {r.shape}",
+                        message=f"{desc['cg_mode']} graph captured with {name} shape {d.shape}, "
+                                f"replayed with {r.shape}{where}"))
     return out
 
 

@@ -37,7 +37,7 @@ from simrig.checks import findings as fk
 from simrig.checks.contract import stage_req_ids
 from simrig.checks.findings import Finding, guarded
 from simrig.checks.reference import GlobalBatch, short
-from simrig.observe import StageObs
+from simrig.observe import PARTITION, StageObs, StepObs
 from simrig.step import RunnerConfig
 
 Row = tuple[int, int, int]  # (global batch index, query offset, length)
@@ -119,10 +119,13 @@ class _Out:
 
 @guarded("pcp")
 def check_pcp(index: int, config: RunnerConfig, prepare: StageObs,
-              partitions: list[StageObs], expected: GlobalBatch | None = None) -> list[Finding]:
+              partitions: list[StageObs], expected: GlobalBatch | None = None,
+              desc: dict | None = None) -> list[Finding]:
     """Every rank's rank-local batch and the manager's index maps, against the
     model's global batch ``expected`` (without one, against prepare's output:
-    the weaker check for callers that have no model)."""
+    the weaker check for callers that have no model). ``desc``: the step's
+    cudagraph descriptor; a graph pads every rank to its token count (and a
+    FULL graph to its request count), padded tokens carrying id 0 at position 0."""
     out: list[Finding] = []
     if prepare.error is not None or not prepare.fields:
         return out
@@ -145,6 +148,10 @@ def check_pcp(index: int, config: RunnerConfig, prepare: StageObs,
     held = np.zeros(n_tokens, dtype=np.int64)  # ranks holding each global token
     rows_by_rank = {r: expected_rows(config, r, q, pref) for r in range(config.pcp_size)}
     width = max(sum(n for _, _, n in rows) for rows in rows_by_rank.values())
+    graph = desc is not None and desc.get("cg_mode") not in (None, "NONE")
+    if graph:  # partition_batch pads every rank to the graph's token count
+        width = max(width, int(desc["num_tokens"]))
+    padded_reqs = desc.get("num_reqs") if graph and desc.get("cg_mode") == "FULL" else None
     for rank in range(config.pcp_size):
         stage = by_rank.get(rank)
         if stage is None or stage.error is not None or not stage.fields:
@@ -170,19 +177,24 @@ def check_pcp(index: int, config: RunnerConfig, prepare: StageObs,
                 "rank-local idx_mapping_np != global idx_mapping_np[local -> global]")
         n_local = len(tok)
         pos, ids = _arr(stage, "positions"), _arr(stage, "input_ids")
-        o.equal("positions", g_pos[tok], None if pos is None else pos[:n_local],
-                "rank-local positions != global positions of the same tokens")
-        o.equal("input_ids", g_tok[tok], None if ids is None else ids[:n_local],
-                "rank-local input_ids != global input_ids of the same tokens")
-        o.equal("query_start_loc", np.concatenate([[0], np.cumsum([n for _, _, n in rows])]),
-                _arr(stage, "query_start_loc"), "rank-local query_start_loc is not the cumsum")
+        pad_tail = np.zeros(width - n_local, dtype=np.int64)
+        o.equal("positions", np.concatenate([g_pos[tok], pad_tail]), pos,
+                "rank-local positions != global positions of the same tokens, then 0 for padding")
+        o.equal("input_ids", np.concatenate([g_tok[tok], pad_tail]), ids,
+                "rank-local input_ids != global input_ids of the same tokens, then 0 for padding")
+        n_rows = max(len(rows), int(padded_reqs or 0))
+        qsl_local = np.concatenate([[0], np.cumsum([n for _, _, n in rows])])
+        o.equal("query_start_loc", np.concatenate([qsl_local, np.full(n_rows - len(rows), n_local)]),
+                _arr(stage, "query_start_loc"),
+                "rank-local query_start_loc is not the cumsum, then num_tokens for padded requests")
         starts = np.array([int(g_nc[g]) + off for g, off, _ in rows])
         lens = np.array([n for _, _, n in rows])
         o.equal("num_computed_tokens_np", starts, _arr(stage, "num_computed_tokens_np"),
                 "rank-local context start != num_computed + chunk offset")
         if n_local:
-            o.equal("seq_lens", starts + lens, _arr(stage, "seq_lens"),
-                    "rank-local seq_lens != last position of the chunk + 1")
+            o.equal("seq_lens", np.concatenate([starts + lens, np.zeros(n_rows - len(rows))]),
+                    _arr(stage, "seq_lens"),
+                    "rank-local seq_lens != last position of the chunk + 1, then 0 for padded requests")
         pad = _arr(stage, "is_padding")
         o.equal("is_padding", np.arange(width) >= n_local, pad, "padding rows are not exactly the tail")
         _check_manager(o, stage, rank, tok, n_tokens, width)
@@ -235,3 +247,42 @@ def _check_coverage(index: int, config: RunnerConfig, prepare: StageObs, q: np.n
                 req_ids=(ids[g],), field="coverage",
                 expected=f"each token on {want} rank(s)", actual=short(counts),
                 message=f"request {ids[g]}: tokens held by {short(counts)} ranks"))
+
+
+@guarded("pcp")
+def check_dcp_peers(index: int, obs: StepObs) -> list[Finding]:
+    """Every DCP rank of a PCP rank partitions the batch as DCP rank 0 does:
+    DCP shards the KV cache, not the queries (``dcp_local_seq_lens_cpu_upper_bound``:
+    "identical on every PCP rank"), so each field must match value for value."""
+    out: list[Finding] = []
+    base = {s.rank: s for s in obs.stages if s.stage == PARTITION and s.dcp_rank == 0}
+    for peer in obs.stages:
+        if peer.stage != PARTITION or peer.dcp_rank == 0:
+            continue
+        ref = base.get(peer.rank)
+        if ref is None or (ref.error is None) != (peer.error is None):
+            out.append(Finding(
+                kind=fk.VALUE_MISMATCH, step=index, stage=PARTITION, check="pcp", rank=peer.rank,
+                req_ids=stage_req_ids(peer), field="error",
+                expected=str(ref.error.type if ref is not None and ref.error else None),
+                actual=str(peer.error.type if peer.error else None),
+                message=f"DCP rank {peer.dcp_rank} of PCP rank {peer.rank} fails differently from DCP rank 0"))
+            continue
+        for name in sorted(set(ref.fields) | set(peer.fields)):
+            a, b = ref.fields.get(name), peer.fields.get(name)
+            same = a is not None and b is not None and (a.kind, a.dtype, a.shape) == (b.kind, b.dtype, b.shape) \
+                and _values_equal(a.values, b.values)
+            if not same:
+                out.append(Finding(
+                    kind=fk.VALUE_MISMATCH, step=index, stage=PARTITION, check="pcp", rank=peer.rank,
+                    req_ids=stage_req_ids(peer), field=name,
+                    expected=short(a.values if a is not None else "missing"),
+                    actual=short(b.values if b is not None else "missing"),
+                    message=f"DCP rank {peer.dcp_rank} of PCP rank {peer.rank} differs from DCP rank 0"))
+    return out
+
+
+def _values_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return a == b

@@ -49,8 +49,8 @@ import numpy as np
 
 from simrig.checks import findings as fk
 from simrig.checks.findings import Finding, guarded
-from simrig.observe import GATHER, PREPARE, StageObs, StepObs
-from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
+from simrig.observe import DISPATCH, GATHER, PREPARE, StageObs, StepObs
+from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 MAX_SHOWN = 12
 
@@ -141,6 +141,21 @@ def order_problem(order: list[str], scheduled: dict[str, int], drafts: dict[str,
             return ("query lengths out of order: decodes first, then non-decreasing "
                     f"lengths (rule 2), got {queries}")
     return ""
+
+
+def descriptor(obs: StepObs) -> dict[str, Any] | None:
+    """The step's descriptor as the dispatch stage observed it (None: not dispatched)."""
+    stage = obs.get(DISPATCH)
+    if stage is None or stage.error is not None or "cg_mode" not in stage.fields:
+        return None
+    return {name: f.values for name, f in stage.fields.items()}
+
+
+def padded_counts(desc: dict[str, Any] | None, num_tokens: int, num_reqs: int) -> tuple[int, int]:
+    """(num_tokens_after_padding, num_reqs_after_padding) a batch handed ``desc`` must have."""
+    if desc is None:
+        return num_tokens, num_reqs
+    return max(num_tokens, int(desc["num_tokens"])), int(desc["num_reqs"] or num_reqs)
 
 
 class ReferenceModel:
@@ -248,18 +263,27 @@ class ReferenceModel:
             if has_drafts:
                 cmp.array("num_draft_tokens_np", pred.num_drafts, row_ids)
         if prepare is not None and prepare.error is None and prepare.fields:
+            num_tokens, num_reqs = int(pred.num_scheduled.sum()), len(row_ids)
+            t_pad, r_pad = padded_counts(descriptor(obs), num_tokens, num_reqs)
+            req_pad = np.zeros(r_pad - num_reqs, dtype=np.int64)  # padded requests: no tokens
+            pad_ids = row_ids + ["<padding>"] * (r_pad - num_reqs)
             cmp = _Comparer(index, prepare, out)
             cmp.list_("req_ids", pred.req_ids)  # the same order as gather's
-            cmp.scalar("num_tokens", int(pred.num_scheduled.sum()))
+            cmp.scalar("num_tokens", num_tokens)
+            cmp.scalar("num_tokens_after_padding", t_pad)
+            cmp.scalar("num_reqs_after_padding", r_pad)
             cmp.array("num_scheduled_tokens", pred.num_scheduled, row_ids)
-            cmp.array("query_start_loc", pred.query_start_loc, row_ids)
-            cmp.array("query_start_loc_np", pred.query_start_loc, row_ids)
-            cmp.array("seq_lens", pred.seq_lens, row_ids)
+            qsl = np.concatenate([pred.query_start_loc, req_pad + num_tokens])
+            cmp.array("query_start_loc", qsl, pad_ids)
+            cmp.array("query_start_loc_np", qsl, pad_ids)
+            cmp.array("seq_lens", np.concatenate([pred.seq_lens, req_pad]), pad_ids)
+            cmp.array("seq_lens_cpu_upper_bound", np.concatenate([pred.seq_lens, req_pad]), pad_ids)
             cmp.array("num_computed_tokens_np", pred.num_computed, row_ids)
             cmp.array("is_prefilling_np", pred.is_prefilling, row_ids)
-            cmp.array("positions", pred.positions, tok_ids)
-            cmp.array("input_ids", pred.input_ids, tok_ids)
-            cmp.array("is_padding", np.zeros(len(tok_ids), dtype=bool), tok_ids)
+            cmp.array("positions", pred.positions, tok_ids, padded_to=t_pad,
+                      tail_range=(0, self.config.max_model_len))
+            cmp.array("input_ids", pred.input_ids, tok_ids, padded_to=t_pad, tail_range=(0, SYNTH_VOCAB_SIZE))
+            cmp.array("is_padding", np.zeros(len(tok_ids), dtype=bool), tok_ids, padded_to=t_pad)
             cmp.array("cu_num_logits", pred.cu_num_logits, row_ids)
             cmp.array("cu_num_logits_np", pred.cu_num_logits, row_ids)
             logit_ids = [r for r, n in zip(row_ids, 1 + pred.num_drafts) for _ in range(n)]
@@ -268,6 +292,10 @@ class ReferenceModel:
             if all(slot is not None for slot in slots):
                 cmp.array("expanded_idx_mapping", np.repeat(np.array(slots, dtype=np.int64),
                                                             1 + pred.num_drafts), logit_ids)
+            limit = prepare.fields.get("max_query_len")
+            if limit is not None and limit.kind == "scalar" and int(limit.values) < int(pred.num_scheduled.max()):
+                cmp._add("max_query_len", (), f">= {int(pred.num_scheduled.max())}", limit.values,
+                         "max_query_len promises less than the batch's longest query")
         return out
 
     def _check_slots(self, index: int, pred: BatchPrediction, gather: StageObs | None,
@@ -351,11 +379,25 @@ class _Comparer:
         if obs is not None and obs.values != expected:
             self._add(name, (), expected, obs.values, f"expected {expected}, got {obs.values}")
 
-    def array(self, name: str, expected: np.ndarray, row_ids: list[str]) -> None:
+    def array(self, name: str, expected: np.ndarray, row_ids: list[str], *, padded_to: int | None = None,
+              tail_range: tuple[int, int] | None = None) -> None:
+        """``padded_to``: the array is that long, ``expected`` its real prefix;
+        the tail's values are unspecified, only bounded by ``tail_range`` when given."""
         obs = self._present(name, ("numpy", "torch"), expected)
         if obs is None:
             return
         actual = np.asarray(obs.values)
+        if padded_to is not None and padded_to != len(expected):
+            if actual.shape != (padded_to,):
+                self._add(name, tuple(dict.fromkeys(row_ids)), f"shape ({padded_to},)", actual.shape,
+                          f"shape {actual.shape}, expected ({padded_to},): padded to the descriptor")
+                return
+            tail = actual[len(expected):].astype(np.int64)
+            if tail_range is not None and tail.size and not (
+                    tail_range[0] <= tail.min() and tail.max() < tail_range[1]):
+                self._add(name, (), f"padding values in [{tail_range[0]}, {tail_range[1]})", tail,
+                          "a padded token carries a value no lookup can take")
+            actual = actual[: len(expected)]
         if actual.shape != expected.shape:
             self._add(name, tuple(dict.fromkeys(row_ids)), expected, actual,
                       f"shape {actual.shape}, expected {expected.shape}")

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from simrig.step import CUDAGRAPH_MODES
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from simrig.commands.common import add_output_flags
@@ -28,6 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "finished and duplicate ids (default valid)")
     p.add_argument("--pcp-sizes", default="1,2", metavar="LIST",
                    help="PCP world sizes to draw configs from, e.g. 1,2,4,8 (default 1,2)")
+    p.add_argument("--cudagraph-modes", default=",".join(CUDAGRAPH_MODES), metavar="LIST",
+                   help="vLLM cudagraph modes to draw configs from; each step is dispatched and "
+                        "padded by vLLM's own CudaGraphManager (default all: "
+                        + ",".join(CUDAGRAPH_MODES) + ")")
     p.add_argument("--database", default=".cache/hypothesis", metavar="DIR",
                    help="Hypothesis example database, reused by later campaigns "
                         "(default .cache/hypothesis; 'none' disables it)")
@@ -50,6 +56,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
     p.set_defaults(func=run)
+
+
+def _mode_list(text: str) -> tuple[str, ...]:
+    from simrig.errors import UsageError
+
+    modes = tuple(m.strip().upper() for m in text.split(",") if m.strip())
+    bad = [m for m in modes if m not in CUDAGRAPH_MODES]
+    if bad or not modes:
+        raise UsageError(f"--cudagraph-modes: unknown {bad or text!r}; choose from {', '.join(CUDAGRAPH_MODES)}")
+    return modes
 
 
 def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> tuple[int, ...]:
@@ -95,6 +111,7 @@ def options_from_args(args: argparse.Namespace):
     return CampaignOptions(
         budget_s=args.budget, seed=args.seed, mode=args.mode,
         pcp_sizes=_int_list(args.pcp_sizes, "--pcp-sizes", (1, 2, 4, 8)), out_dir=out,
+        cudagraph_modes=_mode_list(args.cudagraph_modes),
         database=None if args.database.lower() == "none" else Path(args.database),
         max_examples=args.max_examples, save_regressions=args.save_regressions,
         regressions_dir=regressions, replay_regressions=not args.no_regressions,

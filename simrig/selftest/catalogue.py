@@ -14,6 +14,7 @@ _MR = "vllm.v1.worker.gpu.model_runner"
 _IB = "vllm.v1.worker.gpu.input_batch"
 _PCP = "vllm.v1.worker.gpu.pcp_manager"
 _ST = "vllm.v1.worker.gpu.states"
+_CG = "vllm.v1.worker.gpu.cudagraph_utils"
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant("idx-mapping-host-int32", _MR, "GPUModelRunner.gather_batch_req_state",
@@ -87,6 +88,43 @@ CATALOGUE: tuple[Mutant, ...] = (
            "(prefill_runs_as_decode_np & ~is_prefilling_np).all()",
            "| typed as &: a batch whose only prefill rows run as decodes is refused the decode "
            "cudagraph (the eligibility flag contradicts its own definition)"),
+    # -- cudagraph dispatch and padding (reached only with a graph mode) --
+    Mutant("pad-query-start-loc-zero", _MR, "GPUModelRunner.prepare_inputs",
+           "query_start_loc_np[num_reqs + 1 :] = num_tokens",
+           "query_start_loc_np[num_reqs + 1 :] = 0",
+           "padded requests of a FULL graph get query_start_loc 0 instead of num_tokens: the "
+           "offsets stop being non-decreasing (FA3 reads garbage for the padded rows)"),
+    Mutant("pad-seq-lens-not-zeroed", _IB, "prepare_pos_seq_lens",
+           "_prepare_pos_seq_lens_kernel[(num_reqs + 1,)](",
+           "_prepare_pos_seq_lens_kernel[(num_reqs,)](",
+           "the kernel's extra block that zeroes the padded seq_lens is dropped: a FULL graph "
+           "replays padded requests with the stale lengths of an earlier batch"),
+    Mutant("dispatch-ignores-uniform-count", _CG, "_is_compatible",
+           "or desc.uniform_token_count == uniform_token_count",
+           "or uniform_token_count is not None",
+           "a uniform-decode graph serves any uniform batch whatever its per-request count "
+           "(a batch of 1-token decodes replays the 1+k-token spec-decode graph)"),
+    Mutant("dispatch-range-off-by-one", _CG, "CudaGraphManager._init_candidates",
+           "for i in range(current_range_start, num_tokens + 1):",
+           "for i in range(current_range_start, num_tokens):",
+           "off by one in the candidate ranges: a batch of exactly a capture size finds no graph "
+           "and runs eager"),
+    Mutant("pcp-capture-seq-lens-unstaged", _PCP, "PCPManager.prepare_inputs_for_capture_or_profile",
+           "seq_lens=input_buffers.seq_lens[:num_reqs].copy_(input_batch.seq_lens),",
+           "seq_lens=input_buffers.seq_lens[:num_reqs],",
+           "PCP's capture staging forgets to copy the dummy's seq_lens into its persistent "
+           "buffers: graphs are captured on whatever lengths the last partition left there"),
+    # -- DCP ranks and resumed requests --
+    Mutant("dcp-upper-bound-own-shard", _PCP, "PCPManager.partition_batch",
+           "self.dcp_world_size,\n            0,\n",
+           "self.dcp_world_size,\n            self.dcp_rank,\n",
+           "the DCP KV upper bound uses this DCP rank's own shard instead of the largest one, "
+           "so DCP ranks pad their KV gathers differently"),
+    Mutant("resume-drops-output-tokens", _MR, "GPUModelRunner.add_requests",
+           "all_token_ids=new_req_data.prefill_token_ids,",
+           "all_token_ids=new_req_data.prompt_token_ids,",
+           "a resumed request is re-added with its prompt only: the output tokens the scheduler "
+           "re-sent (prefill_token_ids) are lost and its prefill length shrinks"),
     Mutant("slot-order-fifo", _ST, "RequestState.add_request",
            "req_idx = self.free_indices.pop()",
            "req_idx = self.free_indices.pop(0)",

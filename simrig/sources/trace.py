@@ -133,7 +133,7 @@ class TraceHeader:
 
     def to_json(self) -> dict[str, Any]:
         out = {"format": FORMAT_NAME, "version": FORMAT_VERSION,
-               "config": asdict(self.config), "source": self.source,
+               "config": config_to_json(self.config), "source": self.source,
                "adversarial": self.adversarial}
         if self.expect:
             out["expect"] = [e.to_json() for e in self.expect]
@@ -222,6 +222,16 @@ _STEP_KEYS = {"step", "new_requests", "cached_requests", "num_scheduled_tokens",
               "spec_tokens", "rejected", "finished", "preempted"}
 
 
+# Graph fields are written only when set, so eager traces read as before.
+_GRAPH_DEFAULTS = {"cudagraph_mode": "NONE", "capture_sizes": [], "varlen_decode": False}
+
+
+def config_to_json(config: RunnerConfig) -> dict[str, Any]:
+    out = asdict(config)
+    out["capture_sizes"] = list(config.capture_sizes)
+    return {k: v for k, v in out.items() if _GRAPH_DEFAULTS.get(k, ...) != v}
+
+
 def parse_header(obj: Any, path: str) -> TraceHeader:
     ln = _Line(path, 1)
     if not isinstance(obj, dict):
@@ -237,10 +247,16 @@ def parse_header(obj: Any, path: str) -> TraceHeader:
     for key, value in raw_config.items():
         if key not in known:
             raise ln.fail(f"config.{key}", "unknown field")
-        if key == "shard_decode_requests":
+        if key in ("shard_decode_requests", "varlen_decode"):
             if not isinstance(value, bool):
                 raise ln.fail(f"config.{key}", f"must be true or false, got {value!r}")
             values[key] = value
+        elif key == "cudagraph_mode":
+            if not isinstance(value, str):
+                raise ln.fail(f"config.{key}", f"must be a mode name, got {value!r}")
+            values[key] = value
+        elif key == "capture_sizes":
+            values[key] = tuple(ln.int_list(value, f"config.{key}"))
         else:
             values[key] = ln.int_(raw_config, key, f"config.{key}")
     config = RunnerConfig(**values)

@@ -1,0 +1,208 @@
+"""CUDA-graph dispatch and padding, from what the descriptor and the modes mean.
+
+Each step's ``BatchExecutionDescriptor`` comes from vLLM's own dispatcher (the
+dispatch stage). It is held to the meaning of its fields and of the cudagraph
+modes, never to vLLM's candidate lists:
+
+    rule                                        source (vLLM 0.33.0)
+    ────                                        ────────────────────
+    COMPATIBLE: num_tokens >= the batch's       BatchExecutionDescriptor: "Describes the shape
+      (largest rank-local under PCP);            of the batch ... to make shape matches between
+      num_reqs None or >= the requests;          the capture and runtime"; "num_reqs None means
+      uniform_token_count u: every query has     no request padding is needed (PIECEWISE graphs)";
+      u tokens and every row runs as a decode;   "max_query_len: Upper bound on per-request query
+      max_query_len: no prefill, none longer     length ... the runner passes None for any batch
+                                                 with a prefill"
+    MODE: a mode the config captures;           CompilationConfig.cudagraph_mode: "FULL_DECODE_ONLY:
+      FULL_DECODE_ONLY/FULL_AND_PIECEWISE run    Capture full cudagraph for decode batches only.
+      FULL graphs for decodes only               Mixed prefill-decode batches are run without
+                                                 cudagraphs"; "FULL_AND_PIECEWISE: full cudagraph
+                                                 for decode batches and piecewise cudagraph for
+                                                 prefill and mixed prefill-decode batches"
+    NO NEEDLESS EAGER: a batch that fits a      the same: every batch up to the largest capture
+      captured graph replays one                 size has a graph (mixed modes), every decode
+                                                 batch a FULL one (separate-routine modes)
+    SMALLEST FIT: padded to the smallest        CudaGraphManager.dispatch: "Find matching
+      captured size of its kind that holds it    cudagraph descriptor from priority-ordered
+      (uniform decode graphs: sizes rounded up   candidates" (padding beyond it is wasted work);
+      to u, u tokens per request)                uniform decode graphs hold num_tokens / u requests
+
+Padded batches (prepare_inputs, partition_batch, make_dummy) are judged by the
+reference model, the PCP check and ``check_capture``:
+
+    num_tokens_after_padding = max(num_tokens, desc.num_tokens)
+    num_reqs_after_padding   = desc.num_reqs or num_reqs
+    query_start_loc[num_reqs + 1:] = num_tokens    "Pad for full CUDA graph mode. Some attention
+                                                   backends like FA3 require query_start_loc to
+                                                   be non-decreasing."
+    seq_lens[num_reqs:] = 0                        prepare_pos_seq_lens: "pad unused seq_lens as 0
+                                                   for full CUDA graphs"
+    seq_lens_cpu_upper_bound[num_reqs:] = 0        "padded entries left at zero"
+    input_ids / positions of padded tokens         unspecified on the global batch (the graph
+                                                   never writes their KV); in range
+    max_query_len None, or >= every query          InputBatch.max_query_len: "Longest query the
+                                                   batch may contain"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simrig.checks import findings as fk
+from simrig.checks.contract import stage_req_ids
+from simrig.checks.findings import Finding, guarded
+from simrig.checks.pcp import expected_rows
+from simrig.checks.reference import descriptor, padded_counts  # noqa: F401 -- re-exported
+from simrig.observe import CAPTURE, DISPATCH, StageObs
+from simrig.step import SEPARATE_DECODE_MODES, RunnerConfig
+
+# The runtime modes each configured mode may dispatch to (CUDAGraphMode
+# decode_mode / mixed_mode, with NONE when no graph fits).
+ALLOWED_MODES = {
+    "NONE": {"NONE"},
+    "PIECEWISE": {"PIECEWISE", "NONE"},
+    "FULL": {"FULL", "NONE"},
+    "FULL_DECODE_ONLY": {"FULL", "NONE"},
+    "FULL_AND_PIECEWISE": {"FULL", "PIECEWISE", "NONE"},
+}
+MIXED_GRAPH_MODES = ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def graph_sizes(config: RunnerConfig, kind: str, u: int | None = None) -> list[tuple[int, int | None]]:
+    """(num_tokens, num_reqs) of the graphs of one kind the config captures:
+    "uniform" (u tokens per request), "varlen" (up to decode_query_len each),
+    "mixed" (any batch; requests padded only by FULL)."""
+    sizes = config.graph_capture_sizes
+    if not sizes:
+        return []
+    dql, max_reqs, largest = config.decode_query_len, config.max_num_reqs, max(sizes)
+    if kind == "uniform":
+        out = {(_round_up(s, u), _round_up(s, u) // u) for s in sizes}
+        return sorted((t, r) for t, r in out if t <= max_reqs * dql and t <= largest and r <= max_reqs)
+    if kind == "varlen":
+        return [(s, min(s, max_reqs)) for s in sizes if s <= max_reqs * dql]
+    full = config.cudagraph_mode == "FULL"
+    return [(s, min(s, max_reqs) if full else None) for s in sizes]
+
+
+@guarded("dispatch")
+def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None,
+                   q: np.ndarray | None, prefilling: np.ndarray | None,
+                   as_decode: np.ndarray | None, req_ids: tuple[str, ...] = ()) -> list[Finding]:
+    """The module docstring's descriptor rules. ``q``, ``prefilling``: the
+    model's query lengths and prefill flags in batch order; ``as_decode``: rows
+    that run as decodes (decodes, and prefills of one new token over context)."""
+    out: list[Finding] = []
+    if desc is None or q is None or prefilling is None or not len(q):
+        return out
+
+    def add(name: str, expected: Any, actual: Any, message: str) -> None:
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=DISPATCH, check="dispatch",
+                           req_ids=req_ids, field=name, expected=str(expected), actual=str(actual),
+                           message=message))
+
+    q = np.asarray(q, dtype=np.int64)
+    num_reqs, has_prefill = len(q), bool(np.asarray(prefilling).any())
+    tokens = int(q.sum())
+    if config.pcp_size > 1:  # execute_model dispatches the largest rank-local batch
+        tokens = max(sum(n for _, _, n in expected_rows(config, r, q, prefilling))
+                     for r in range(config.pcp_size))
+    mode, n_tok, n_req = desc["cg_mode"], int(desc["num_tokens"]), desc["num_reqs"]
+    u, mql = desc.get("uniform_token_count"), desc.get("max_query_len")
+    if n_tok < tokens:
+        add("num_tokens", f">= {tokens}", n_tok, "the descriptor holds fewer tokens than the batch")
+    if n_req is not None and n_req < num_reqs:
+        add("num_reqs", f">= {num_reqs}", n_req, "the descriptor holds fewer requests than the batch")
+    decodes_only = as_decode is not None and bool(np.asarray(as_decode).all())
+    if u is not None and (not decodes_only or (q != u).any()):
+        add("uniform_token_count", f"every query {u} tokens, each running as a decode", q.tolist(),
+            f"a uniform-decode graph (u={u}) replays a batch that is not a uniform decode")
+    if mql is not None and (has_prefill or int(q.max()) > mql):
+        add("max_query_len", f"no prefill, queries <= {mql}", q.tolist(),
+            f"a graph bounded to queries of {mql} tokens replays a longer query or a prefill")
+    if mode not in ALLOWED_MODES[config.cudagraph_mode]:
+        add("cg_mode", " or ".join(sorted(ALLOWED_MODES[config.cudagraph_mode])), mode,
+            f"cudagraph_mode {config.cudagraph_mode} never runs a {mode} graph")
+    separate = config.cudagraph_mode in SEPARATE_DECODE_MODES
+    if separate and mode == "FULL" and u is None and mql is None:
+        add("cg_mode", "a decode graph (uniform or varlen)", "an unbounded FULL graph",
+            f"{config.cudagraph_mode} runs FULL graphs for decode batches only")
+    sizes = config.graph_capture_sizes
+    if mode == "NONE" and sizes:
+        dql = config.decode_query_len
+        pure_decode = not has_prefill and config.pcp_size == 1
+        fits_mixed = config.cudagraph_mode in MIXED_GRAPH_MODES and tokens <= max(sizes)
+        fits_decode = separate and pure_decode and (
+            any(t >= tokens for t, _ in graph_sizes(config, "varlen"))
+            if config.varlen_decode and int(q.max()) <= dql else
+            (q == dql).all() and any(t >= tokens for t, _ in graph_sizes(config, "uniform", dql)))
+        if fits_mixed or fits_decode:
+            add("cg_mode", "a captured graph", "NONE",
+                f"a batch of {tokens} tokens fits a captured graph but ran eager")
+    elif mode != "NONE":
+        kind = "uniform" if u is not None else "varlen" if mql is not None else "mixed"
+        fitting = [(t, r) for t, r in graph_sizes(config, kind, u) if t >= tokens]
+        if fitting:
+            best_t, best_r = min(fitting)
+            if n_tok != best_t:
+                add("num_tokens", best_t, n_tok, f"padded to {n_tok} tokens; the smallest {kind} "
+                    f"graph that holds {tokens} tokens has {best_t}")
+            elif mode == "FULL" and n_req != best_r:
+                add("num_reqs", best_r, n_req, f"a FULL {kind} graph of {n_tok} tokens holds "
+                    f"{best_r} requests, the descriptor says {n_req}")
+        else:
+            add("num_tokens", f"no {kind} graph holds {tokens} tokens", n_tok,
+                f"dispatched to a {kind} {mode} graph the config never captures")
+        if mode == "PIECEWISE" and n_req is not None:
+            add("num_reqs", None, n_req, "a PIECEWISE graph pads no requests")
+    return out
+
+
+@guarded("capture")
+def check_capture(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
+    """A capture dummy against the descriptor it was built for: the graph it
+    records replays every batch dispatched to that descriptor."""
+    out: list[Finding] = []
+    if stage.stage != CAPTURE or stage.error is not None or not stage.fields:
+        return out
+
+    def get(name: str) -> Any:
+        f = stage.fields.get(name)
+        return None if f is None or f.kind in ("none", "object") else f.values
+
+    def add(name: str, expected: Any, actual: Any, message: str) -> None:
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=CAPTURE, check="capture",
+                           rank=stage.rank, req_ids=stage_req_ids(stage), field=name,
+                           expected=str(expected), actual=str(actual), message=message))
+
+    n_tok, n_req, u = get("desc.num_tokens"), get("desc.num_reqs"), get("desc.uniform_token_count")
+    mode, mql = get("desc.cg_mode"), get("desc.max_query_len")
+    q = get("num_scheduled_tokens")
+    if n_tok is None or q is None:
+        return out
+    q = np.asarray(q, dtype=np.int64)
+    want_reqs = n_req if n_req is not None else min(int(n_tok), config.max_num_reqs)
+    if get("num_tokens_after_padding") != n_tok or int(q.sum()) != n_tok:
+        add("num_tokens", n_tok, int(q.sum()), f"the {mode} graph for {n_tok} tokens is captured "
+            f"on a dummy of {int(q.sum())}")
+    if len(q) != want_reqs:
+        add("num_reqs", want_reqs, len(q), f"the {mode} graph for {want_reqs} requests is captured "
+            f"on a dummy of {len(q)}")
+    if u is not None and (q != u).any():
+        add("num_scheduled_tokens", f"every query {u} tokens", q.tolist(),
+            f"a uniform-decode graph (u={u}) is captured on a non-uniform dummy batch")
+    promised = get("max_query_len")
+    bound = mql if mql is not None else u
+    if promised is not None and int(promised) < int(q.max()):
+        add("max_query_len", f">= {int(q.max())}", promised,
+            "the dummy promises a max query length below its own longest query")
+    if bound is not None and int(q.max()) > int(bound):
+        add("num_scheduled_tokens", f"queries <= {bound}", q.tolist(),
+            "the capture dummy holds a query longer than the graph admits")
+    return out
