@@ -347,9 +347,10 @@ def replay_trace(path: str | Path, *, pcp_sizes: Sequence[int] | None = None,
 
 def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | None = None,
                   stages: Sequence[str] = obs.OPTIONAL_STAGES, progress: Progress | None = None,
-                  recorder: ReplayRecorder | None = None) -> ReplayResult:
+                  recorder: ReplayRecorder | None = None, cudagraph_mode: str | None = None) -> ReplayResult:
     """Replay traces in order. A malformed line raises TraceError mid-way;
-    callers that must not leave partial output validate first (scan_trace)."""
+    callers that must not leave partial output validate first (scan_trace).
+    ``cudagraph_mode`` replays every trace under that mode instead of its own."""
     from simrig.adapters.runner import load
 
     rec = recorder if recorder is not None else ReplayRecorder()
@@ -361,7 +362,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
         header = reader.header
         reader.close()
         for size in (pcp_sizes or [header.config.pcp_size]):
-            config = dataclasses.replace(header.config, pcp_size=size)
+            config = dataclasses.replace(header.config, pcp_size=size).with_cudagraph_mode(cudagraph_mode)
             if size not in used_sizes:
                 used_sizes.append(size)
             _replay_one(name, header, config, stages, rec, progress, api)
@@ -378,6 +379,8 @@ def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Se
     args: tuple[str, ...] = ()
     if config.pcp_size != header.config.pcp_size:
         args += ("--pcp-sizes", str(config.pcp_size))
+    if config.cudagraph_mode != header.config.cudagraph_mode:
+        args += ("--cudagraph-mode", config.cudagraph_mode)
     if tuple(stages) != tuple(obs.OPTIONAL_STAGES):
         args += ("--stages", ",".join(stages))
     rec.where = Where(name, config.pcp_size, replay_args=args)

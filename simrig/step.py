@@ -16,7 +16,7 @@ version's classes.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Synthesised token ids stay inside a small vocabulary so every id fits the
 # runner's int32 token table with room to spare.
@@ -98,6 +98,14 @@ class RunnerConfig:
             return tuple(sorted(set(self.capture_sizes)))
         cap = min(2 * self.max_num_reqs * self.decode_query_len, self.max_num_batched_tokens, 512)
         return tuple(s for s in (1, 2, 4, *range(8, cap + 1, 8)) if s <= cap)
+
+    def with_cudagraph_mode(self, mode: str | None) -> RunnerConfig:
+        """This config replayed under another cudagraph mode (None: unchanged);
+        the capture sizes stay, varlen decode only where the mode has a decode routine."""
+        if mode is None or mode == self.cudagraph_mode:
+            return self
+        return replace(self, cudagraph_mode=mode,
+                       varlen_decode=self.varlen_decode and mode in SEPARATE_DECODE_MODES)
 
     def validate(self) -> None:
         for name in ("max_num_reqs", "max_num_batched_tokens", "max_model_len",

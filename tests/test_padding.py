@@ -192,3 +192,21 @@ def test_graph_fields_round_trip_and_eager_headers_stay_as_before(tmp_path):
     write_trace(tmp_path / "e.jsonl", TraceHeader(config=RunnerConfig()), [])
     header = (tmp_path / "e.jsonl").read_text().splitlines()[0]
     assert "cudagraph_mode" not in header and "capture_sizes" not in header
+
+
+@pytest.mark.vllm
+def test_replay_under_another_cudagraph_mode(vllm_api, tmp_path, capsys):
+    import pandas as pd
+
+    from simrig.cli import main
+
+    out = tmp_path / "rep"
+    status = main(["replay", "traces/samples/spec_decode.jsonl", "--cudagraph-mode", "full_and_piecewise",
+                   "--out", str(out), "--quiet"])
+    assert status == 0, capsys.readouterr().out
+    stages = set(pd.read_parquet(out / "steps.parquet")["stage"])
+    assert {"dispatch", "capture"} <= stages
+    status = main(["replay", "traces/samples/pcp2.jsonl", "--cudagraph-mode", "FULL", "--out",
+                   str(tmp_path / "no"), "--quiet"])
+    assert status == 2 and not (tmp_path / "no").exists()
+    assert "FULL is refused with PCP" in capsys.readouterr().err

@@ -189,3 +189,23 @@ def test_fuzz_report_is_complete_or_absent(tmp_path, monkeypatch):
         fuzz.Campaign(fuzz.CampaignOptions(out_dir=out2, progress="quiet")).finish()
     assert not out2.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nightly"]
+
+
+def test_padding_module():
+    from simrig.checks.padding import check_capture, check_dispatch
+
+    config = RunnerConfig(max_num_reqs=4, max_num_batched_tokens=16, cudagraph_mode="FULL_AND_PIECEWISE")
+    # a descriptor without its token count, as a broken dispatch observer might hand it over
+    only_rig_error(check_dispatch(7, config, {"cg_mode": "FULL"}, np.array([1, 1]), np.array([False, False]),
+                                  np.array([True, True])), "dispatch")
+    capture = StageObs("capture", fields={"desc.num_tokens": NOT_A_FIELD,
+                                          "num_scheduled_tokens": arr([1], np.int32, "numpy")})
+    only_rig_error(check_capture(7, config, capture), "capture")
+
+
+def test_dcp_peer_check():
+    from simrig.checks.pcp import check_dcp_peers
+
+    peer = StageObs("partition", rank=0, dcp_rank=1, fields={"seq_lens": NOT_A_FIELD})
+    base = StageObs("partition", rank=0, fields={"seq_lens": arr([1], np.int32)})
+    only_rig_error(check_dcp_peers(7, StepObs(index=7, stages=[base, peer])), "pcp")

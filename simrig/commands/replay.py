@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace file or directory")
     p.add_argument("--pcp-sizes", metavar="N,N,...",
                    help="replay each trace once per PCP world size (default: the trace's own)")
+    p.add_argument("--cudagraph-mode", metavar="MODE", type=str.upper,
+                   help="replay every trace under this vLLM cudagraph mode (NONE, PIECEWISE, FULL, "
+                        "FULL_DECODE_ONLY, FULL_AND_PIECEWISE), dispatched and padded by vLLM's own "
+                        "CudaGraphManager (default: the trace's own mode)")
     p.add_argument("--stages", metavar="S,S,...",
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
@@ -66,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     for path in paths:  # every header and step line, before anything runs
         header, num_steps = scan_trace(path)
         total += num_steps * len(pcp_sizes or [header.config.pcp_size])
+        for size in pcp_sizes or [header.config.pcp_size]:
+            _check_graph_config(header.config, size, args.cudagraph_mode, path)
 
     progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
     try:
@@ -74,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
             sharded = replay_sharded(paths, workers=workers, address=args.ray, pcp_sizes=pcp_sizes,
                                      stages=stages, segment_steps=args.segment_steps,
-                                     progress=progress)
+                                     progress=progress, cudagraph_mode=args.cudagraph_mode)
             result = sharded.result
         else:
-            result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress)
+            result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress,
+                                   cudagraph_mode=args.cudagraph_mode)
     finally:
         progress.close()
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
@@ -111,6 +118,17 @@ def run(args: argparse.Namespace) -> int:
               f"({item['capability']}): {item['reason']}")
     print(f"report: {report / 'report.html'}")
     return summary["exit_status"]
+
+
+def _check_graph_config(config, pcp_size: int, mode: str | None, path) -> None:
+    """A --cudagraph-mode / --pcp-sizes combination the runner refuses is a usage error, up front."""
+    import dataclasses
+
+    try:
+        dataclasses.replace(config, pcp_size=pcp_size).with_cudagraph_mode(mode).validate()
+    except ValueError as exc:
+        flag = "--cudagraph-mode" if mode else "--pcp-sizes"
+        raise UsageError(f"{flag}: {path} at pcp size {pcp_size}: {exc}") from None
 
 
 def _short_path(path: str) -> str:

@@ -39,6 +39,7 @@ class Unit:
     pcp_size: int
     start: int  # first step (0: from the beginning, no resync)
     stop: int  # one past the last step
+    cudagraph_mode: str | None = None  # replay under this mode instead of the trace's
 
     @property
     def num_steps(self) -> int:
@@ -86,7 +87,8 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
     api = load()
     reader = TraceReader(unit.path)
     header = reader.header
-    config = dataclasses.replace(header.config, pcp_size=unit.pcp_size)
+    config = dataclasses.replace(header.config, pcp_size=unit.pcp_size).with_cudagraph_mode(
+        unit.cudagraph_mode)
     tracker, mirror, rec = BatchTracker(), RunnerMirror(), ReplayRecorder()
     shift = unit.start - 1 if unit.start else 0  # replayed index -> trace step
 
@@ -182,7 +184,8 @@ def _recap_known(findings: Any, elided: dict[str, int]) -> Any:
 
 def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
                    pcp_sizes: Sequence[int] | None, stages: tuple[str, ...],
-                   segment_steps: int | None = None, progress: Any = None) -> MergedReplay:
+                   segment_steps: int | None = None, progress: Any = None,
+                   cudagraph_mode: str | None = None) -> MergedReplay:
     """Replay traces on Ray workers; the merged result of every unit."""
     from simrig.distributed.cluster import ray_session
     from simrig.replay import scan_trace
@@ -194,7 +197,8 @@ def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
             listing.append((str(path), n, size, header.adversarial))
             if size not in used:
                 used.append(size)
-    units = plan_units(listing, workers, segment_steps)
+    units = [dataclasses.replace(u, cudagraph_mode=cudagraph_mode)
+             for u in plan_units(listing, workers, segment_steps)]
     started = time.perf_counter()
     results: list[UnitResult] = []
     with ray_session(workers, address) as ray:
