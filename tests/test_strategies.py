@@ -132,3 +132,56 @@ def test_new_requests_fit_the_context(req):
 def test_bad_arguments_raise_invalid_argument(build, message):
     with pytest.raises(InvalidArgument, match=message.replace("(", r"\(")):
         build()
+
+
+# ------------------------------------------------- lifecycle corners are reachable
+def _corners(steps) -> set[str]:
+    """The lifecycle corners a run of steps exercises, read off the steps alone."""
+    computed: dict[str, int] = {}
+    prefill: dict[str, int] = {}
+    last_step: dict[str, int] = {}
+    drafted: set[str] = set()
+    seen: set[str] = set()
+    for k, step in enumerate(steps):
+        for r in step.preempted:
+            if r in computed and computed[r] < prefill[r]:
+                seen.add("preempt_mid_prefill")
+            if r in drafted:
+                seen.add("preempt_mid_spec")
+        for r in step.finished:
+            if last_step.get(r) == k - 1 and computed.get(r, 0) < prefill.get(r, 0):
+                seen.add("abort_right_after_schedule")
+        for r in (*step.finished, *step.preempted):
+            computed.pop(r, None)
+        for req in step.new_requests:
+            if req.num_prefill_tokens > req.prompt_len:
+                seen.add("resume_with_outputs")
+            computed[req.req_id], prefill[req.req_id] = req.num_computed_tokens, req.num_prefill_tokens
+        drafted = {r for r, n in step.spec_tokens.items() if n > 0}
+        for r in step.num_scheduled_tokens:
+            computed[r] = computed.get(r, 0) + step.num_accepted(r)
+            last_step[r] = k
+    return seen
+
+
+@pytest.mark.parametrize("corner", ["preempt_mid_prefill", "preempt_mid_spec",
+                                    "abort_right_after_schedule", "resume_with_outputs"])
+def test_each_lifecycle_corner_is_drawn(corner):
+    from hypothesis import find
+
+    configs = runner_configs(num_speculative_tokens=st.integers(1, 3), pcp_sizes=st.just(1))
+    run = find(scheduler_steps(config=configs, min_steps=3, max_steps=12),
+               lambda steps: corner in _corners(steps),
+               settings=settings(max_examples=3000, database=None, deadline=None,
+                                 suppress_health_check=list(HealthCheck)))
+    assert corner in _corners(run)
+
+
+@FAST
+@given(runner_configs(pcp_sizes=st.sampled_from((1, 2, 4)), cudagraph_modes=st.sampled_from(
+    ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"))))
+def test_graph_configs_are_ones_the_runner_accepts(config):
+    config.validate()
+    assert not (config.pcp_size > 1 and config.cudagraph_mode == "FULL")
+    assert all(1 <= s <= config.max_num_batched_tokens for s in config.graph_capture_sizes)
+    assert (config.cudagraph_mode == "NONE") == (config.graph_capture_sizes == ())

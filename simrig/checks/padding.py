@@ -52,9 +52,9 @@ import numpy as np
 
 from simrig.checks import findings as fk
 from simrig.checks.contract import stage_req_ids
+from simrig.checks.descriptor import descriptor, padded_counts  # noqa: F401 -- re-exported
 from simrig.checks.findings import Finding, guarded
 from simrig.checks.pcp import expected_rows
-from simrig.checks.reference import descriptor, padded_counts  # noqa: F401 -- re-exported
 from simrig.observe import CAPTURE, DISPATCH, StageObs
 from simrig.step import SEPARATE_DECODE_MODES, RunnerConfig
 

@@ -48,8 +48,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from simrig.checks import findings as fk
+from simrig.checks.descriptor import descriptor, padded_counts
 from simrig.checks.findings import Finding, guarded
-from simrig.observe import DISPATCH, GATHER, PREPARE, StageObs, StepObs
+from simrig.observe import GATHER, PREPARE, StageObs, StepObs
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 MAX_SHOWN = 12
@@ -141,21 +142,6 @@ def order_problem(order: list[str], scheduled: dict[str, int], drafts: dict[str,
             return ("query lengths out of order: decodes first, then non-decreasing "
                     f"lengths (rule 2), got {queries}")
     return ""
-
-
-def descriptor(obs: StepObs) -> dict[str, Any] | None:
-    """The step's descriptor as the dispatch stage observed it (None: not dispatched)."""
-    stage = obs.get(DISPATCH)
-    if stage is None or stage.error is not None or "cg_mode" not in stage.fields:
-        return None
-    return {name: f.values for name, f in stage.fields.items()}
-
-
-def padded_counts(desc: dict[str, Any] | None, num_tokens: int, num_reqs: int) -> tuple[int, int]:
-    """(num_tokens_after_padding, num_reqs_after_padding) a batch handed ``desc`` must have."""
-    if desc is None:
-        return num_tokens, num_reqs
-    return max(num_tokens, int(desc["num_tokens"])), int(desc["num_reqs"] or num_reqs)
 
 
 class ReferenceModel:
