@@ -28,7 +28,7 @@ from typing import Any
 
 from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.checks.findings import Finding
-from simrig.observe import OPTIONAL_STAGES
+from simrig.observe import DISPATCH, OPTIONAL_STAGES
 from simrig.replay import BatchTracker, ReplayRecorder
 from simrig.report.classes import ClassTally, Where, known_lookup, verdict_of
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig, Step
@@ -103,6 +103,9 @@ class CampaignStats:
     elapsed_s: float = 0.0
     stopped_by: str = "budget"
     rig_errors: list[str] = field(default_factory=list)
+    # steps per configured cudagraph mode, and per mode vLLM's dispatch chose
+    steps_by_cudagraph_mode: dict[str, int] = field(default_factory=dict)
+    steps_by_dispatched_mode: dict[str, int] = field(default_factory=dict)
 
 
 class Campaign:
@@ -154,6 +157,12 @@ class Campaign:
         st = self.stats
         st.steps += 1
         st.findings += len(found)
+        configured = machine.config.cudagraph_mode
+        st.steps_by_cudagraph_mode[configured] = st.steps_by_cudagraph_mode.get(configured, 0) + 1
+        dispatch = obs.get(DISPATCH) if obs is not None else None
+        if dispatch is not None and "cg_mode" in dispatch.fields:
+            chosen = str(dispatch.fields["cg_mode"].values)
+            st.steps_by_dispatched_mode[chosen] = st.steps_by_dispatched_mode.get(chosen, 0) + 1
         violation = machine.violations.get(index)
         st.violations_sent += violation is not None
         st.loud_rejections += any(f.extra.get("loud_rejection") for f in found)
@@ -372,7 +381,8 @@ class Campaign:
                 f"{s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
                 f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}; "
                 f"{s['regression_traces']} regression trace(s) replayed first; "
-                f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations")
+                f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations"
+                + graph_line(s))
 
     def _write_shrunk_guarded(self, write_shrunk: Any, cls: FindingClass, folder: Path) -> None:
         """A shrunk trace whose confirming replay crashes is still written; the
@@ -418,6 +428,8 @@ class Campaign:
             "stages": list(o.stages),
             "elapsed_s": st.elapsed_s, "stopped_by": st.stopped_by, "chunks": st.chunks,
             "examples": st.examples, "steps": st.steps,
+            "steps_by_cudagraph_mode": dict(sorted(st.steps_by_cudagraph_mode.items())),
+            "steps_by_dispatched_mode": dict(sorted(st.steps_by_dispatched_mode.items())),
             "examples_per_s": round(st.examples / elapsed, 3),
             "steps_per_s": round(st.steps / elapsed, 3),
             "findings": st.findings, "finding_classes": len(self.classes),
@@ -444,6 +456,14 @@ class Campaign:
                        pcp_size=cls.config.pcp_size if cls.config else -1)
             rows.append(row)
         return pd.DataFrame(rows)
+
+
+def graph_line(summary: dict[str, Any]) -> str:
+    """"; steps dispatched to graphs: FULL 1,234, NONE 567, PIECEWISE 890" (empty when unknown)."""
+    chosen = summary.get("steps_by_dispatched_mode") or {}
+    if not chosen:
+        return ""
+    return "; steps dispatched to " + ", ".join(f"{mode} {n:,}" for mode, n in chosen.items())
 
 
 def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = ("NONE",)) -> Any:

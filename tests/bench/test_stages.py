@@ -157,3 +157,42 @@ def test_rig_overhead(benchmark, vllm_api, bench_trace) -> None:
                                  "overhead_ratio": round(harness / bare, 4),
                                  "outside_stages_share": round(outside, 4)})
     assert bare > 0 and harness > 0 and 0 <= outside < 1
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_cudagraph_mode_cost(benchmark, vllm_api, bench_trace, mode: str) -> None:
+    """Per-step cost of a graph mode (dispatch, padded prepare, capture dummy)
+    against the same trace eager, interleaved round by round. Target (README,
+    *Benchmarks*): ``per_step_ratio_vs_eager`` <= 1.5."""
+    from simrig.harness import Harness
+
+    trace = bench_trace.with_pcp(1)
+    graph_config = trace.config.with_cudagraph_mode(mode)
+    eager_s: list[float] = []
+    graph_s: list[float] = []
+    results: list[obs.StepObs] = []
+
+    def setup() -> tuple[tuple, dict]:
+        eager = Harness(trace.config, api=vllm_api)
+        start = time.perf_counter()
+        _harness_replay(eager, trace.steps, [])
+        eager_s.append(time.perf_counter() - start)
+        return (Harness(graph_config, api=vllm_api),), {}
+
+    def replay(harness: Any) -> None:
+        start = time.perf_counter()
+        _harness_replay(harness, trace.steps, results)
+        graph_s.append(time.perf_counter() - start)
+
+    benchmark.group = "cudagraph modes"
+    benchmark.pedantic(replay, setup=setup, rounds=ROUNDS, iterations=1)
+    assert [s.error for r in results for s in r.errors] == []
+    modes = {r.get(obs.DISPATCH).fields["cg_mode"].values for r in results if r.get(obs.DISPATCH)}
+    assert modes - {"NONE"}, f"{mode}: no step replayed a graph"
+    ratio = statistics.median(graph_s) / statistics.median(eager_s)
+    benchmark.extra_info.update(_trace_info(trace, vllm_api))
+    benchmark.extra_info.update({"cudagraph_mode": mode, "graph_modes_seen": sorted(modes),
+                                 "eager_median_ms": round(statistics.median(eager_s) * 1e3, 3),
+                                 "graph_median_ms": round(statistics.median(graph_s) * 1e3, 3),
+                                 "per_step_ratio_vs_eager": round(ratio, 4)})
+    assert ratio > 0
