@@ -188,8 +188,8 @@ class Harness:
             self._timed(result, obs.DUMMY, None, step, self.api.InputBatch.make_dummy,
                         num_reqs, num_tokens, self.dummy_buffers)
         if result.index == 0:
-            for i, capture in enumerate(cudagraph.capture_descriptors(self.dispatcher)):
-                self._timed(result, obs.CAPTURE, i, step, self._capture_dummy, capture)
+            for capture in cudagraph.capture_descriptors(self.dispatcher):
+                self._timed(result, obs.CAPTURE, None, step, self._capture_dummy, capture)
                 result.stages[-1].fields.update(
                     {"desc." + k: obs.observe_value(v) for k, v in cudagraph.describe(capture).items()})
         return result

@@ -49,8 +49,7 @@ class ErrorObs:
 @dataclass
 class StageObs:
     stage: str
-    # PCP rank for partition (dcp_rank too under DCP > 1); the capture
-    # descriptor's index for capture.
+    # PCP rank for partition (dcp_rank too under DCP > 1)
     rank: int | None = None
     dcp_rank: int = 0
     fields: dict[str, FieldObs] = field(default_factory=dict)

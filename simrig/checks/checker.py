@@ -95,8 +95,8 @@ class Checker:
         # gather's BatchReqState has no draft count of its own; the Step has.
         has_drafts = any(n > 0 for n in step.spec_tokens.values())
         for stage in observation.stages:
-            findings.extend(check_contract(index, stage,
-                                           has_drafts if stage.stage == GATHER else None))
+            found = check_contract(index, stage, has_drafts if stage.stage == GATHER else None)
+            findings.extend(_label_capture(found, stage) if stage.stage == CAPTURE else found)
             findings.extend(self.drift.check(index, stage))
 
     def _dummy_semantics(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
@@ -104,8 +104,8 @@ class Checker:
         if dummy is not None:  # built from (num_reqs, num_tokens) alone: always defined
             findings.extend(check_batch_semantics(index, dummy))
         for capture in observation.all(CAPTURE):
-            findings.extend(check_batch_semantics(index, capture))
-            findings.extend(check_capture(index, self.config, capture))
+            found = check_batch_semantics(index, capture) + check_capture(index, self.config, capture)
+            findings.extend(_label_capture(found, capture))
 
     def _semantic_checks(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
         out = self.reference.compare(index, step, obs)
@@ -127,6 +127,16 @@ class Checker:
             out.extend(check_dispatch(index, self.config, desc, pred.num_scheduled,
                                       pred.is_prefilling, as_decode, tuple(pred.req_ids)))
         return out
+
+
+def _label_capture(found: list[Finding], capture: Any) -> list[Finding]:
+    """Name the descriptor a capture dummy was built for in each of its findings."""
+    desc = {k[len("desc."):]: f.values for k, f in capture.fields.items() if k.startswith("desc.")}
+    label = f" [capture dummy for {desc.get('cg_mode')} {desc.get('num_tokens')} tokens]"
+    for f in found:
+        if f.kind != fk.RIG_ERROR:
+            f.message += label
+    return found
 
 
 def check_step(checker: Checker, extra_checks: Sequence[ExtraCheck], index: int, step: Step,

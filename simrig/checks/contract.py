@@ -131,7 +131,7 @@ ARRAY_KINDS = ("torch", "numpy")
 def stage_req_ids(stage: StageObs) -> tuple[str, ...]:
     """The requests a stage's batch holds; none for a dummy batch, whose ids
     are random placeholders (reports stay deterministic and small)."""
-    if stage.stage == "dummy":
+    if stage.stage in (DUMMY, CAPTURE):
         return ()
     f = stage.fields.get("req_ids")
     return tuple(str(r) for r in f.values) if f is not None and f.kind == "list" else ()
