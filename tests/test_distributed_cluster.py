@@ -19,7 +19,7 @@ pytest.importorskip("ray", reason="the simrig[ray] extra is not installed")
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cluster]
 
 
 def _free_port() -> int:

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("ray", reason="the simrig[ray] extra is not installed")
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cluster]
 CLASS_COLUMNS = ["trace", "pcp_size", "kind", "stage", "field", "exception_type", "known"]
 
 

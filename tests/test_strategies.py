@@ -169,8 +169,10 @@ def _corners(steps) -> set[str]:
 def test_each_lifecycle_corner_is_drawn(corner):
     from hypothesis import find
 
-    configs = runner_configs(num_speculative_tokens=st.integers(1, 3), pcp_sizes=st.just(1))
-    run = find(scheduler_steps(config=configs, min_steps=3, max_steps=12),
+    configs = runner_configs(max_num_reqs=st.integers(1, 3), max_num_batched_tokens=st.just(16),
+                             max_model_len=st.just(64), num_speculative_tokens=st.integers(1, 2),
+                             pcp_sizes=st.just(1))
+    run = find(scheduler_steps(config=configs, min_steps=3, max_steps=8),
                lambda steps: corner in _corners(steps),
                settings=settings(max_examples=3000, database=None, deadline=None,
                                  suppress_health_check=list(HealthCheck)))
