@@ -280,19 +280,7 @@ class VllmApi:
         ``unavailable``)."""
         if config.pcp_size <= 1 or self.unavailable(config):
             return []
-        return [
-            versions.adapt_pcp_manager(self.shape, self.PCPManager(
-                pcp_world_size=config.pcp_size,
-                pcp_rank=rank,
-                device=self.device,
-                max_num_reqs=config.max_num_reqs,
-                max_num_tokens=config.max_num_batched_tokens,
-                dcp_world_size=config.dcp_size,
-                dcp_rank=0,
-                **versions.pcp_kwargs(self.shape, config.shard_decode_requests),
-            ))
-            for rank in range(config.pcp_size)
-        ]
+        return [self._pcp_manager(config, rank, 0) for rank in range(config.pcp_size)]
 
     def build_dcp_peer_managers(self, config: RunnerConfig) -> list[tuple[int, int, Any]]:
         """``(pcp_rank, dcp_rank, manager)`` for every DCP rank past 0: DCP
@@ -300,14 +288,20 @@ class VllmApi:
         exactly as DCP rank 0 of its PCP rank does."""
         if config.pcp_size <= 1 or config.dcp_size <= 1 or self.unavailable(config):
             return []
-        return [
-            (rank, dcp_rank, versions.adapt_pcp_manager(self.shape, self.PCPManager(
-                pcp_world_size=config.pcp_size, pcp_rank=rank, device=self.device,
-                max_num_reqs=config.max_num_reqs, max_num_tokens=config.max_num_batched_tokens,
-                dcp_world_size=config.dcp_size, dcp_rank=dcp_rank,
-                **versions.pcp_kwargs(self.shape, config.shard_decode_requests))))
-            for rank in range(config.pcp_size) for dcp_rank in range(1, config.dcp_size)
-        ]
+        return [(rank, dcp_rank, self._pcp_manager(config, rank, dcp_rank))
+                for rank in range(config.pcp_size) for dcp_rank in range(1, config.dcp_size)]
+
+    def _pcp_manager(self, config: RunnerConfig, pcp_rank: int, dcp_rank: int) -> Any:
+        return versions.adapt_pcp_manager(self.shape, self.PCPManager(
+            pcp_world_size=config.pcp_size,
+            pcp_rank=pcp_rank,
+            device=self.device,
+            max_num_reqs=config.max_num_reqs,
+            max_num_tokens=config.max_num_batched_tokens,
+            dcp_world_size=config.dcp_size,
+            dcp_rank=dcp_rank,
+            **versions.pcp_kwargs(self.shape, config.shard_decode_requests),
+        ))
 
     def unavailable(self, config: RunnerConfig) -> list[versions.Unavailable]:
         """Stages this release cannot drive for ``config`` (the rest still run)."""
