@@ -70,7 +70,7 @@ class Harness:
         if batch_state is None:
             return self._dummy(step, result)
         desc = self._timed(result, obs.DISPATCH, None, step, self._dispatch, step, *batch_state,
-                           extra=None, observe=False)
+                           observe=False)
         if desc is None:
             return self._dummy(step, result)
         result.stages[-1].fields = {k: obs.observe_value(v) for k, v in cudagraph.describe(desc).items()}
@@ -181,7 +181,7 @@ class Harness:
             return result
         num_reqs = len(step.num_scheduled_tokens)
         num_tokens = step.total_num_scheduled_tokens
-        if desc is not None and cudagraph.describe(desc)["cg_mode"] != "NONE":
+        if desc is not None and cudagraph.mode_name(desc) != "NONE":
             # the batch this descriptor's graph was captured with
             self._timed(result, obs.DUMMY, None, step, self._capture_dummy, desc)
         elif 0 < num_reqs <= num_tokens:
@@ -200,10 +200,11 @@ class Harness:
         then PCP's staging of it."""
         num_tokens = desc.num_tokens
         num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
-        max_query_len = getattr(desc, "max_query_len", None) or getattr(desc, "uniform_token_count", None)
-        if max_query_len is None and cudagraph.describe(desc)["cg_mode"] == "FULL":
+        max_query_len = desc.max_query_len or desc.uniform_token_count
+        if max_query_len is None and cudagraph.mode_name(desc) == "FULL":
             max_query_len = num_tokens
-        batch = self.api.make_dummy(num_reqs, num_tokens, self.dummy_buffers, max_query_len)
+        batch = self.api.InputBatch.make_dummy(num_reqs, num_tokens, self.dummy_buffers,
+                                               max_query_len=max_query_len)
         if self.pcp_managers:
             batch = self.api.prepare_for_capture(self.pcp_managers[0], batch)
         return batch

@@ -16,7 +16,6 @@ fresh Harness and Checker each time.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -362,7 +361,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
         header = reader.header
         reader.close()
         for size in (pcp_sizes or [header.config.pcp_size]):
-            config = dataclasses.replace(header.config, pcp_size=size).with_cudagraph_mode(cudagraph_mode)
+            config = header.config.replayed_as(size, cudagraph_mode)
             if size not in used_sizes:
                 used_sizes.append(size)
             _replay_one(name, header, config, stages, rec, progress, api)

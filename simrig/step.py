@@ -99,13 +99,14 @@ class RunnerConfig:
         cap = min(2 * self.max_num_reqs * self.decode_query_len, self.max_num_batched_tokens, 512)
         return tuple(s for s in (1, 2, 4, *range(8, cap + 1, 8)) if s <= cap)
 
-    def with_cudagraph_mode(self, mode: str | None) -> RunnerConfig:
-        """This config replayed under another cudagraph mode (None: unchanged);
-        the capture sizes stay, varlen decode only where the mode has a decode routine."""
-        if mode is None or mode == self.cudagraph_mode:
-            return self
-        return replace(self, cudagraph_mode=mode,
-                       varlen_decode=self.varlen_decode and mode in SEPARATE_DECODE_MODES)
+    def replayed_as(self, pcp_size: int, cudagraph_mode: str | None = None) -> RunnerConfig:
+        """This config replayed at another PCP size and, unless None, under another
+        cudagraph mode: the capture sizes stay, varlen decode only where the mode
+        has a decode routine."""
+        if cudagraph_mode is None or cudagraph_mode == self.cudagraph_mode:
+            return replace(self, pcp_size=pcp_size)
+        return replace(self, pcp_size=pcp_size, cudagraph_mode=cudagraph_mode,
+                       varlen_decode=self.varlen_decode and cudagraph_mode in SEPARATE_DECODE_MODES)
 
     def validate(self) -> None:
         for name in ("max_num_reqs", "max_num_batched_tokens", "max_model_len",

@@ -25,7 +25,6 @@ The harness then hands the chosen descriptor to the real ``prepare_inputs``,
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -86,36 +85,25 @@ def capture_descriptors(manager: Any) -> list[Any]:
 
 def dispatch(manager: Any, *, num_reqs: int, num_tokens: int, uniform_token_count: int | None,
              max_query_len: int | None, decode_query_len: int) -> Any:
-    """The descriptor ``execute_model`` would run this batch with (one DP rank,
-    no LoRA, no ubatching), through vLLM's ``dispatch_cg_and_sync_dp`` where
-    the release has it, else the manager's own ``dispatch``."""
-    try:
-        from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
-    except ImportError:
-        return manager.dispatch(num_reqs, num_tokens, uniform_token_count, 0,
-                                max_query_len=max_query_len)
-    wanted = dict(max_query_len=max_query_len, need_eager=False, num_active_loras=0,
-                  allow_ubatching=False, uniform_decode=uniform_token_count == decode_query_len)
-    accepted = _parameters(dispatch_cg_and_sync_dp)
-    kwargs = {k: v for k, v in wanted.items() if k in accepted}
-    desc, _ = dispatch_cg_and_sync_dp(manager, num_reqs, num_tokens, uniform_token_count, 1, 0,
-                                      **kwargs)
+    """The descriptor ``execute_model`` would run this batch with, through
+    vLLM's ``dispatch_cg_and_sync_dp`` (one DP rank, no LoRA, no ubatching;
+    its parameters are checked with the other entry points)."""
+    from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+
+    desc, _ = dispatch_cg_and_sync_dp(
+        manager, num_reqs, num_tokens, uniform_token_count, 1, 0, max_query_len=max_query_len,
+        need_eager=False, num_active_loras=0, allow_ubatching=False,
+        uniform_decode=uniform_token_count == decode_query_len)
     return desc
 
 
-_PARAMS: dict[Any, frozenset[str]] = {}
-
-
-def _parameters(fn: Any) -> frozenset[str]:
-    if fn not in _PARAMS:
-        _PARAMS[fn] = frozenset(inspect.signature(fn).parameters)
-    return _PARAMS[fn]
+def mode_name(desc: Any) -> str:
+    """The descriptor's runtime mode by name: NONE, PIECEWISE or FULL."""
+    return getattr(desc.cg_mode, "name", str(desc.cg_mode))
 
 
 def describe(desc: Any) -> dict[str, Any]:
     """A descriptor as plain observable values (the mode by name)."""
-    mode = getattr(desc.cg_mode, "name", str(desc.cg_mode))
-    return {"cg_mode": mode, "num_tokens": int(desc.num_tokens),
+    return {"cg_mode": mode_name(desc), "num_tokens": int(desc.num_tokens),
             "num_reqs": None if desc.num_reqs is None else int(desc.num_reqs),
-            "uniform_token_count": getattr(desc, "uniform_token_count", None),
-            "max_query_len": getattr(desc, "max_query_len", None)}
+            "uniform_token_count": desc.uniform_token_count, "max_query_len": desc.max_query_len}

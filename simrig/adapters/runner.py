@@ -57,7 +57,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("vllm.v1.worker.gpu.model_runner", "sort_batch_req_ids",
                ("num_tokens_per_req", "draft_tokens", "decode_query_len")),
     EntryPoint("vllm.v1.worker.gpu.input_batch", "InputBatch.make_dummy",
-               ("num_reqs", "num_tokens", "input_buffers")),
+               ("num_reqs", "num_tokens", "input_buffers", "max_query_len")),
     EntryPoint("vllm.v1.worker.gpu.input_batch", "InputBuffers",
                ("max_num_reqs", "max_num_tokens", "device")),
     EntryPoint("vllm.v1.worker.gpu.input_batch", "get_num_sampled_and_rejected",
@@ -71,7 +71,15 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
     EntryPoint("vllm.v1.worker.gpu.pcp_manager", "PCPManager.partition_batch",
                ("input_batch",)),  # + batch_desc or padded sizes: versions.py
     EntryPoint("vllm.v1.worker.gpu.cudagraph_utils", "BatchExecutionDescriptor",
-               ("cg_mode", "num_tokens", "num_reqs")),
+               ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len")),
+    EntryPoint("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager._init_candidates"),
+    EntryPoint("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager._build_lora_dispatch_map"),
+    EntryPoint("vllm.v1.worker.gpu.dp_utils", "dispatch_cg_and_sync_dp",
+               ("cudagraph_manager", "num_reqs", "num_tokens", "uniform_token_count", "dp_size",
+                "dp_rank", "max_query_len", "need_eager", "num_active_loras", "allow_ubatching",
+                "uniform_decode")),
+    EntryPoint("vllm.v1.worker.gpu.pcp_manager", "PCPManager.get_num_tokens_for_dispatch",
+               ("num_scheduled_tokens", "is_prefilling")),
     EntryPoint("vllm.v1.core.sched.output", "SchedulerOutput",
                ("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
                 "total_num_scheduled_tokens", "scheduled_spec_decode_tokens",
@@ -163,8 +171,6 @@ class VllmApi:
         self.SamplingParams = SamplingParams
         self.shape = _detect_shape(self.version, resolved, self.GPUModelRunner)
         self._fill_so = versions.filled(self.shape, "SchedulerOutput")
-        self.shape_make_dummy_takes_max_query_len = "max_query_len" in inspect.signature(
-            self.InputBatch.make_dummy).parameters
 
     # ------------------------------------------------------------------ mapping
     def scheduler_output(self, step: Step) -> Any:
@@ -221,16 +227,11 @@ class VllmApi:
                                f"cannot build the dispatcher without a GPU ({type(exc).__name__}: "
                                f"{exc})") from None
 
-    def make_dummy(self, num_reqs: int, num_tokens: int, buffers: Any, max_query_len: int | None) -> Any:
-        """InputBatch.make_dummy, with the promised max query length where the release takes one."""
-        if self.shape_make_dummy_takes_max_query_len:
-            return self.InputBatch.make_dummy(num_reqs, num_tokens, buffers, max_query_len=max_query_len)
-        return self.InputBatch.make_dummy(num_reqs, num_tokens, buffers)
-
     def prepare_for_capture(self, manager: Any, batch: Any) -> Any:
-        """PCP's capture/profile staging of a dummy batch, where the release has it."""
-        stage = getattr(manager, "prepare_inputs_for_capture_or_profile", None)
-        return batch if stage is None else stage(batch)
+        """PCP's capture/profile staging of a dummy batch (from 0.33; see versions.py)."""
+        if not self.shape.pcp_capture_staging:
+            return batch
+        return manager.prepare_inputs_for_capture_or_profile(batch)
 
     # ------------------------------------------------------------------- runner
     def build_runner(self, config: RunnerConfig) -> Any:

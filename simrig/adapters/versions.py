@@ -13,6 +13,9 @@ newer vLLM is handled by what it offers:
     PCPManager(shard_decode_requests)                 -    -    +    +    capability: without it the
                                                                            partition stage of a sharding
                                                                            trace is *unavailable*
+    PCPManager.prepare_inputs_for_capture_or_         -    -    -    +    capture dummies under PCP are
+      profile                                                              staged where present, else
+                                                                           compared as make_dummy built them
     SchedulerOutput.num_common_prefix_blocks        req  req  opt  opt    filled with [] when required
     any other required parameter or field simrig does not pass           -> VllmApiError (one line)
 
@@ -69,6 +72,7 @@ class ApiShape:
     prepare_takes_num_active_loras: bool
     partition_takes_batch_desc: bool
     pcp_shard_decode: bool
+    pcp_capture_staging: bool = False
     fillers: dict[str, dict[str, Callable[[], Any]]] = field(default_factory=dict)
     optional_fields: dict[str, frozenset[str]] = field(default_factory=dict)
 
@@ -92,6 +96,9 @@ class ApiShape:
             else "prepare_inputs(scheduler_output, batch_req_state, batch_desc) (no LoRA count)",
             "partition_batch(input_batch, batch_desc)" if self.partition_takes_batch_desc
             else "partition_batch(input_batch, padded_num_tokens, padded_num_reqs)",
+            "PCP capture dummies staged by prepare_inputs_for_capture_or_profile"
+            if self.pcp_capture_staging else "PCP capture dummies used as make_dummy builds them "
+                                             "(no prepare_inputs_for_capture_or_profile)",
             *(f"SchedulerOutput: required {name} filled with an empty value"
               for name in self.fillers.get("SchedulerOutput", {})),
         ]
@@ -189,6 +196,7 @@ def detect_shape(version: str, *, runner_cls: Any, pcp_cls: Any, request_state_c
                {"input_batch", "batch_desc", "padded_num_tokens", "padded_num_reqs"}, version)
 
     shard = "shard_decode_requests" in _params(pcp_cls)
+    staging = callable(getattr(pcp_cls, "prepare_inputs_for_capture_or_profile", None))
     check_call(PCP_MANAGER, "PCPManager", pcp_cls, PCP_MANAGER_ARGS, version)
     check_call(STATES, "RequestState", request_state_cls, REQUEST_STATE_ARGS, version)
 
@@ -201,7 +209,8 @@ def detect_shape(version: str, *, runner_cls: Any, pcp_cls: Any, request_state_c
         optional[cls.__name__] = names
     return ApiShape(version=version, prepare_takes_num_active_loras=loras,
                     partition_takes_batch_desc=takes_desc, pcp_shard_decode=shard,
-                    fillers={k: v for k, v in fillers.items() if v}, optional_fields=optional)
+                    pcp_capture_staging=staging, fillers={k: v for k, v in fillers.items() if v},
+                    optional_fields=optional)
 
 
 def filled(shape: ApiShape, cls_name: str) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from simrig.checks.contract import stage_req_ids
 from simrig.checks.descriptor import descriptor, padded_counts  # noqa: F401 -- re-exported
 from simrig.checks.findings import Finding, guarded
 from simrig.checks.pcp import expected_rows
+from simrig.checks.semantics import field_value
 from simrig.observe import CAPTURE, DISPATCH, StageObs
 from simrig.step import SEPARATE_DECODE_MODES, RunnerConfig
 
@@ -172,23 +173,19 @@ def check_capture(index: int, config: RunnerConfig, stage: StageObs) -> list[Fin
     if stage.stage != CAPTURE or stage.error is not None or not stage.fields:
         return out
 
-    def get(name: str) -> Any:
-        f = stage.fields.get(name)
-        return None if f is None or f.kind in ("none", "object") else f.values
-
     def add(name: str, expected: Any, actual: Any, message: str) -> None:
         out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=CAPTURE, check="capture",
                            rank=stage.rank, req_ids=stage_req_ids(stage), field=name,
                            expected=str(expected), actual=str(actual), message=message))
 
-    n_tok, n_req, u = get("desc.num_tokens"), get("desc.num_reqs"), get("desc.uniform_token_count")
-    mode, mql = get("desc.cg_mode"), get("desc.max_query_len")
-    q = get("num_scheduled_tokens")
+    mode, n_tok, n_req, u, mql = (field_value(stage, "desc." + name) for name in (
+        "cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len"))
+    q = field_value(stage, "num_scheduled_tokens")
     if n_tok is None or q is None:
         return out
     q = np.asarray(q, dtype=np.int64)
     want_reqs = n_req if n_req is not None else min(int(n_tok), config.max_num_reqs)
-    if get("num_tokens_after_padding") != n_tok or int(q.sum()) != n_tok:
+    if field_value(stage, "num_tokens_after_padding") != n_tok or int(q.sum()) != n_tok:
         add("num_tokens", n_tok, int(q.sum()), f"the {mode} graph for {n_tok} tokens is captured "
             f"on a dummy of {int(q.sum())}")
     if len(q) != want_reqs:
@@ -197,7 +194,7 @@ def check_capture(index: int, config: RunnerConfig, stage: StageObs) -> list[Fin
     if u is not None and (q != u).any():
         add("num_scheduled_tokens", f"every query {u} tokens", q.tolist(),
             f"a uniform-decode graph (u={u}) is captured on a non-uniform dummy batch")
-    promised = get("max_query_len")
+    promised = field_value(stage, "max_query_len")
     bound = mql if mql is not None else u
     if promised is not None and int(promised) < int(q.max()):
         add("max_query_len", f">= {int(q.max())}", promised,

@@ -266,12 +266,14 @@ def check_dcp_peers(index: int, obs: StepObs) -> list[Finding]:
                 req_ids=stage_req_ids(peer), field="error",
                 expected=str(ref.error.type if ref is not None and ref.error else None),
                 actual=str(peer.error.type if peer.error else None),
-                message=f"DCP rank {peer.dcp_rank} of PCP rank {peer.rank} fails differently from DCP rank 0"))
+                message=f"DCP rank {peer.dcp_rank} of PCP rank {peer.rank} fails differently "
+                        "from DCP rank 0"))
             continue
         for name in sorted(set(ref.fields) | set(peer.fields)):
             a, b = ref.fields.get(name), peer.fields.get(name)
-            same = a is not None and b is not None and (a.kind, a.dtype, a.shape) == (b.kind, b.dtype, b.shape) \
-                and _values_equal(a.values, b.values)
+            same = (a is not None and b is not None
+                    and (a.kind, a.dtype, a.shape) == (b.kind, b.dtype, b.shape)
+                    and _values_equal(a.values, b.values))
             if not same:
                 out.append(Finding(
                     kind=fk.VALUE_MISMATCH, step=index, stage=PARTITION, check="pcp", rank=peer.rank,

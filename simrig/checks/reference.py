@@ -278,9 +278,10 @@ class ReferenceModel:
             if all(slot is not None for slot in slots):
                 cmp.array("expanded_idx_mapping", np.repeat(np.array(slots, dtype=np.int64),
                                                             1 + pred.num_drafts), logit_ids)
+            longest = int(pred.num_scheduled.max())
             limit = prepare.fields.get("max_query_len")
-            if limit is not None and limit.kind == "scalar" and int(limit.values) < int(pred.num_scheduled.max()):
-                cmp._add("max_query_len", (), f">= {int(pred.num_scheduled.max())}", limit.values,
+            if limit is not None and limit.kind == "scalar" and int(limit.values) < longest:
+                cmp._add("max_query_len", (), f">= {longest}", limit.values,
                          "max_query_len promises less than the batch's longest query")
         return out
 

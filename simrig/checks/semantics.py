@@ -37,7 +37,8 @@ from simrig.checks.reference import short
 from simrig.observe import StageObs
 
 
-def _get(stage: StageObs, name: str) -> Any:
+def field_value(stage: StageObs, name: str) -> Any:
+    """A field's value (arrays as numpy), None when absent, None-valued or opaque."""
     f = stage.fields.get(name)
     if f is None or f.kind in ("none", "object"):
         return None
@@ -63,53 +64,53 @@ def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
         if e.shape != a.shape or not np.array_equal(e.astype(np.int64), a.astype(np.int64)):
             add(name, e, a, rule)
 
-    q = _get(stage, "num_scheduled_tokens")
+    q = field_value(stage, "num_scheduled_tokens")
     num_reqs = len(q) if q is not None else None
     if q is None:
         return out
     q = q.astype(np.int64)
     qsl_expected = np.concatenate([[0], np.cumsum(q)])
-    qsl = _get(stage, "query_start_loc")
+    qsl = field_value(stage, "query_start_loc")
     same("query_start_loc", qsl_expected, None if qsl is None else qsl[: num_reqs + 1],
          "query_start_loc is not [0, cumsum(num_scheduled_tokens)]")
-    qsl_np = _get(stage, "query_start_loc_np")
+    qsl_np = field_value(stage, "query_start_loc_np")
     same("query_start_loc_np", qsl_expected, None if qsl_np is None else qsl_np[: num_reqs + 1],
          "query_start_loc_np is not [0, cumsum(num_scheduled_tokens)]")
-    nc = _get(stage, "num_computed_tokens_np")
-    seq_lens = _get(stage, "seq_lens")
+    nc = field_value(stage, "num_computed_tokens_np")
+    seq_lens = field_value(stage, "seq_lens")
     if nc is not None:
         nc = nc.astype(np.int64)[:num_reqs]
         same("seq_lens", nc + q, None if seq_lens is None else seq_lens[:num_reqs],
              "seq_lens != num_computed_tokens + num_scheduled_tokens")
-        positions = _get(stage, "positions")
+        positions = field_value(stage, "positions")
         if positions is not None and len(positions) >= int(q.sum()):
             expected = np.concatenate([start + np.arange(n) for start, n in zip(nc, q)] or [[]])
             same("positions", expected, positions[: int(q.sum())],
                  "positions of a row are not num_computed_tokens .. num_computed_tokens + q - 1")
-    prefilling = _get(stage, "is_prefilling_np")
-    computed_prefill, prefill_len = (_get(stage, "num_computed_prefill_tokens_np"),
-                                     _get(stage, "prefill_len_np"))
+    prefilling = field_value(stage, "is_prefilling_np")
+    computed_prefill, prefill_len = (field_value(stage, "num_computed_prefill_tokens_np"),
+                                     field_value(stage, "prefill_len_np"))
     if prefilling is not None and computed_prefill is not None and prefill_len is not None:
         same("is_prefilling_np", (computed_prefill < prefill_len)[:num_reqs], prefilling[:num_reqs],
              "is_prefilling_np != (num_computed_prefill_tokens_np < prefill_len_np)")
-    has_prefill = _get(stage, "has_prefill")
+    has_prefill = field_value(stage, "has_prefill")
     if prefilling is not None and has_prefill is not None and bool(has_prefill) != bool(prefilling.any()):
         add("has_prefill", bool(prefilling.any()), bool(has_prefill), "has_prefill != any(is_prefilling_np)")
-    eligible = _get(stage, "decode_graph_eligible")
+    eligible = field_value(stage, "decode_graph_eligible")
     if prefilling is not None and eligible is not None:
-        as_decode = _get(stage, "prefill_runs_as_decode_np")
+        as_decode = field_value(stage, "prefill_runs_as_decode_np")
         rows = prefilling[:num_reqs].astype(bool)
         if as_decode is not None:
             rows = rows & ~as_decode[:num_reqs].astype(bool)
         if bool(eligible) != (not rows.any()):
             add("decode_graph_eligible", not rows.any(), bool(eligible),
                 "decode_graph_eligible != no prefill row, or only prefill rows that run as decodes")
-    drafts = _get(stage, "num_draft_tokens")
-    idx, expanded = _get(stage, "idx_mapping"), _get(stage, "expanded_idx_mapping")
+    drafts = field_value(stage, "num_draft_tokens")
+    idx, expanded = field_value(stage, "idx_mapping"), field_value(stage, "expanded_idx_mapping")
     if drafts == 0 and idx is not None and expanded is not None:
         same("expanded_idx_mapping", idx[:num_reqs], expanded[:num_reqs],
              "without drafts, expanded_idx_mapping must equal idx_mapping")
-    cu, logits = _get(stage, "cu_num_logits"), _get(stage, "logits_indices")
+    cu, logits = field_value(stage, "cu_num_logits"), field_value(stage, "logits_indices")
     if cu is not None and logits is not None and len(cu) > num_reqs:
         total = int(cu[num_reqs])
         if len(logits) < total or (total and not (0 <= logits[:total].min() and

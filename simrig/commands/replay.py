@@ -122,10 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_graph_config(config, pcp_size: int, mode: str | None, path) -> None:
     """A --cudagraph-mode / --pcp-sizes combination the runner refuses is a usage error, up front."""
-    import dataclasses
-
     try:
-        dataclasses.replace(config, pcp_size=pcp_size).with_cudagraph_mode(mode).validate()
+        config.replayed_as(pcp_size, mode).validate()
     except ValueError as exc:
         flag = "--cudagraph-mode" if mode else "--pcp-sizes"
         raise UsageError(f"{flag}: {path} at pcp size {pcp_size}: {exc}") from None

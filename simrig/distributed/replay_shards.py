@@ -87,8 +87,7 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
     api = load()
     reader = TraceReader(unit.path)
     header = reader.header
-    config = dataclasses.replace(header.config, pcp_size=unit.pcp_size).with_cudagraph_mode(
-        unit.cudagraph_mode)
+    config = header.config.replayed_as(unit.pcp_size, unit.cudagraph_mode)
     tracker, mirror, rec = BatchTracker(), RunnerMirror(), ReplayRecorder()
     shift = unit.start - 1 if unit.start else 0  # replayed index -> trace step
 

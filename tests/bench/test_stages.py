@@ -167,7 +167,7 @@ def test_cudagraph_mode_cost(benchmark, vllm_api, bench_trace, mode: str) -> Non
     from simrig.harness import Harness
 
     trace = bench_trace.with_pcp(1)
-    graph_config = trace.config.with_cudagraph_mode(mode)
+    graph_config = trace.config.replayed_as(trace.config.pcp_size, mode)
     eager_s: list[float] = []
     graph_s: list[float] = []
     results: list[obs.StepObs] = []
