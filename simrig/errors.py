@@ -12,3 +12,18 @@ EXIT_RIG_ERROR = 3
 
 class UsageError(ValueError):
     """Bad arguments or input: printed as one line, exit 2."""
+
+
+def describe_io_error(exc: BaseException) -> str:
+    """One line for an error reading input or writing output, naming the file:
+    ``reports/x: Permission denied``, ``t.jsonl: not UTF-8 text (byte 0xff at 17)``."""
+    if isinstance(exc, UnicodeDecodeError):
+        bad = exc.object[exc.start:exc.start + 1].hex()
+        return f"not UTF-8 text (invalid byte 0x{bad} at offset {exc.start})"
+    if isinstance(exc, OSError):
+        where = exc.filename if exc.filename is not None else ""
+        if exc.filename2 is not None:
+            where = f"{where} -> {exc.filename2}"
+        what = exc.strerror or str(exc) or type(exc).__name__
+        return f"{where}: {what}" if where else what
+    return f"{type(exc).__name__}: {exc}"

@@ -14,6 +14,13 @@ installed release is marked ``known=True`` and ``known_by`` names the file and
 entry that explained it (``known-findings.json#0``): still reported, but
 separated from new regressions. So a finding explained on 0.33.0 is not new
 on 0.32.0 when the entry's range covers 0.32.0.
+
+Which files are read: ``--known FILE`` (every command that judges findings;
+it sets ``SIMRIG_KNOWN``, so child processes and Ray workers read the same
+file) names one file, or a folder of ``known-findings*.json``; without it,
+the committed ``reports/baselines/`` (or the folder ``SIMRIG_BASELINES``
+names). ``validate_known_findings`` reads them up front, so a malformed file
+is named before anything runs.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from simrig.errors import UsageError
 
 BASELINE_DIR = Path(os.environ.get("SIMRIG_BASELINES",
                                    Path(__file__).resolve().parents[2] / "reports" / "baselines"))
+KNOWN_ENV = "SIMRIG_KNOWN"  # set by --known FILE
 KEY_FIELDS = ("kind", "stage", "field", "check")
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\d+(?:\.\d+){0,2})\s*$")
 
@@ -116,9 +124,9 @@ def parse_known_findings(text: str, path: str) -> KnownFindings:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+        raise UsageError(f"{path}:{exc.lineno}: known findings: invalid JSON ({exc.msg})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("findings"), list):
-        raise UsageError(f"{path}:1: findings: must be a list")
+        raise UsageError(f"{path}:1: findings: a known-findings file needs a list of findings")
     file_version = str(doc.get("vllm_version", ""))
     entries = []
     for i, raw in enumerate(doc["findings"]):
@@ -141,23 +149,56 @@ def parse_known_findings(text: str, path: str) -> KnownFindings:
     return KnownFindings(entries, file_version, path)
 
 
-@functools.lru_cache(maxsize=None)
+def known_findings_files() -> tuple[Path, ...]:
+    """The files read, in order: ``SIMRIG_KNOWN`` (a file, or a folder of
+    ``known-findings*.json``), else the baselines folder."""
+    chosen = os.environ.get(KNOWN_ENV)
+    folder = BASELINE_DIR
+    if chosen:
+        path = Path(chosen)
+        if path.is_file():
+            return (path,)
+        if not path.is_dir():
+            raise UsageError(f"--known: {path}: no such file or folder")
+        folder = path
+    return tuple(sorted(folder.glob("known-findings*.json"))) if folder.is_dir() else ()
+
+
 def load_all_known_findings() -> KnownFindings:
-    """Every entry of every committed known-findings file, files sorted by name."""
-    entries: list[KnownFinding] = []
-    if BASELINE_DIR.is_dir():
-        for path in sorted(BASELINE_DIR.glob("known-findings*.json")):
-            entries += parse_known_findings(path.read_text(encoding="utf-8"), str(path)).entries
-    return KnownFindings(entries, "", str(BASELINE_DIR))
+    """Every entry of every known-findings file, files sorted by name."""
+    return _load_files(known_findings_files())
 
 
 @functools.lru_cache(maxsize=None)
+def _load_files(paths: tuple[Path, ...]) -> KnownFindings:
+    entries: list[KnownFinding] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{path}: known findings: cannot read ({exc})") from None
+        entries += parse_known_findings(text, str(path)).entries
+    where = str(paths[0]) if len(paths) == 1 else str(paths[0].parent) if paths else str(BASELINE_DIR)
+    return KnownFindings(entries, "", where)
+
+
+def validate_known_findings() -> int:
+    """Read every known-findings file now (before vLLM is imported); a
+    malformed one is a UsageError naming it. Returns the number of entries."""
+    return len(load_all_known_findings())
+
+
 def load_known_findings(vllm_version: str) -> KnownFindings:
     """The known findings that apply to ``vllm_version`` (empty when none do).
 
-    Cached: a campaign builds a Checker per example, and the baseline files
-    do not change during a run."""
-    return load_all_known_findings().for_version(vllm_version)
+    Cached per set of files and release: a campaign builds a Checker per
+    example, and the files do not change during a run."""
+    return _for_version(known_findings_files(), vllm_version)
+
+
+@functools.lru_cache(maxsize=None)
+def _for_version(paths: tuple[Path, ...], vllm_version: str) -> KnownFindings:
+    return _load_files(paths).for_version(vllm_version)
 
 
 @functools.lru_cache(maxsize=None)

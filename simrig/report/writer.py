@@ -17,6 +17,7 @@ files apart from timing columns.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -44,20 +45,46 @@ def simrig_version() -> str:
 
 
 def default_out_dir(kind: str = "replay", root: str | Path = "reports") -> Path:
+    """``reports/<kind>-<UTC time>-<4 hex>``: two runs started in the same second
+    never share a default folder."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return Path(root) / f"{kind}-{stamp}"
+    return Path(root) / f"{kind}-{stamp}-{os.urandom(2).hex()}"
 
 
 def check_out_dir(out_dir: str | Path) -> Path:
     """Fail before a run if OUT cannot take a report: it may be missing, empty,
-    or an earlier report (replaced whole); anything else is refused."""
+    or an earlier report (replaced whole); anything else is refused, and so is
+    a folder where nothing can be written (probed, since ``os.access`` does not
+    see read-only mounts or immutable folders)."""
     out = Path(out_dir)
     if out.exists():
         if not out.is_dir():
             raise UsageError(f"--out: {out} exists and is not a directory")
         if any(out.iterdir()) and not (out / "summary.json").is_file():
             raise UsageError(f"--out: {out} is a non-empty directory that is not a simrig report")
+    parent = out.absolute().parent
+    while not parent.exists():  # the nearest folder that exists is where mkdir will write
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out: {parent} is not a directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=f".tmp-{out.name}-probe-", dir=parent)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise UsageError(f"--out: cannot write in {parent} ({exc.strerror or exc})") from None
     return out
+
+
+def staging_dir(out: str | Path, purpose: str = "staging") -> Path:
+    """A fresh folder beside OUT, unique to this run (never shared with another
+    run writing the same OUT), readable as a report will be."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-{purpose}-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a report is not
+    return tmp
 
 
 def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFrame,
@@ -80,11 +107,7 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
     clash = set(extra_tables) & {"steps", "findings", "contract", "classes", "summary", "report"}
     if clash:
         raise ValueError(f"extra_tables: reserved name(s) {sorted(clash)}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a report is not
+    tmp = staging_dir(out, "report")
     try:
         summary = {"simrig_version": simrig_version(),
                    "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -106,19 +129,42 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
     return out
 
 
-def swap_into_place(tmp: Path, out: Path) -> None:
+def swap_into_place(tmp: Path, out: Path, attempts: int = 50) -> None:
     """Rename the finished directory to OUT; an earlier report there is moved
-    aside first and removed only once the new one is in place."""
-    old = None
-    if out.exists():
-        if not any(out.iterdir()):
-            out.rmdir()
-        else:
-            old = Path(tempfile.mkdtemp(prefix=f".old-{out.name}-", dir=out.parent))
+    aside first and removed only once the new one is in place.
+
+    Two runs finishing into the same OUT at once both succeed: whichever
+    rename lands last is the report there, and neither loses its files
+    mid-swap (a rename that finds OUT taken again simply retries)."""
+    for _ in range(attempts):
+        try:
+            if out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+        try:
+            os.replace(tmp, out)  # OUT absent (or an empty folder): done
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        old = Path(tempfile.mkdtemp(prefix=f".old-{out.name}-", dir=out.parent))
+        try:
             os.replace(out, old / out.name)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        except FileNotFoundError:
+            pass  # another run moved it aside first; try again
+        try:
+            os.replace(tmp, out)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+    raise OSError(errno.EBUSY, "another run keeps replacing the report", str(out))
 
 
 def _jsonable(value: Any) -> Any:
