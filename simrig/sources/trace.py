@@ -63,26 +63,28 @@ class _ZstdReader(io.RawIOBase):
 
         self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
         self._frame: Any = None  # the frame being decompressed; None between frames
-        self._out = b""
+        self._out, self._pos = b"", 0  # decompressed, not yet handed out from _pos on
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        while not self._out:
+        while self._pos == len(self._out):
             chunk = self._raw.read(1 << 16)
             if not chunk:
                 if self._frame is not None and not self._frame.eof:
                     raise EOFError("compressed file ended before the end of its last zstd frame")
                 return 0
+            parts = []
             while chunk:
                 if self._frame is None or self._frame.eof:
                     self._frame = self._new()
-                self._out += self._frame.decompress(chunk)
+                parts.append(self._frame.decompress(chunk))
                 chunk = self._frame.unused_data if self._frame.eof else b""
-        n = min(len(buffer), len(self._out))
-        buffer[:n] = self._out[:n]
-        self._out = self._out[n:]
+            self._out, self._pos = b"".join(parts), 0
+        n = min(len(buffer), len(self._out) - self._pos)
+        buffer[:n] = memoryview(self._out)[self._pos:self._pos + n]
+        self._pos += n
         return n
 
     def close(self) -> None:
