@@ -8,6 +8,9 @@ EXIT_USAGE = 2  # bad arguments or input: one line on stderr, no report
 # ``rig_error`` finding with its traceback in the report, which is still
 # written; the run's verdict is incomplete, so this wins over EXIT_FINDINGS.
 EXIT_RIG_ERROR = 3
+# Ctrl-C stopped a replay or selftest before its end: the report holds what was
+# done so far, but the verdict covers only that part (the shell's 128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 class UsageError(ValueError):

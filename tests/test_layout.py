@@ -16,9 +16,9 @@ SIMRIG = ROOT / "simrig"
 SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest", "commands",
                "compare", "distributed")
 # What stays directly in simrig/: the step model, harness, observations,
-# progress, errors, replay driver, cli and the benchmark runner.
-CORE = {"__init__", "__main__", "bench", "cli", "errors", "harness", "observe", "progress",
-        "replay", "step"}
+# progress, errors, Ctrl-C handling, replay driver, cli and the benchmark runner.
+CORE = {"__init__", "__main__", "bench", "cli", "errors", "harness", "interrupt", "observe",
+        "progress", "replay", "step"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

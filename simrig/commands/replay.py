@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from simrig.errors import UsageError
 
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="exit status: 0 no new finding class (known and expected classes do not fail); "
                "1 a new finding class, or an expected class that did not occur; "
                "2 bad arguments or a malformed trace (one line on stderr, no report); "
-               "3 simrig's own code raised (rig_error findings, tracebacks in the report)",
+               "3 simrig's own code raised (rig_error findings, tracebacks in the report); "
+               "130 interrupted by Ctrl-C (the report holds every step replayed before it)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace file or directory")
     p.add_argument("--pcp-sizes", metavar="N,N,...",
@@ -49,17 +51,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.commands.common import emit_json, progress_mode, record_history
+    from simrig.commands.common import progress_mode
+    from simrig.interrupt import StopRequests
     from simrig.progress import Progress
-    from simrig.replay import expand_trace_paths, parse_pcp_sizes, parse_stages, replay_traces, scan_trace
-    from simrig.report.classes import class_rows_for_print, verdict_counts, verdict_line
-    from simrig.report.timing import time_share_line
-    from simrig.report.writer import check_out_dir, default_out_dir, write_report
+    from simrig.replay import (
+        ReplayRecorder,
+        expand_trace_paths,
+        parse_pcp_sizes,
+        parse_stages,
+        recorded_result,
+        replay_traces,
+        scan_trace,
+    )
+    from simrig.report.writer import check_out_dir, default_out_dir
 
     started = time.perf_counter()
     pcp_sizes = parse_pcp_sizes(args.pcp_sizes)
     stages = parse_stages(args.stages)
-    out = check_out_dir(args.out) if args.out else default_out_dir("replay")
+    out = check_out_dir(args.out if args.out else default_out_dir("replay"))
     paths = expand_trace_paths(args.traces)
     from simrig.distributed.cluster import distributed_workers
 
@@ -74,36 +83,61 @@ def run(args: argparse.Namespace) -> int:
             _check_graph_config(header.config, size, args.cudagraph_mode, path)
 
     progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
-    try:
-        if workers is not None:
-            from simrig.distributed.replay_shards import replay_sharded
+    with StopRequests() as stop:
+        try:
+            if workers is not None:
+                from simrig.distributed.replay_shards import replay_sharded
 
-            sharded = replay_sharded(paths, workers=workers, address=args.ray, pcp_sizes=pcp_sizes,
-                                     stages=stages, segment_steps=args.segment_steps,
-                                     progress=progress, cudagraph_mode=args.cudagraph_mode)
-            result = sharded.result
-        else:
-            result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress,
-                                   cudagraph_mode=args.cudagraph_mode)
-    finally:
-        progress.close()
+                sharded = replay_sharded(paths, workers=workers, address=args.ray,
+                                         pcp_sizes=pcp_sizes, stages=stages,
+                                         segment_steps=args.segment_steps, progress=progress,
+                                         cudagraph_mode=args.cudagraph_mode)
+                result = sharded.result
+            else:
+                recorder = ReplayRecorder()
+                try:
+                    result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages,
+                                           progress=progress, cudagraph_mode=args.cudagraph_mode,
+                                           recorder=recorder, stop=lambda: stop.requested)
+                except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is dropped
+                    result = recorded_result(recorder, paths, pcp_sizes or [], stages)
+        finally:
+            progress.close()
+        with stop.shield():  # a Ctrl-C now would cost the report: ignored until it is written
+            return _report(args, started, paths, workers, sharded if workers is not None else None,
+                           result, out, interrupted=stop.requested)
+
+
+def _report(args: argparse.Namespace, started: float, paths: list, workers: int | None,
+            sharded: Any, result: Any, out: Any, interrupted: bool) -> int:
+    from simrig.commands.common import emit_json, record_history
+    from simrig.errors import EXIT_INTERRUPTED
+    from simrig.report.classes import class_rows_for_print, verdict_counts, verdict_line
+    from simrig.report.timing import time_share_line
+    from simrig.report.writer import write_report
+
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
                **result.summary()}
     summary["elapsed_s"] = round(time.perf_counter() - started, 3)
     summary["exit_status"] = result.exit_status
+    if interrupted:  # the report holds every step replayed before the stop; the rest was not judged
+        summary["stopped_by"] = "signal"
+        summary["exit_status"] = EXIT_INTERRUPTED
     if workers is not None:  # per unit: where it ran and how long its replay took
         summary["workers"] = workers
         summary["units"] = [{"trace": u.unit.path, "pcp_size": u.unit.pcp_size, "start": u.unit.start,
                              "stop": u.unit.stop, "replay_s": round(u.seconds, 3), "worker": u.worker}
                             for u in sharded.units]
-    headline = (f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
+    headline = (("INTERRUPTED: " if interrupted else "")
+                + f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
                 f"(pcp sizes {','.join(map(str, result.pcp_sizes))}) in {summary['elapsed_s']:.1f} s "
                 f"({summary['steps_per_s']:.1f} steps/s), vLLM {result.vllm_version} on {result.device}")
     report = write_report(out, result.steps, result.findings, result.contract, summary,
                           classes=result.classes, headline=headline)
     summary["report"] = str(report)
     summary["classes"] = verdict_counts(result.classes)  # what write_report put in summary.json
-    record_history(summary, result.classes)
+    if not interrupted:  # a partial replay says nothing about the classes it did not reach
+        record_history(summary, result.classes)
     if getattr(args, "json", False):
         emit_json(summary)
         return summary["exit_status"]

@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="exit status: 0 every non-equivalent mutant detected and the baseline clean; "
                "1 a mutant survived, no longer applies, the baseline is not clean, or the no-op "
                "control mutant was detected; "
-               "2 bad arguments")
+               "2 bad arguments; 130 interrupted by Ctrl-C (the scoreboard holds every "
+               "mutant finished before it)")
     p.add_argument("--mutants", help="comma-separated mutant names (default: the whole catalogue)")
     p.add_argument("--budget-per-mutant", type=float, default=120.0, metavar="SECONDS",
                    help="time for replay + fuzz per mutant (default 120)")
@@ -43,28 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from simrig.checks.known import installed_vllm_version
-    from simrig.commands.common import emit_json, progress_mode, record_history
-    from simrig.report.classes import class_rows_for_print, verdict_line
-    from simrig.report.writer import check_out_dir, default_out_dir, write_report
-    from simrig.selftest.catalogue import BY_NAME, CATALOGUE
-    from simrig.selftest.driver import (
-        BASELINE,
-        baseline_cache,
-        bundled_traces,
-        run_child,
-        scoreboard_classes,
-        scoreboard_rows,
-        select_mutants,
-    )
+    from simrig.commands.common import progress_mode
+    from simrig.interrupt import StopRequests
+    from simrig.report.writer import check_out_dir, default_out_dir
+    from simrig.selftest.catalogue import CATALOGUE
+    from simrig.selftest.driver import bundled_traces, select_mutants
 
     if args.list:
         for m in CATALOGUE:
             tag = " (equivalent)" if m.equivalent else " (control)" if m.control else ""
             print(f"{m.name:28s} {m.module}.{m.qualname}{tag}\n{'':28s} {m.description}")
         return 0
+    started = time.monotonic()
     if args.budget_per_mutant <= 0:
         raise UsageError("--budget-per-mutant: must be > 0 seconds")
     names = select_mutants([n for n in (args.mutants or "").split(",") if n])
@@ -72,21 +63,40 @@ def run(args: argparse.Namespace) -> int:
     from simrig.distributed.cluster import distributed_workers
 
     workers = distributed_workers(args)
-    root = Path(__file__).resolve().parents[2]
-    traces = [] if args.fuzz_only else bundled_traces(root)
+    traces = [] if args.fuzz_only else bundled_traces(Path(__file__).resolve().parents[2])
     # A child also pays the vLLM import (~15 s) and its replay; give it room past the budget.
     timeout = args.budget_per_mutant + 180
     say = (lambda *a, **k: None) if progress_mode(args) == "quiet" else \
         (lambda *a, **k: print(*a, file=sys.stderr, **k))
-    results = []
+    results: list[Any] = []
+    with StopRequests(note="stopping after the mutant in flight; the scoreboard keeps every "
+                           "mutant finished (again to abandon it)") as stop:
+        try:
+            _run_mutants(args, names, traces, out, timeout, workers, say, results, stop)
+        except KeyboardInterrupt:  # a second Ctrl-C: the mutant in flight is dropped
+            pass
+        with stop.shield():  # a Ctrl-C now would cost the scoreboard: ignored until written
+            return _scoreboard(args, names, results, out, workers, started,
+                               interrupted=stop.requested)
+
+
+def _run_mutants(args: argparse.Namespace, names: list[str], traces: list[Path], out: Path,
+                 timeout: float, workers: int | None, say: Any, results: list[Any],
+                 stop: Any) -> None:
+    """The baseline, then each mutant, appended to ``results`` as each finishes."""
+    from simrig.selftest.driver import BASELINE, baseline_cache, run_child
+
+    root = Path(__file__).resolve().parents[2]
     baseline_sigs: list[list[str]] = []
-    started = time.monotonic()
+    work = out.parent / f".{out.name}-work"
     if not args.skip_baseline:
         say(f"selftest: baseline (unmutated), budget {args.budget_per_mutant:.0f} s")
         base = run_child(BASELINE, budget_s=args.budget_per_mutant, seed=args.seed, baseline=[],
-                         traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
+                         traces=traces, out_dir=work, timeout_s=timeout)
         results.append(base)
         baseline_sigs = base.signatures
+        if stop.requested:
+            return
         cache = baseline_cache(root)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"signatures": baseline_sigs, "fuzz_only": args.fuzz_only,
@@ -98,29 +108,52 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{baseline_cache(root)}: unreadable baseline ({exc}); "
                              "run without --skip-baseline once") from None
 
-    def verdict(name: str, r: Any) -> str:
-        m = BY_NAME[name]
-        text = ("detected in %.1f s by %s via %s (%s)" % (r.seconds_to_detection, r.phase, r.via, r.kind)
-                if r.detected else (r.error or ("equivalent" if m.equivalent else
-                                                "control survived" if m.control else "SURVIVED")))
-        return ("CONTROL DETECTED (the scoring is broken): " + text) if m.control and r.detected else text
-
     if workers is not None:  # one Ray task per mutant; results in catalogue order
         from simrig.distributed.cluster import ray_session
         from simrig.distributed.tasks import map_in_order
 
         calls = [dict(mutant=name, budget_s=args.budget_per_mutant, seed=args.seed,
-                      baseline=baseline_sigs, traces=traces, out_dir=out.parent / f".{out.name}-work",
+                      baseline=baseline_sigs, traces=traces, out_dir=work,
                       timeout_s=timeout) for name in names]
         with ray_session(workers, args.ray) as ray:
             results += map_in_order(ray, run_child, calls, on_done=lambda i, r: say(
                 f"selftest: {names[i]} -> {verdict(names[i], r)}", flush=True))
-    for i, name in enumerate(names if workers is None else [], 1):
+        return
+    for i, name in enumerate(names, 1):
+        if stop.requested:
+            return
         say(f"selftest: [{i}/{len(names)}] {name}", end="", flush=True)
         r = run_child(name, budget_s=args.budget_per_mutant, seed=args.seed, baseline=baseline_sigs,
-                      traces=traces, out_dir=out.parent / f".{out.name}-work", timeout_s=timeout)
+                      traces=traces, out_dir=work, timeout_s=timeout)
         results.append(r)
         say(f" -> {verdict(name, r)}")
+
+
+def verdict(name: str, r: Any) -> str:
+    from simrig.selftest.catalogue import BY_NAME
+
+    m = BY_NAME[name]
+    text = ("detected in %.1f s by %s via %s (%s)" % (r.seconds_to_detection, r.phase, r.via, r.kind)
+            if r.detected else (r.error or ("equivalent" if m.equivalent else
+                                            "control survived" if m.control else "SURVIVED")))
+    return ("CONTROL DETECTED (the scoring is broken): " + text) if m.control and r.detected else text
+
+
+def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], out: Path,
+                workers: int | None, started: float, interrupted: bool) -> int:
+    import pandas as pd
+
+    from simrig.checks.known import installed_vllm_version
+    from simrig.commands.common import emit_json, record_history
+    from simrig.errors import EXIT_INTERRUPTED
+    from simrig.report.classes import class_rows_for_print, verdict_line
+    from simrig.report.writer import write_report
+    from simrig.selftest.driver import scoreboard_classes, scoreboard_rows
+
+    if not results:  # stopped before the first child finished: nothing to score
+        print("simrig selftest: interrupted before the first run finished; no scoreboard written",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
     rows = scoreboard_rows(results)
     board = pd.DataFrame(rows)
     detected = board[board.status == "detected"]
@@ -150,11 +183,15 @@ def run(args: argparse.Namespace) -> int:
         "budget_per_mutant_s": args.budget_per_mutant, "seed": args.seed,
         "elapsed_s": round(time.monotonic() - started, 1), "exit_status": int(failed),
     }
+    if interrupted:  # the scoreboard holds the mutants finished before Ctrl-C
+        summary.update(stopped_by="signal", exit_status=EXIT_INTERRUPTED,
+                       not_run=[n for n in names[len(results) - (not args.skip_baseline):]])
     if workers is not None:
         summary["workers"] = workers
     empty = pd.DataFrame()
     classes = scoreboard_classes(rows)
-    headline = (f"{summary['detected']}/{len(names)} mutants detected, {summary['survived']} survived, "
+    headline = (("INTERRUPTED: " if interrupted else "")
+                + f"{summary['detected']}/{len(names)} mutants detected, {summary['survived']} survived, "
                 f"{summary['errors']} errors, {summary['equivalent']} equivalent; baseline "
                 f"{summary['baseline']}; budget {args.budget_per_mutant:.0f} s per mutant")
     write_report(out, empty, empty, empty, summary, extra_tables={"scoreboard": board},
@@ -162,10 +199,11 @@ def run(args: argparse.Namespace) -> int:
                  headline=headline)
     summary = json.loads((out / "summary.json").read_text())
     summary["report"] = str(out)
-    record_history(summary, classes)
+    if not interrupted:
+        record_history(summary, classes)
     if args.json:
         emit_json(summary)
-        return int(failed)
+        return summary["exit_status"]
     cols = ["mutant", "status", "phase", "via", "seconds_to_detection", "kind", "shrunk_steps"]
     print(board[cols].to_string(index=False))
     rate = summary["detection_rate"]
@@ -177,4 +215,4 @@ def run(args: argparse.Namespace) -> int:
     for line in class_rows_for_print(classes):
         print(line)
     print(f"scoreboard: {out / 'report.html'}")
-    return int(failed)
+    return summary["exit_status"]
