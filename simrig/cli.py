@@ -81,7 +81,7 @@ def quiet_vllm_logs(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simrig.adapters.runner import VllmApiError, VllmUnavailable
+    from simrig.adapters.entry_points import VllmApiError, VllmUnavailable
     from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
     from simrig.sources.trace import TraceError
 

@@ -35,11 +35,8 @@ from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and
     finding_columns,
     sort_rows,
 )
-from simrig.sources.trace import TraceHeader, TraceReader
+from simrig.sources.trace import TraceHeader, TraceReader, trace_files_in
 from simrig.step import RunnerConfig, Step
-
-TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
-
 
 # ------------------------------------------------------------------ inputs
 def expand_trace_paths(paths: Iterable[str | Path]) -> list[Path]:
@@ -48,8 +45,7 @@ def expand_trace_paths(paths: Iterable[str | Path]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir()
-                           if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            found = trace_files_in(path)
             if not found:
                 raise UsageError(f"{path}: directory holds no *.jsonl, *.jsonl.gz or *.jsonl.zst trace")
             out.extend(found)

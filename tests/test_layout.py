@@ -107,3 +107,37 @@ def test_the_scanner_sees_nested_and_from_imports(tmp_path):
         "def f():\n    from vllm.v1 import x\n\nfrom simrig import selftest\n")
     found = imported_modules(tmp_path / "mod.py")
     assert (2, "vllm.v1") in found and (4, "simrig.selftest") in found
+
+
+def test_no_import_cycle_inside_a_subpackage():
+    """A module never imports (directly or through others) a module that imports it."""
+    edges: dict[str, set[str]] = {}
+    for path in files_under(SIMRIG):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        edges[name] = {m for _, m in imported_modules(path) if m.startswith("simrig.")}
+    cycles = []
+    for start in edges:
+        package = start.rsplit(".", 1)[0]
+        seen, todo = set(), [m for m in edges[start] if m.startswith(package + ".")]
+        while todo:
+            module = todo.pop()
+            if module == start:
+                cycles.append(start)
+                break
+            if module in seen or module not in edges:
+                continue
+            seen.add(module)
+            todo += [m for m in edges[module] if m.startswith(package + ".")]
+    assert cycles == []
+
+
+def test_the_cycle_scan_sees_a_cycle(tmp_path, monkeypatch):
+    pkg = tmp_path / "simrig" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from simrig.pkg.b import g\n")
+    (pkg / "b.py").write_text("from simrig.pkg import a\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "SIMRIG", tmp_path / "simrig")
+    with pytest.raises(AssertionError):
+        test_no_import_cycle_inside_a_subpackage()

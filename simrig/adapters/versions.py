@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from simrig.adapters.entry_points import VllmApiError  # one error type for all drift
+
 MODEL_RUNNER = "vllm.v1.worker.gpu.model_runner"
 PCP_MANAGER = "vllm.v1.worker.gpu.pcp_manager"
 SCHED_OUTPUT = "vllm.v1.core.sched.output"
@@ -105,7 +107,6 @@ class ApiShape:
 
 
 def _api_error(module: str, attribute: str, version: str, problem: str) -> Exception:
-    from simrig.adapters.runner import VllmApiError  # one error type for all drift
 
     return VllmApiError(module, attribute, version, problem)
 
