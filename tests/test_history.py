@@ -8,6 +8,7 @@ import pandas as pd
 
 from simrig.cli import main
 from simrig.report.history import append_run, class_timeline, load_history, run_trends
+from simrig.report.history_page import history_summary
 
 
 def _classes(*signatures, verdict="new"):
@@ -19,7 +20,8 @@ def _classes(*signatures, verdict="new"):
 def _run(store, day, suite, classes, version="0.33.0", **extra):
     summary = {"command": suite.split()[0], "suite": suite, "created_utc": f"2026-11-{day:02d}T03:00:00+00:00",
                "vllm_version": version, "exit_status": int((classes["verdict"] == "new").any())
-               if len(classes) else 0, **extra}
+               if len(classes) else 0}
+    summary.update(extra)
     return append_run(store, summary, classes)
 
 
@@ -43,9 +45,54 @@ def test_first_seen_last_seen_and_fixed_since(tmp_path):
     assert a["fixed_since_run"] == ids[3] and a["fixed_since"].startswith("2026-11-04")
     # b vanished on the 3rd: the next run of the *same suite*, not the fuzz run of the 2nd
     assert b["fixed_since_run"] == ids[2] and b["last_run"] == ids[0]
-    assert c["fixed_since"] == ""  # the only fuzz run still shows it
+    assert c["fixed_since"] == "" and c["not_seen_since"] == ""  # the only fuzz run still shows it
+    assert a["not_seen_since"] == "" and b["not_seen_since"] == ""  # replays: fixed, not "not seen"
     trends = run_trends(runs, classes)
     assert list(trends["fixed"]) == [0, 0, 1, 1] and list(trends["new"]) == [2, 1, 1, 0]
+    assert list(trends["not_seen"]) == [0, 0, 0, 0]
+
+
+def test_a_fuzz_run_without_a_class_has_not_seen_it_not_fixed_it(tmp_path):
+    store = tmp_path / "history"
+    ids = [_run(store, 1, "fuzz valid", _classes("value_mismatch · c", "key_error · d")),
+           _run(store, 2, "fuzz valid", _classes("key_error · d")),
+           _run(store, 3, "selftest", _classes("survivor · m")),
+           _run(store, 4, "selftest", _classes())]
+    runs, classes = load_history(store)
+    line = class_timeline(runs, classes).set_index("signature")
+    c, d, m = line.loc["value_mismatch · c"], line.loc["key_error · d"], line.loc["survivor · m"]
+    assert (c["fixed_since"], c["not_seen_since_run"]) == ("", ids[1])
+    assert c["not_seen_since"].startswith("2026-11-02")
+    assert (d["fixed_since"], d["not_seen_since"]) == ("", "")  # still showing
+    assert (m["fixed_since"], m["not_seen_since_run"]) == ("", ids[3])
+    trends = run_trends(runs, classes)
+    assert list(trends["fixed"]) == [0, 0, 0, 0] and list(trends["not_seen"]) == [0, 1, 0, 1]
+    summary = history_summary(runs, classes)
+    assert summary["fixed"] == []
+    assert {(i["signature"], i["not_seen_since_run"]) for i in summary["not_seen"]} == \
+        {("value_mismatch · c", ids[1]), ("survivor · m", ids[3])}
+
+
+def test_only_a_replay_of_as_much_proves_a_fix(tmp_path):
+    """Same suite string, but the later replay ran fewer stages, fewer PCP sizes, crashed
+    (exit 3) or was cut: the class is only not seen; the first full replay fixes it."""
+    store = tmp_path / "history"
+    full = {"stages": ["gather", "prepare", "dummy"], "pcp_sizes": [1, 2]}
+    ids = [_run(store, 1, "replay traces/samples", _classes("key_error · a"), **full),
+           _run(store, 2, "replay traces/samples", _classes(), stages=["gather"], pcp_sizes=[1, 2]),
+           _run(store, 3, "replay traces/samples", _classes(), stages=full["stages"], pcp_sizes=[1]),
+           _run(store, 4, "replay traces/samples", _classes(), exit_status=3, **full),
+           _run(store, 5, "replay traces/samples", _classes(), stopped_by="signal", **full),
+           _run(store, 6, "replay traces/samples", _classes(), **full)]
+    runs, classes = load_history(store)
+    a = class_timeline(runs, classes).set_index("signature").loc["key_error · a"]
+    assert (a["fixed_since_run"], a["not_seen_since"]) == (ids[5], "")
+    trends = run_trends(runs, classes)
+    assert list(trends["not_seen"]) == [0, 1, 0, 0, 0, 0] and list(trends["fixed"]) == [0] * 6
+    # without the last full replay it is "not seen since" the first later run
+    runs5 = runs[runs["run_id"] != ids[5]]
+    a = class_timeline(runs5, classes).set_index("signature").loc["key_error · a"]
+    assert (a["fixed_since"], a["not_seen_since_run"]) == ("", ids[1])
 
 
 def test_since_filters_runs_and_a_torn_write_is_ignored(tmp_path):
@@ -68,7 +115,8 @@ def test_history_command_writes_a_page_with_every_run(tmp_path, capsys):
         {("key_error · a", ids[3]), ("dtype_drift · b", ids[2])}
     page = (store / "history.html").read_text()
     assert "4 run(s) of 2 suite(s)" in page and all(i in page for i in ids)
-    assert "<img" in page and "fixed_since" in page
+    assert "<img" in page and f"fixed since 2026-11-04 03:00 ({ids[3]})" in page
+    assert "not seen since" not in page.split("<h2>Finding classes</h2>")[1].split("</p>", 1)[1]
 
 
 def test_history_usage_errors(tmp_path, capsys):

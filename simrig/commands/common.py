@@ -48,14 +48,19 @@ def emit_json(summary: dict[str, Any]) -> None:
 
 
 def record_history(summary: dict[str, Any], classes: Any) -> None:
-    """Append this run to the history store; a store that cannot be written
-    costs a warning, never the run's result."""
-    from simrig.report.history import append_run, history_dir
-
-    root = history_dir()
-    if root is None:
-        return
+    """Append this run to the history store. The run's result is already decided:
+    a store that cannot be written, any error from it, or a Ctrl-C during the
+    append costs one warning line, never the exit status."""
+    root = None
     try:
+        from simrig.report.history import append_run, history_dir
+
+        root = history_dir()
+        if root is None:
+            return
         append_run(root, summary, classes)
-    except OSError as exc:
-        print(f"simrig: warning: history not recorded in {root}: {exc}", file=sys.stderr)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 -- see above
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
+            " ".join(str(exc).split()) or type(exc).__name__
+        where = root if root is not None else "the history store"
+        print(f"simrig: warning: history not recorded in {where}: {why}", file=sys.stderr)

@@ -1,8 +1,13 @@
-"""``simrig history``: trends and per-class first seen / last seen / fixed since."""
+"""``simrig history``: trends and per-class first seen / last seen / fixed since
+(a later replay of the same traces no longer shows it) or not seen since (a later
+fuzz or selftest run merely did not hit it)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 
@@ -12,8 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Read the history store every replay, fuzz and selftest run appends to "
                     "(SIMRIG_HISTORY, default reports/history) and write a page: classes "
                     "new/known/expected/fixed per run, steps/s, examples/s, mutants detected; "
-                    "per class first seen, last seen, vLLM versions, fixed since <run>.",
-        epilog="exit status: 0 page written; 2 bad arguments or an unreadable store")
+                    "per class first seen, last seen, vLLM versions, fixed since <run> (a later "
+                    "replay of the same traces no longer shows it) or not seen since <run> (a later "
+                    "fuzz / selftest run did not hit it). Files that are not a complete run (temporary "
+                    ".tmp-* files of an append, unreadable files, classes with no run row) are skipped; "
+                    "--verbose lists them.",
+        epilog="exit status: 0 page written; 2 bad arguments or no store")
     p.add_argument("--since", metavar="DATE",
                    help="only runs from this UTC date/time on (ISO, e.g. 2026-11-01)")
     p.add_argument("--store", metavar="DIR", help="history store (default: $SIMRIG_HISTORY or "
@@ -28,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from simrig.commands.common import emit_json
     from simrig.errors import UsageError
-    from simrig.report.history import history_dir, load_history
+    from simrig.report.history import StoreListing, history_dir, load_history
     from simrig.report.history_page import history_summary, render_history
 
     store = Path(args.store) if args.store else history_dir()
@@ -41,25 +50,50 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--since: not an ISO date/time: {args.since!r}") from None
     if not (store / "runs").is_dir():
         raise UsageError(f"--store: {store} holds no history yet (runs/ is missing)")
-    try:
-        runs, classes = load_history(store, args.since)
-    except Exception as exc:  # noqa: BLE001 -- a corrupt parquet file: name it, no traceback
-        raise UsageError(f"{store}: cannot read the history store ({exc})") from None
+    listing = StoreListing()
+    runs, classes = load_history(store, args.since, listing)  # a bad file: a warning, skipped
+    if getattr(args, "verbose", False):
+        for path in listing.temporary:
+            print(f"history: ignored {path}: temporary (an append in progress, or one killed "
+                  f"mid-write)", file=sys.stderr)
+        for path, why in listing.unreadable:
+            print(f"history: ignored {path}: unreadable ({why})", file=sys.stderr)
+        for path in listing.orphans:
+            print(f"history: ignored {path}: partial (classes with no run row: an append "
+                  f"in progress, or one interrupted)", file=sys.stderr)
     out = Path(args.out) if args.out else store / "history.html"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".tmp-{out.name}")
-    tmp.write_text(render_history(runs, classes, args.since), encoding="utf-8")
-    tmp.replace(out)
+    _write_page(out, render_history(runs, classes, args.since))
     summary = {**history_summary(runs, classes), "page": str(out)}
     if args.json:
         emit_json(summary)
         return 0
     print(f"history: {summary['runs']} run(s), {summary['classes']} class line(s), "
-          f"{len(summary['fixed'])} fixed, {len(summary['still_new'])} new still showing")
+          f"{len(summary['fixed'])} fixed, {len(summary['not_seen'])} not seen since, "
+          f"{len(summary['still_new'])} new still showing")
     for item in summary["fixed"][:10]:
         print(f"  fixed since {item['fixed_since']} ({item['fixed_since_run']}): "
+              f"[{item['suite']}] {item['signature']}")
+    for item in summary["not_seen"][:10]:
+        print(f"  not seen since {item['not_seen_since']} ({item['not_seen_since_run']}): "
               f"[{item['suite']}] {item['signature']}")
     for item in summary["still_new"][:10]:
         print(f"  NEW since {item['first_seen']}: [{item['suite']}] {item['signature']}")
     print(f"page: {out}")
     return 0
+
+
+def _write_page(out: Path, text: str) -> None:
+    """Write ``out`` through a temp file of its own, renamed into place: two
+    ``simrig history`` at once each write whole pages, and a reader never sees half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{out.name}-", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the page is not
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -15,16 +15,29 @@ In a notebook: ``pd.read_parquet("reports/history/runs")`` and
 A run's *suite* is what it ran (``replay traces/samples``, ``fuzz valid``,
 ``selftest``): runs of one suite are comparable night to night.
 ``class_timeline`` turns the rows into one line per class and suite: first
-seen, last seen, the vLLM versions it was seen on, and ``fixed since`` (the
-first later run of the same suite that no longer shows it).
+seen, last seen, the vLLM versions it was seen on, and
+
+- ``fixed since`` R: R is a later *replay* of the same traces (same suite) that
+  ran to the end, covered the stages and PCP sizes of the run that last showed
+  the class, and did not show it: the same input no longer produces it;
+- ``not seen since`` R: R is only the first later run of the suite without it
+  (fuzz and selftest draw new examples every run, so not hitting a class proves
+  nothing; nor does a replay that ran less).
+
+Readers skip what is not a complete run: dot-files (``.tmp-*.parquet``, an
+append in progress or one killed mid-write), files that do not read as a
+history table (one warning line on stderr each) and classes files with no run
+row (an interrupted append). Nothing of that makes the store unreadable.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -84,8 +97,8 @@ def _typed(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
 def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
-    os.close(fd)
     try:
+        os.close(fd)
         frame.to_parquet(tmp, index=False)
         os.replace(tmp, path)
     except BaseException:
@@ -111,26 +124,67 @@ def append_run(root: str | Path, summary: dict[str, Any], classes: pd.DataFrame 
                                                         "exception_type", "verdict")},
                            "occurrences": int(c.get("occurrences", 0))})
     # classes first: a run row is only written once its classes are there
-    _write_atomic(_typed(class_rows, CLASS_COLUMNS), root / "classes" / f"{run_id}.parquet")
-    _write_atomic(_typed([run], RUN_COLUMNS), root / "runs" / f"{run_id}.parquet")
+    classes_file = root / "classes" / f"{run_id}.parquet"
+    _write_atomic(_typed(class_rows, CLASS_COLUMNS), classes_file)
+    try:
+        _write_atomic(_typed([run], RUN_COLUMNS), root / "runs" / f"{run_id}.parquet")
+    except BaseException:
+        classes_file.unlink(missing_ok=True)  # no run row: the classes would only be an orphan
+        raise
     return run_id
 
 
-def _read_all(folder: Path, columns: dict[str, str]) -> pd.DataFrame:
+@dataclass
+class StoreListing:
+    """What a read of the store left out, and why (``simrig history --verbose``)."""
+
+    temporary: list[Path] = field(default_factory=list)  # dot-files: an append in progress or killed
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)  # (file, why): skipped, warned
+    orphans: list[Path] = field(default_factory=list)  # classes files with no run row
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _read_all(folder: Path, columns: dict[str, str], listing: StoreListing) -> pd.DataFrame:
+    """Every complete file of one table; dot-files are listed as temporary, files
+    that do not read as this table are skipped with a warning line on stderr."""
     files = sorted(folder.glob("*.parquet")) if folder.is_dir() else []
-    frames = [pd.read_parquet(f) for f in files]
-    frames = [f for f in frames if len(f)]
+    listing.temporary.extend(f for f in files if f.name.startswith("."))
+    frames = []
+    for path in (f for f in files if not f.name.startswith(".")):
+        try:
+            frame = pd.read_parquet(path)
+            if "run_id" not in frame.columns:
+                raise ValueError("no run_id column: not a history table")
+            extra = [c for c in frame.columns if c not in columns]
+            frame = frame.reindex(columns=[*columns, *extra]).astype(columns)
+        except Exception as exc:  # noqa: BLE001 -- one bad file costs itself, never the store
+            why = _one_line(exc)
+            listing.unreadable.append((path, why))
+            print(f"simrig: warning: history: skipped unreadable {path} ({why})", file=sys.stderr)
+            continue
+        if len(frame):
+            frames.append(frame)
     if not frames:
         return _typed([], columns)
     return pd.concat(frames, ignore_index=True).astype(columns)
 
 
-def load_history(root: str | Path, since: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, classes) sorted by time; ``since``: an ISO date/time, runs from then on."""
+def load_history(root: str | Path, since: str | None = None,
+                 listing: StoreListing | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, classes) sorted by time; ``since``: an ISO date/time, runs from then on.
+    ``listing``, if given, is filled with the files left out (see StoreListing)."""
     root = Path(root)
-    runs = _read_all(root / "runs", RUN_COLUMNS)
-    classes = _read_all(root / "classes", CLASS_COLUMNS)
-    classes = classes[classes["run_id"].isin(set(runs["run_id"]))]  # a run row means complete
+    listing = listing if listing is not None else StoreListing()
+    runs = _read_all(root / "runs", RUN_COLUMNS, listing)
+    classes = _read_all(root / "classes", CLASS_COLUMNS, listing)
+    run_ids = set(runs["run_id"])
+    if (root / "classes").is_dir():
+        listing.orphans.extend(f for f in sorted((root / "classes").glob("*.parquet"))
+                               if not f.name.startswith(".") and f.stem not in run_ids)
+    classes = classes[classes["run_id"].isin(run_ids)]  # a run row means complete
     if since:
         runs = runs[runs["created_utc"] >= since]
         classes = classes[classes["run_id"].isin(set(runs["run_id"]))]
@@ -138,49 +192,99 @@ def load_history(root: str | Path, since: str | None = None) -> tuple[pd.DataFra
     return runs, classes.reset_index(drop=True)
 
 
+def _summary(raw: Any) -> dict[str, Any]:
+    try:
+        out = json.loads(str(raw))
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _stages_shown(summary: dict[str, Any]) -> set[str] | None:
+    """The stages a replay ran and could judge (None: not recorded)."""
+    stages = summary.get("stages")
+    if not isinstance(stages, list):
+        return None
+    off = {str(u.get("stage")) for u in summary.get("unavailable") or [] if isinstance(u, dict)}
+    return {str(s) for s in stages} - off
+
+
+def replays_all_of(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
+    """Whether run ``later`` (its summary) is a replay that ran to the end over at least
+    what ``earlier`` ran (the stages it could judge, its PCP sizes): a class of
+    ``earlier`` that ``later`` does not show is then *fixed*, not merely *not seen*.
+    Fuzz and selftest runs never are: each run draws other examples."""
+    from simrig.errors import EXIT_INTERRUPTED, EXIT_RIG_ERROR
+
+    if later.get("command") != "replay" or later.get("stopped_by"):
+        return False
+    if later.get("exit_status") in (EXIT_RIG_ERROR, EXIT_INTERRUPTED):
+        return False  # a crashed or cut replay did not reach everything
+    shown, before = _stages_shown(later), _stages_shown(earlier)
+    if shown is not None and before is not None and not before <= shown:
+        return False
+    sizes, sizes_before = later.get("pcp_sizes"), earlier.get("pcp_sizes")
+    if isinstance(sizes, list) and isinstance(sizes_before, list) and not set(sizes_before) <= set(sizes):
+        return False
+    return True
+
+
 def class_timeline(runs: pd.DataFrame, classes: pd.DataFrame) -> pd.DataFrame:
     """One row per (suite, class signature): verdict (latest), runs seen, first/last
-    seen, vLLM versions, and ``fixed_since``: the first run of the same suite after
-    the last one that showed it ("" while it still shows)."""
+    seen, vLLM versions, ``fixed_since``: the first later run of the same suite that
+    replays everything the last run showing it did, without it (see replays_all_of),
+    and else ``not_seen_since``: the first later run of the suite without it
+    (both "" while it still shows; ``*_run``: the run id). Still showing first,
+    then not seen, then fixed."""
     columns = ["suite", "signature", "verdict", "runs_seen", "occurrences", "first_seen",
                "first_run", "last_seen", "last_run", "vllm_versions", "fixed_since",
-               "fixed_since_run"]
+               "fixed_since_run", "not_seen_since", "not_seen_since_run"]
     if runs.empty or classes.empty:
         return pd.DataFrame(columns=columns)
     order = {rid: i for i, rid in enumerate(runs["run_id"])}
     when = dict(zip(runs["run_id"], runs["created_utc"]))
+    summaries = dict(zip(runs["run_id"], map(_summary, runs["summary_json"])))
     rows = []
     for (suite, signature), group in classes.groupby(["suite", "signature"], sort=True):
         group = group.assign(_order=group["run_id"].map(order)).sort_values("_order")
         first, last = group.iloc[0], group.iloc[-1]
         later = runs[(runs["suite"] == suite)
-                     & (runs["run_id"].map(order) > order[last["run_id"]])]
-        fixed_run = later["run_id"].iloc[0] if len(later) else ""
+                     & (runs["run_id"].map(order) > order[last["run_id"]])]["run_id"].tolist()
+        fixed = [r for r in later if replays_all_of(summaries[r], summaries[last["run_id"]])]
+        fixed_run = fixed[0] if fixed else ""
+        unseen_run = later[0] if later and not fixed_run else ""
         rows.append({"suite": suite, "signature": signature, "verdict": last["verdict"],
                      "runs_seen": int(group["run_id"].nunique()),
                      "occurrences": int(group["occurrences"].sum()),
                      "first_seen": when[first["run_id"]], "first_run": first["run_id"],
                      "last_seen": when[last["run_id"]], "last_run": last["run_id"],
                      "vllm_versions": ",".join(sorted(set(group["vllm_version"].astype(str)))),
-                     "fixed_since": when.get(fixed_run, "") if fixed_run else "",
-                     "fixed_since_run": fixed_run})
+                     "fixed_since": when[fixed_run] if fixed_run else "", "fixed_since_run": fixed_run,
+                     "not_seen_since": when[unseen_run] if unseen_run else "",
+                     "not_seen_since_run": unseen_run})
     out = pd.DataFrame(rows, columns=columns)
-    out["_fixed"] = out["fixed_since"] != ""
-    return out.sort_values(["_fixed", "suite", "signature"]).drop(columns="_fixed").reset_index(drop=True)
+    out["_rank"] = (out["fixed_since"] != "") * 2 + (out["not_seen_since"] != "")
+    return out.sort_values(["_rank", "suite", "signature"]).drop(columns="_rank").reset_index(drop=True)
 
 
 def run_trends(runs: pd.DataFrame, classes: pd.DataFrame) -> pd.DataFrame:
-    """Per run: classes new / known / expected, classes fixed since the previous run of
-    the same suite, steps/s, examples/s, mutants detected."""
+    """Per run: classes new / known / expected; classes of the previous run of the
+    same suite that this one does not show: ``fixed`` when this run replays all the
+    previous one did (replays_all_of), else ``not_seen``; steps/s, examples/s,
+    mutants detected."""
     cols = ["run_id", "suite", "created_utc", "vllm_version", "exit_status", "new", "known",
-            "expected", "fixed", "steps_per_s", "examples_per_s", "detected", "mutants"]
+            "expected", "fixed", "not_seen", "steps_per_s", "examples_per_s", "detected", "mutants"]
     if runs.empty:
         return pd.DataFrame(columns=cols)
     seen = {rid: set(g["signature"]) for rid, g in classes.groupby("run_id")}
-    previous: dict[str, set[str]] = {}
-    fixed = []
+    previous: dict[str, tuple[set[str], dict[str, Any]]] = {}
+    fixed, not_seen = [], []
     for r in runs.itertuples(index=False):
-        now = seen.get(r.run_id, set())
-        fixed.append(len(previous.get(r.suite, set()) - now))
-        previous[r.suite] = now
-    return runs.assign(fixed=fixed)[cols]
+        now, summary = seen.get(r.run_id, set()), _summary(r.summary_json)
+        before, before_summary = previous.get(r.suite, (set(), {}))
+        gone = len(before - now)
+        proven = replays_all_of(summary, before_summary)
+        fixed.append(gone if proven else 0)
+        not_seen.append(0 if proven else gone)
+        previous[r.suite] = (now, summary)
+    return runs.assign(fixed=fixed, not_seen=not_seen)[cols]

@@ -2,10 +2,10 @@
 
     ┌──────────────────────────────────────────────────────────────────┐
     │ banner: latest run per suite: new classes? exit status           │
-    │ trends (one PNG): classes new/known/expected/fixed per run,      │
-    │                   steps/s, examples/s, mutants detected          │
+    │ trends (one PNG): classes new/known/expected/fixed/not seen per  │
+    │                   run, steps/s, examples/s, mutants detected     │
     │ classes: suite, signature, verdict, first seen, last seen,       │
-    │          vLLM versions, fixed since <run>                        │
+    │          vLLM versions, fixed since <run> / not seen since <run> │
     │ runs: one row per run (collapsed)                                │
     └──────────────────────────────────────────────────────────────────┘
 """
@@ -41,7 +41,9 @@ def trends_png(trends: pd.DataFrame) -> bytes | None:
         values = trends[col].astype(float).tolist()
         ax.bar(x, values, bottom=bottom, color=color, label=col)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.plot(list(x), trends["fixed"].astype(float), "kv", label="fixed since previous run")
+    ax.plot(list(x), trends["fixed"].astype(float), "kv", label="fixed since previous run (replay)")
+    ax.plot(list(x), trends["not_seen"].astype(float), "v", color="#888888", markerfacecolor="none",
+            label="not seen since previous run")
     ax.set_title("finding classes per run", fontsize=9, loc="left")
     ax.legend(fontsize=7)
     for ax, col, title in ((axes[0][1], "steps_per_s", "steps/s (replay, fuzz)"),
@@ -76,11 +78,11 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
     latest = runs.groupby("suite").tail(1) if len(runs) else runs
     failing = latest[latest["exit_status"] != 0] if len(latest) else latest
     fixed = int((timeline["fixed_since"] != "").sum()) if len(timeline) else 0
-    open_new = int(((timeline["fixed_since"] == "") & (timeline["verdict"] == "new")).sum()) \
-        if len(timeline) else 0
+    unseen = int((timeline["not_seen_since"] != "").sum()) if len(timeline) else 0
+    open_new = int((_showing(timeline) & (timeline["verdict"] == "new")).sum()) if len(timeline) else 0
     text = (f"{len(runs)} run(s) of {runs['suite'].nunique() if len(runs) else 0} suite(s)"
             f"{' since ' + since if since else ''}: {open_new} new class(es) still showing, "
-            f"{fixed} fixed; latest run failing in {len(failing)} suite(s)")
+            f"{fixed} fixed, {unseen} not seen since; latest run failing in {len(failing)} suite(s)")
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>simrig history</title>"
              f"<style>{_CSS}</style></head><body><h1>simrig history</h1>",
              f"<p class='banner {'bad' if open_new or len(failing) else 'good'}'>{e(text)}</p>"]
@@ -88,7 +90,10 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
     if png is not None:
         parts.append("<h2>Trends</h2><img alt='trends' src='data:image/png;base64,"
                      + base64.b64encode(png).decode("ascii") + "'>")
-    parts.append("<h2>Finding classes</h2>" + table(_shown_timeline(timeline)))
+    parts.append("<h2>Finding classes</h2><p class='note'><b>fixed since</b> R: R replayed the same "
+                 "traces (as much of them as the last run showing the class) and did not show it. "
+                 "<b>not seen since</b> R: R only did not hit it (a fuzz or selftest run draws new "
+                 "examples every time, so that proves nothing).</p>" + table(_shown_timeline(timeline)))
     parts.append("<h2>Runs</h2><details open><summary>one row per run</summary>"
                  + table(trends.assign(created_utc=trends["created_utc"].map(_short_time)))
                  + "</details>")
@@ -102,23 +107,35 @@ def _short_time(iso: str) -> str:
     return str(iso)[:16].replace("T", " ")
 
 
+def _showing(timeline: pd.DataFrame) -> pd.Series:
+    """Class lines the latest run of their suite still shows."""
+    return (timeline["fixed_since"] == "") & (timeline["not_seen_since"] == "")
+
+
 def _shown_timeline(timeline: pd.DataFrame) -> pd.DataFrame:
     """The class lines as a person reads them (run ids stay in the data)."""
     if timeline.empty:
         return timeline
+    status = [f"fixed since {_short_time(f)} ({fr})" if f else
+              f"not seen since {_short_time(n)} ({nr})" if n else "still showing"
+              for f, fr, n, nr in zip(timeline["fixed_since"], timeline["fixed_since_run"],
+                                      timeline["not_seen_since"], timeline["not_seen_since_run"])]
     shown = timeline.assign(
         first_seen=timeline["first_seen"].map(_short_time),
-        last_seen=timeline["last_seen"].map(_short_time),
-        fixed_since=[f"{_short_time(t)} ({r})" if t else "" for t, r in
-                     zip(timeline["fixed_since"], timeline["fixed_since_run"])])
+        last_seen=timeline["last_seen"].map(_short_time), status=status)
     return shown[["suite", "signature", "verdict", "runs_seen", "occurrences", "first_seen",
-                  "last_seen", "vllm_versions", "fixed_since"]]
+                  "last_seen", "vllm_versions", "status"]]
 
 
 def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]:
+    """``fixed``: classes a later replay of the same traces no longer shows;
+    ``not_seen``: classes a later run of their suite merely did not hit;
+    ``still_new``: new classes the latest run of their suite still shows."""
     timeline = class_timeline(runs, classes)
     return {"runs": int(len(runs)), "classes": int(len(timeline)),
             "fixed": timeline[timeline["fixed_since"] != ""][["suite", "signature", "fixed_since",
                                                               "fixed_since_run"]].to_dict("records"),
-            "still_new": timeline[(timeline["fixed_since"] == "") & (timeline["verdict"] == "new")]
+            "not_seen": timeline[timeline["not_seen_since"] != ""][
+                ["suite", "signature", "not_seen_since", "not_seen_since_run"]].to_dict("records"),
+            "still_new": timeline[_showing(timeline) & (timeline["verdict"] == "new")]
             [["suite", "signature", "first_seen"]].to_dict("records")}
