@@ -224,9 +224,8 @@ def replays_all_of(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
     if shown is not None and before is not None and not before <= shown:
         return False
     sizes, sizes_before = later.get("pcp_sizes"), earlier.get("pcp_sizes")
-    if isinstance(sizes, list) and isinstance(sizes_before, list) and not set(sizes_before) <= set(sizes):
-        return False
-    return True
+    return not (isinstance(sizes, list) and isinstance(sizes_before, list)
+                and not set(sizes_before) <= set(sizes))
 
 
 def class_timeline(runs: pd.DataFrame, classes: pd.DataFrame) -> pd.DataFrame:

@@ -97,7 +97,7 @@ def _open_binary(path: Path) -> IO[bytes]:
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.name.endswith(".zst"):
-        raw = open(path, "rb")
+        raw = open(path, "rb")  # noqa: SIM115 -- the reader owns it and closes it
         try:
             return io.BufferedReader(_ZstdReader(raw), 1 << 16)
         except BaseException:
