@@ -30,7 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_snapshot(args: argparse.Namespace) -> int:
     from simrig.report.snapshot import build_snapshot, write_snapshot
+    from simrig.report.writer import check_out_file
 
+    if args.out:
+        check_out_file(args.out)  # before the vLLM import and the scenario
     snapshot = build_snapshot()
     out = args.out or DEFAULT_OUT.format(version=snapshot["vllm_version"])
     write_snapshot(out, snapshot)

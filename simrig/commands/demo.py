@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "fuzz for --budget seconds, then render the history page; "
                                    "reports under --out.",
                        epilog="exit status: the worse of the replay and the fuzz campaign "
-                              "(0 nothing new, 1 a new finding class, 2 bad arguments)")
+                              "(0 nothing new, 1 a new finding class, 2 bad arguments, an "
+                              "unwritable --out or a malformed --known file, 3 a bug in simrig)")
     p.add_argument("--out", default="reports/demo", metavar="DIR",
                    help="where the two reports go (default reports/demo)")
     p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
@@ -31,17 +32,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from simrig.cli import main
+    from simrig.errors import EXIT_USAGE
+    from simrig.report.history import history_dir
+    from simrig.report.writer import check_out_dir
 
     out = Path(args.out)
-    from simrig.report.history import history_dir
+    for part in ("replay", "fuzz"):  # both folders, before ten minutes of work
+        check_out_dir(out / part)
+    known = ["--known", args.known] if args.known else []
 
     traces = [str(ROOT / "traces" / sub) for sub in ("samples", "recorded", "regressions")
               if (ROOT / "traces" / sub).is_dir()]
     print("== simrig demo 1/3: replay the bundled traces ==", flush=True)
-    replay_status = main(["replay", *traces, "--out", str(out / "replay")])
+    replay_status = main(["replay", *traces, "--out", str(out / "replay"), *known])
+    if replay_status == EXIT_USAGE:  # its one line is already on stderr
+        return replay_status
     print(f"\n== simrig demo 2/3: fuzz for {args.budget:.0f} s ==", flush=True)
     fuzz_status = main(["fuzz", "--budget", str(args.budget), "--seed", str(args.seed),
-                        "--out", str(out / "fuzz"), "--regressions", str(ROOT / "traces" / "regressions")])
+                        "--out", str(out / "fuzz"), "--regressions", str(ROOT / "traces" / "regressions"),
+                        *known])
     pages = [out / "replay" / "report.html", out / "fuzz" / "report.html"]
     if history_dir() is not None:
         print("\n== simrig demo 3/3: history of every recorded run ==", flush=True)

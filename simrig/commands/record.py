@@ -63,8 +63,12 @@ def setup_from_args(args: argparse.Namespace):
 
 
 def check_out(path: str) -> None:
+    """The output trace: a trace name, in a folder that can be written (checked before the run)."""
+    from simrig.report.writer import check_out_file
+
     if not path.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
         raise UsageError(f"--out: {path}: expected a .jsonl, .jsonl.gz or .jsonl.zst name")
+    check_out_file(path)
 
 
 def print_summary(path: str, result, wall_s: float, clamped: int = 0) -> None:

@@ -75,6 +75,9 @@ def resolve_spec(spec: str) -> SideSpec:
         return SideSpec(text, "venv", path.resolve())
     if path.is_dir() and (path / "vllm" / "__init__.py").is_file():
         return SideSpec(text, "source", VENVS / f"vllm-src-{path.resolve().name}", str(path.resolve()))
+    if not path.exists():
+        raise UsageError(f"--vllm {text}: no such file or folder (and not a release X.Y.Z, "
+                         "nor 'installed')")
     raise UsageError(f"--vllm {text}: not a release (X.Y.Z), a vLLM wheel, a vLLM source "
                      "checkout, a venv or 'installed'")
 

@@ -62,17 +62,33 @@ def check_out_dir(out_dir: str | Path) -> Path:
             raise UsageError(f"--out: {out} exists and is not a directory")
         if any(out.iterdir()) and not (out / "summary.json").is_file():
             raise UsageError(f"--out: {out} is a non-empty directory that is not a simrig report")
+    _probe_writable(out, "--out")
+    return out
+
+
+def check_out_file(path: str | Path, flag: str = "--out") -> Path:
+    """Fail before a run if the output file ``path`` cannot be written (it is
+    written through a temporary file beside it, then renamed)."""
+    out = Path(path)
+    if out.is_dir():
+        raise UsageError(f"{flag}: {out} is a directory, not a file")
+    _probe_writable(out, flag)
+    return out
+
+
+def _probe_writable(out: Path, flag: str) -> None:
+    """Make and remove a folder where ``out`` will be written; ``os.access``
+    alone does not see read-only mounts or immutable folders."""
     parent = out.absolute().parent
     while not parent.exists():  # the nearest folder that exists is where mkdir will write
         parent = parent.parent
     if not parent.is_dir():
-        raise UsageError(f"--out: {parent} is not a directory")
+        raise UsageError(f"{flag}: {parent} is not a directory")
     try:
         probe = tempfile.mkdtemp(prefix=f".tmp-{out.name}-probe-", dir=parent)
         os.rmdir(probe)
     except OSError as exc:
-        raise UsageError(f"--out: cannot write in {parent} ({exc.strerror or exc})") from None
-    return out
+        raise UsageError(f"{flag}: cannot write in {parent} ({exc.strerror or exc})") from None
 
 
 def staging_dir(out: str | Path, purpose: str = "staging") -> Path:
