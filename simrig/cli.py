@@ -37,6 +37,9 @@ DEFAULT_EPILOGS = {
     "contract": "exit status: snapshot 0 written; diff 0 equal, 1 different; 2 bad input",
     "doctor": "exit status: 0 every entry point usable; 2 otherwise",
 }
+# --verbose where it means more than vLLM's log messages.
+VERBOSE_HELP = {"history": "list the files the store's reader skipped (temporary, unreadable, "
+                           "classes with no run row)"}
 # Commands that judge findings against the known-findings files (--known FILE).
 JUDGING_COMMANDS = ("demo", "replay", "fuzz", "selftest", "compare")
 
@@ -58,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, command in sub.choices.items():  # one meaning everywhere
         if not command.epilog and name in DEFAULT_EPILOGS:
             command.epilog = DEFAULT_EPILOGS[name]
-        command.add_argument("--verbose", action="store_true",
-                             help="show vLLM's own log messages (import notes on CPU included)")
+        command.add_argument("--verbose", action="store_true", help=VERBOSE_HELP.get(
+            name, "show vLLM's own log messages (import notes on CPU included)"))
         if name in JUDGING_COMMANDS:
             command.add_argument(
                 "--known", metavar="FILE", default=None,
