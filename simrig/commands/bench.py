@@ -21,10 +21,10 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "bench", help="run the pytest-benchmark suites or compare two saved runs",
+        "bench", help="run the pytest-benchmark suites or compare saved runs",
         description="Run tests/bench through pytest-benchmark (micro benchmarks of the "
                     "MRV2 indexing idioms, per-stage latency of the real input path, the "
-                    "rig's overhead), or compare two saved runs.")
+                    "rig's overhead), or compare sets of saved runs.")
     p.add_argument("--filter", metavar="EXPR", help="pytest -k expression selecting benchmarks")
     p.add_argument("--save", metavar="NAME", help="keep the run in the storage under NAME")
     p.add_argument("--storage", metavar="DIR", type=Path,
