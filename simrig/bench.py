@@ -6,7 +6,7 @@
     load_run(path)          one row per benchmark: name, group, min, median,
          |                  mean, stddev, rounds, extra_info   (seconds)
          v
-    compare(As, Bs, pct)    simrig.bench_compare: B/A per benchmark over two sets
+    compare(As, Bs, pct)    simrig.compare.saves: B/A per benchmark over two sets
          |                  of saves; the interval comes from the spread between
          |                  saves, a verdict (faster / slower / within noise) only
          |                  with 2+ saves per side, else "cannot tell"
@@ -14,8 +14,8 @@
          |                  A, B, A, B ...; per benchmark the paired bootstrap of the
          |                  per-round medians (simrig.compare.stats)
          v
-    simrig.bench_report:    markdown (terminal), CSV and HTML (bar chart of median
-                            ratios) under --out
+    simrig.compare.bench_report: markdown (terminal), CSV and HTML (bar chart of
+                            median ratios with their intervals) under --out
 
 A run is named by a file path, or by a saved run in the storage folder: its
 name (``0003_base.json`` is ``base``; the highest number wins when a name was
@@ -41,7 +41,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simrig.bench_compare import (  # noqa: F401
+from simrig.compare.bench_report import (  # noqa: F401
+    compare_html,
+    compare_markdown,
+    compare_notes,
+    extra_markdown,
+    format_seconds,
+    markdown_table,
+    ratio_chart_png,
+    run_markdown,
+    write_compare,
+)
+from simrig.compare.saves import (  # noqa: F401
     CANNOT_TELL,
     FASTER,
     NOISE,
@@ -54,17 +65,6 @@ from simrig.bench_compare import (  # noqa: F401
     compare,
     regressions,
     unverified,
-)
-from simrig.bench_report import (  # noqa: F401
-    compare_html,
-    compare_markdown,
-    compare_notes,
-    extra_markdown,
-    format_seconds,
-    markdown_table,
-    ratio_chart_png,
-    run_markdown,
-    write_compare,
 )
 from simrig.errors import UsageError
 

@@ -1,5 +1,5 @@
-"""Comparing saved benchmark runs: B/A per benchmark, with a verdict only
-where the saves support one.
+"""``simrig bench --compare``: saved benchmark runs compared as two sets of
+saves, B/A per benchmark, with a verdict only where the saves support one.
 
 Two runs of identical code saved one after the other can differ by 2x on a
 shared machine, and the rounds inside one run say nothing about that: they
