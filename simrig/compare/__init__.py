@@ -5,6 +5,8 @@
     stats.py   bootstrap confidence intervals for interleaved timing rounds
     diff.py    the side-by-side tables (finding classes, contract, latency, values)
     driver.py  runs both sides interleaved and writes one report
+    saves.py   simrig bench --compare: sets of saved runs, verdicts from the spread between saves
+    bench_report.py  its markdown, CSV and HTML
 
 Nothing here imports vllm: each side's vLLM runs in its own process.
 """
