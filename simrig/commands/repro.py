@@ -1,0 +1,78 @@
+"""``simrig repro``: a finding class as one standalone pytest file (no simrig inside)."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = ("exit status: 0 the file was written (with --check: and it fails on that vLLM, i.e. it "
+          "reproduces the class); 1 with --check: the file passes on that vLLM (the class does not "
+          "show there); 2 bad input: a malformed class, a trace that does not exist or declares no "
+          "class, a report without the class, a kind or stage without a standalone property, an "
+          "output file that cannot be written (one line on stderr)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "repro", help="write a standalone pytest file that reproduces a finding class",
+        description="Write one pytest file that imports only vLLM, torch and numpy, builds the "
+                    "minimal runner state, replays the reproducer's steps as SchedulerOutputs "
+                    "through the real Model Runner V2 input path and asserts the property the "
+                    "class violates (e.g. \"make_dummy's logits_indices is torch.int32, "
+                    "prepare_inputs' is torch.int64\"). It fails on a vLLM that shows the class "
+                    "and passes where it is fixed: paste it into vLLM's tests with the fix.",
+        epilog=EPILOG)
+    p.add_argument("target", metavar="CLASS_OR_TRACE",
+                   help="a trace (shrunk or regression; its header names the class), or a class "
+                        "kind:stage:field[:exception_type] with --trace or --report")
+    p.add_argument("--pytest", required=True, metavar="OUT.py", help="the file to write")
+    p.add_argument("--class", dest="cls", metavar="KIND:STAGE:FIELD[:EXC]",
+                   help="with a trace: the class (default: the one its header declares)")
+    p.add_argument("--trace", metavar="FILE", help="with a class: the trace that shows it")
+    p.add_argument("--report", metavar="DIR",
+                   help="with a class: a replay or fuzz report whose classes.csv names its reproducer")
+    p.add_argument("--check", action="store_true",
+                   help="run the written file with pytest under --vllm and say whether it fails there")
+    p.add_argument("--vllm", metavar="SPEC", default="installed",
+                   help="with --check: the vLLM to run it on (a release with a side venv, a venv, "
+                        "'installed'; default installed)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from simrig.compare import envs, repro
+    from simrig.errors import UsageError
+    from simrig.report.writer import check_out_file
+
+    if args.cls and not Path(args.target).is_file():
+        raise UsageError("--class: only with a trace (a class given as CLASS_OR_TRACE names itself)")
+    out = check_out_file(args.pytest, "--pytest")
+    if not out.name.endswith(".py"):
+        raise UsageError(f"--pytest {args.pytest}: must end in .py")
+    trace, key = repro.resolve_input(args.target, args.cls, args.trace, args.report)
+    side = envs.side_for_compare(args.vllm) if args.check else None
+    text = repro.render(trace, key)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{out.name}-", dir=out.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, out)
+    print(f"wrote {out}: {key.text} from {trace} ({len(text.splitlines())} lines); "
+          f"run: pytest -q {out}")
+    if side is None:
+        return 0
+    status, tail = repro.run_pytest(side.python, out.resolve())
+    where = f"vLLM {args.vllm}"
+    if status == 1:
+        print(f"check: FAILS on {where}: it reproduces {key.text}")
+        for line in tail.splitlines()[:1]:
+            print(f"  {line.removeprefix('E').strip()}")
+        return 0
+    if status == 0:
+        print(f"check: passes on {where}: {key.text} does not show there")
+        return 1
+    raise UsageError(f"--check: pytest could not run the file on {where} (exit {status}): "
+                     f"{tail.splitlines()[-1] if tail else ''}")
