@@ -42,7 +42,9 @@ CLASS_COLUMNS = ("signature", "verdict", "occurrences", "kind", "stage", "field"
                  "exception_type", "checks", "traces", "first_trace", "first_pcp_size",
                  "first_step", "first_rank", "first_elapsed_s", "first_example", "last_trace",
                  "last_pcp_size", "last_step", "last_rank", "req_ids", "message", "reproducer",
-                 "reproduce", "explanation", "evidence")
+                 "reproduce", "repro_pytest", "explanation", "evidence")
+# Kinds `simrig repro` turns into a standalone pytest file (simrig.compare.repro.SUPPORTED).
+REPRO_KINDS = ("dtype_drift", "missing_field", "key_error", "exception")
 
 
 def verdict_of(finding: Finding) -> str:
@@ -172,6 +174,17 @@ def reproduce_command(where: Where | None) -> str:
 _ORDER = {NEW: 0, EXPECTED: 1, KNOWN: 2}
 
 
+def repro_command(c: ClassStats) -> str:
+    """For a new class: the ``simrig repro`` command that writes its reproducer as a
+    standalone pytest file for vLLM's own tests ("" for other verdicts and kinds)."""
+    if c.verdict != NEW or c.kind not in REPRO_KINDS or c.reproducer is None or not c.reproducer.trace:
+        return ""
+    trace = shlex.split(reproduce_command(c.reproducer))[2]
+    key = ":".join([c.kind, c.stage, c.field] + ([c.exception_type] if c.exception_type else []))
+    name = "test_" + "_".join(p for p in (c.kind, c.stage, c.field.replace(".", "_")) if p) + ".py"
+    return " ".join(shlex.quote(a) for a in ("simrig", "repro", trace, "--class", key, "--pytest", name))
+
+
 def class_frame(classes: Iterable[ClassStats]) -> pd.DataFrame:
     """One row per class: new first, then expected, then known; then by signature."""
     rows = []
@@ -190,7 +203,8 @@ def class_frame(classes: Iterable[ClassStats]) -> pd.DataFrame:
             "last_trace": last_w.trace, "last_pcp_size": last_w.pcp_size, "last_step": last_step,
             "last_rank": last_rank, "req_ids": ",".join(c.req_ids), "message": c.message,
             "reproducer": c.reproducer.trace if c.reproducer else "",
-            "reproduce": reproduce_command(c.reproducer), "explanation": c.explanation,
+            "reproduce": reproduce_command(c.reproducer), "repro_pytest": repro_command(c),
+            "explanation": c.explanation,
             "evidence": c.evidence})
     return pd.DataFrame(rows, columns=list(CLASS_COLUMNS))
 
@@ -226,6 +240,8 @@ def class_rows_for_print(classes: pd.DataFrame, limit: int = 10) -> list[str]:
             out.append(f"        {row.message[:200]}")
             if row.reproduce:
                 out.append(f"        reproduce: {row.reproduce}")
+            if getattr(row, "repro_pytest", ""):
+                out.append(f"        pytest file for vLLM: {row.repro_pytest}")
         elif row.verdict == KNOWN and row.explanation:
             out.append(f"        known: {row.explanation[:140]}")
     if len(classes) > limit:

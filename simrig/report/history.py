@@ -15,7 +15,8 @@ In a notebook: ``pd.read_parquet("reports/history/runs")`` and
 A run's *suite* is what it ran (``replay traces/samples``, ``fuzz valid``,
 ``selftest``): runs of one suite are comparable night to night.
 ``class_timeline`` turns the rows into one line per class and suite: first
-seen, last seen, the vLLM versions it was seen on, and
+seen, last seen, the vLLM versions it was seen on, where ``simrig bisect``
+found it introduced and fixed (``bisect_results``: a bisect run's summary), and
 
 - ``fixed since`` R: R is a later *replay* of the same traces (same suite) that
   ran to the end, covered the stages and PCP sizes of the run that last showed
@@ -228,6 +229,36 @@ def replays_all_of(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
                 and not set(sizes_before) <= set(sizes))
 
 
+BISECT_FIELDS = ("introduced_in", "last_good", "fixed_in", "last_bad")
+
+
+def bisect_results(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per finding class that ``simrig bisect`` located (the latest bisection of
+    each wins): signature, class, mode, introduced_in / last_good, fixed_in / last_bad
+    (release versions or commit hashes; "" for a leg not run), run id, time."""
+    columns = ["signature", "class", "mode", *BISECT_FIELDS, "bisect_run", "bisected"]
+    rows = []
+    if len(runs):
+        for r in runs[runs["command"] == "bisect"].itertuples(index=False):
+            summary = _summary(r.summary_json)
+            if summary.get("stopped_by") or not summary.get("signature"):
+                continue
+            rows.append({"signature": str(summary["signature"]), "class": str(summary.get("class", "")),
+                         "mode": str(summary.get("mode", "")),
+                         **{k: str(summary.get(k, "")) for k in BISECT_FIELDS},
+                         "bisect_run": r.run_id, "bisected": r.created_utc})
+    frame = pd.DataFrame(rows, columns=columns)
+    return frame.drop_duplicates("signature", keep="last").reset_index(drop=True)
+
+
+def _bisect_of(signature: str, found: pd.DataFrame) -> dict[str, str]:
+    """The bisection of a class line: same (kind, stage, field), any exception type given."""
+    for r in found.iloc[::-1].itertuples(index=False):
+        if signature == r.signature or signature.startswith(r.signature + " · "):
+            return {"introduced_in": r.introduced_in, "fixed_in": r.fixed_in}
+    return {"introduced_in": "", "fixed_in": ""}
+
+
 def class_timeline(runs: pd.DataFrame, classes: pd.DataFrame) -> pd.DataFrame:
     """One row per (suite, class signature): verdict (latest), runs seen, first/last
     seen, vLLM versions, ``fixed_since``: the first later run of the same suite that
@@ -237,13 +268,14 @@ def class_timeline(runs: pd.DataFrame, classes: pd.DataFrame) -> pd.DataFrame:
     then not seen, then fixed."""
     columns = ["suite", "signature", "verdict", "runs_seen", "occurrences", "first_seen",
                "first_run", "last_seen", "last_run", "vllm_versions", "fixed_since",
-               "fixed_since_run", "not_seen_since", "not_seen_since_run"]
+               "fixed_since_run", "not_seen_since", "not_seen_since_run", "introduced_in", "fixed_in"]
     if runs.empty or classes.empty:
         return pd.DataFrame(columns=columns)
     order = {rid: i for i, rid in enumerate(runs["run_id"])}
     when = dict(zip(runs["run_id"], runs["created_utc"]))
     summaries = dict(zip(runs["run_id"], map(_summary, runs["summary_json"])))
     rows = []
+    bisected = bisect_results(runs)
     for (suite, signature), group in classes.groupby(["suite", "signature"], sort=True):
         group = group.assign(_order=group["run_id"].map(order)).sort_values("_order")
         first, last = group.iloc[0], group.iloc[-1]
@@ -260,7 +292,7 @@ def class_timeline(runs: pd.DataFrame, classes: pd.DataFrame) -> pd.DataFrame:
                      "vllm_versions": ",".join(sorted(set(group["vllm_version"].astype(str)))),
                      "fixed_since": when[fixed_run] if fixed_run else "", "fixed_since_run": fixed_run,
                      "not_seen_since": when[unseen_run] if unseen_run else "",
-                     "not_seen_since_run": unseen_run})
+                     "not_seen_since_run": unseen_run, **_bisect_of(signature, bisected)})
     out = pd.DataFrame(rows, columns=columns)
     out["_rank"] = (out["fixed_since"] != "") * 2 + (out["not_seen_since"] != "")
     return out.sort_values(["_rank", "suite", "signature"]).drop(columns="_rank").reset_index(drop=True)

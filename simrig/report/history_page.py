@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from simrig.report.history import class_timeline, run_trends
+from simrig.report.history import bisect_results, class_timeline, run_trends
 from simrig.report.html import _CSS, table
 
 
@@ -94,6 +94,12 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
                  "traces (as much of them as the last run showing the class) and did not show it. "
                  "<b>not seen since</b> R: R only did not hit it (a fuzz or selftest run draws new "
                  "examples every time, so that proves nothing).</p>" + table(_shown_timeline(timeline)))
+    bisected = bisect_results(runs)
+    if len(bisected):
+        parts.append("<h2>Introduced in (simrig bisect)</h2><p class='note'>where a bisection over "
+                     "releases or commits found each class introduced (first bad; last good) and "
+                     "fixed (first good; last bad)</p>"
+                     + table(bisected.assign(bisected=bisected["bisected"].map(_short_time))))
     parts.append("<h2>Runs</h2><details open><summary>one row per run</summary>"
                  + table(trends.assign(created_utc=trends["created_utc"].map(_short_time)))
                  + "</details>")
@@ -120,19 +126,23 @@ def _shown_timeline(timeline: pd.DataFrame) -> pd.DataFrame:
               f"not seen since {_short_time(n)} ({nr})" if n else "still showing"
               for f, fr, n, nr in zip(timeline["fixed_since"], timeline["fixed_since_run"],
                                       timeline["not_seen_since"], timeline["not_seen_since_run"])]
+    introduced = [(f"{i}" if i else "") + (f"; fixed in {x}" if x else "")
+                  for i, x in zip(timeline["introduced_in"], timeline["fixed_in"])]
     shown = timeline.assign(
         first_seen=timeline["first_seen"].map(_short_time),
-        last_seen=timeline["last_seen"].map(_short_time), status=status)
+        last_seen=timeline["last_seen"].map(_short_time), status=status, introduced_in=introduced)
     return shown[["suite", "signature", "verdict", "runs_seen", "occurrences", "first_seen",
-                  "last_seen", "vllm_versions", "status"]]
+                  "last_seen", "vllm_versions", "introduced_in", "status"]]
 
 
 def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]:
-    """``fixed``: classes a later replay of the same traces no longer shows;
+    """``bisected``: where ``simrig bisect`` found each class introduced / fixed;
+    ``fixed``: classes a later replay of the same traces no longer shows;
     ``not_seen``: classes a later run of their suite merely did not hit;
     ``still_new``: new classes the latest run of their suite still shows."""
     timeline = class_timeline(runs, classes)
     return {"runs": int(len(runs)), "classes": int(len(timeline)),
+            "bisected": bisect_results(runs).to_dict("records"),
             "fixed": timeline[timeline["fixed_since"] != ""][["suite", "signature", "fixed_since",
                                                               "fixed_since_run"]].to_dict("records"),
             "not_seen": timeline[timeline["not_seen_since"] != ""][
