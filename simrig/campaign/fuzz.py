@@ -1,155 +1,127 @@
-"""Fuzz campaigns: the stateful scheduler machine against the real runner, for a time budget.
+"""Fuzz campaigns: the stateful scheduler machine against the real runner.
 
     1. replay traces/regressions/*  (every shrunk failure found so far)
-    2. loop until the budget is spent:                        one Hypothesis run ("chunk")
+    2. loop until --max-examples or the budget is spent:      one Hypothesis run ("chunk")
          SchedulerContractMachine examples ──► findings ──► new finding class? ─► fail the example
                                                                                   │ Hypothesis shrinks it;
                                                                                   │ every failing run is a
                                                                                   ▼ candidate, smallest kept
                                                          class tolerated from the next chunk on
     3. each class: its smallest failing run ─► --out/shrunk/*.jsonl (v1 trace), replayed to confirm
-    4. report (simrig.report.writer), campaign.json figures, junit.xml (one testcase per class)
+    4. report, junit.xml (one testcase per class): simrig.campaign.report
 
 A finding class is (kind, stage, field, exception type) plus whether it was a
 loud rejection of an adversarial violation (the expected reaction). Exit
 status 1 means a class that is neither known nor a loud rejection.
+
+Repeatable: with ``max_examples`` and no time budget the run stops on an
+example count, never on the clock, so the same seed (without an example
+database) gives the same examples, steps and classes on any machine or load.
+A run the budget or a signal cut short says in its summary that it is not.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simrig.campaign.options import (  # noqa: F401 -- re-exported: the campaign's public types
+    CampaignOptions,
+    CampaignStats,
+    FindingClass,
+    Key,
+)
 from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.checks.findings import Finding
-from simrig.observe import DISPATCH, OPTIONAL_STAGES
+from simrig.observe import DISPATCH
 from simrig.replay import BatchTracker, ReplayRecorder
-from simrig.report.classes import ClassTally, Where, known_lookup, verdict_of
-from simrig.step import CUDAGRAPH_MODES, RunnerConfig, Step
+from simrig.report.classes import ClassTally, Where
+from simrig.step import Step
 
-Key = tuple[str, str, str, str, bool]  # signature + loud rejection
-
-
-@dataclass
-class CampaignOptions:
-    budget_s: float = 60.0
-    seed: int = 0
-    mode: str = "valid"
-    pcp_sizes: tuple[int, ...] = (1, 2)
-    # vLLM cudagraph modes to draw configs from (each step dispatched and padded
-    # by vLLM's own CudaGraphManager); the default covers all five.
-    cudagraph_modes: tuple[str, ...] = CUDAGRAPH_MODES
-    out_dir: Path = Path("reports/fuzz")
-    database: Any = Path(".cache/hypothesis")  # a folder, None, or a Hypothesis ExampleDatabase
-    max_examples: int | None = None  # stop after this many examples (else budget only)
-    save_regressions: bool = False
-    regressions_dir: Path = Path("traces/regressions")
-    replay_regressions: bool = True
-    stages: tuple[str, ...] = OPTIONAL_STAGES
-    extra_checks: Sequence[Any] = ()  # fn(index, step, obs) -> list[Finding]
-    violations: tuple[str, ...] | None = None  # adversarial violations (default: all)
-    steps_per_example: int = 20  # Hypothesis stateful_step_count
-    chunk_examples: int = 10  # examples per Hypothesis run
-    shrink_grace_s: float | None = None  # extra time to finish a shrink (default budget/4, <= 120 s)
-    progress: str | None = None  # tty / plain / quiet (default: tty when stderr is one)
-    configs: Any = None  # strategy of RunnerConfig (default: small configs over pcp_sizes)
-    # fn(FindingClass): a class was first seen or got a smaller failing run. Sharded
-    # campaigns (simrig.distributed) stream each one to their driver as it happens.
-    on_class: Any = None
-
-
-@dataclass
-class FindingClass:
-    key: Key
-    first: Finding
-    count: int = 0
-    source: str = "campaign"  # "campaign" or the regression trace it came from
-    steps: list[Step] | None = None  # smallest failing run (campaign classes)
-    violations: dict[int, str] = field(default_factory=dict)
-    config: RunnerConfig | None = None
-    trace_path: str = ""
-    reproduced: bool | None = None
-
-    @property
-    def loud(self) -> bool:
-        return self.key[4]
-
-    @property
-    def failing(self) -> bool:
-        return not self.first.known and not self.loud
-
-    def size(self) -> tuple[int, int, int]:
-        steps = self.steps or []
-        return (len(steps), sum(len(s.num_scheduled_tokens) for s in steps),
-                sum(s.total_num_scheduled_tokens for s in steps))
-
-
-@dataclass
-class CampaignStats:
-    examples: int = 0
-    steps: int = 0
-    findings: int = 0  # finding occurrences (before dedupe)
-    loud_rejections: int = 0
-    violations_sent: int = 0
-    chunks: int = 0
-    regression_traces: int = 0
-    regression_steps: int = 0
-    elapsed_s: float = 0.0
-    stopped_by: str = "budget"
-    rig_errors: list[str] = field(default_factory=list)
-    # steps per configured cudagraph mode, and per mode vLLM's dispatch chose
-    steps_by_cudagraph_mode: dict[str, int] = field(default_factory=dict)
-    steps_by_dispatched_mode: dict[str, int] = field(default_factory=dict)
+IDLE_CHUNKS = 3  # Hypothesis runs in a row without one step: the campaign stops ("idle")
 
 
 class Campaign:
     """One fuzz campaign; ``run()`` returns the exit status."""
 
     def __init__(self, options: CampaignOptions):
+        from simrig.errors import UsageError
         from strategies.machine import MODES
 
         if options.mode not in MODES:
-            from simrig.errors import UsageError
-
             raise UsageError(f"--mode: must be one of {', '.join(MODES)}, got {options.mode!r}")
+        if options.budget_s is None and options.max_examples is None:
+            raise UsageError("a campaign needs a --budget or --max-examples")
         self.options = options
         self.stats = CampaignStats()
         self.classes: dict[Key, FindingClass] = {}
         self.tolerated: set[Key] = set()  # classes already shrunk (or known)
         self.recorder = ReplayRecorder()  # steps rows and dtype tallies, as replay keeps them
         self.tally = ClassTally()  # one row per class for the report (first/last, example, time)
-        self.interrupted = False
+        self.interrupted = False  # a stop was asked for (signal, or a sharded driver)
+        self.rig_stopped = False  # simrig's own code raised: the campaign stops
+        self.idle = False  # IDLE_CHUNKS Hypothesis runs in a row sent no step
+        self.report_summary: dict[str, Any] = {}  # summary.json as written (+ "report")
+        self.class_table: Any = None
         self._start = 0.0
         self._chunk_failed = False
         self._progress: Any = None
 
-    # ------------------------------------------------------------ time
+    # ------------------------------------------------------------ when to stop
     def _elapsed(self) -> float:
         return time.perf_counter() - self._start
 
+    def _over_budget(self, grace: float = 0.0) -> bool:
+        budget = self.options.budget_s
+        return budget is not None and self._elapsed() > budget + grace
+
     def _grace(self) -> float:
         o = self.options
-        return o.shrink_grace_s if o.shrink_grace_s is not None else min(120.0, o.budget_s / 4)
+        if o.shrink_grace_s is not None:
+            return o.shrink_grace_s
+        return min(120.0, o.budget_s / 4) if o.budget_s is not None else float("inf")
 
     def _examples_done(self) -> bool:
         m = self.options.max_examples
         return m is not None and self.stats.examples >= m
 
+    def _explore_more(self) -> bool:
+        """Start another Hypothesis run? Never once the examples or the budget are spent."""
+        return not (self.interrupted or self.rig_stopped or self.idle or self._examples_done()
+                    or self._over_budget())
+
     def stopped(self) -> bool:
-        """Rules stop running the real code: interrupted, past the budget while
-        exploring, or past budget + grace while shrinking."""
+        """Rules stop running the real code: interrupted, a rig error, the
+        examples or the budget spent while exploring, or past budget + grace
+        while Hypothesis shrinks a failure (with --max-examples alone, the
+        shrink always finishes: the same seed gives the same run)."""
+        if self.interrupted or self.rig_stopped:
+            return True
+        if self._chunk_failed:
+            return self._over_budget(self._grace())
+        return self._examples_done() or self._over_budget()
+
+    def _stopped_by(self) -> str:
+        if self.rig_stopped:
+            return "rig_error"
         if self.interrupted:
-            return True
-        over = self._elapsed() > self.options.budget_s or self._examples_done()
-        if over and not self._chunk_failed:
-            return True
-        return self._elapsed() > self.options.budget_s + self._grace()
+            return "signal"
+        if self._examples_done():
+            return "max_examples"
+        return "idle" if self.idle else "budget"
+
+    def not_repeatable(self) -> list[str]:
+        """Why the same --seed may not give the same examples (empty: it will)."""
+        why = {"budget": "stopped by the time budget", "signal": "stopped by a signal"}
+        reasons = [why[self.stats.stopped_by]] if self.stats.stopped_by in why else []
+        if self.options.database is not None:
+            reasons.append("an example database replays earlier failures first")
+        return reasons
+
+    def _interrupt(self) -> None:
+        self.interrupted = True
 
     # ------------------------------------------------------------ machine hooks
     def _on_step(self, machine: Any, index: int, step: Step, obs: Any,
@@ -213,34 +185,50 @@ class Campaign:
 
     # ------------------------------------------------------------ phases
     def run(self) -> int:
+        """Regressions, then exploring, then the report. The first SIGINT/SIGTERM
+        stops the run at the next step; every later one is ignored (noted on
+        stderr) until the report is written."""
         from simrig.adapters.runner import load
+        from simrig.errors import UsageError
+        from simrig.interrupt import StopRequests
         from simrig.progress import Progress
+        from simrig.sources.trace import TraceError
 
         o = self.options
         api = load()  # the one-off vLLM import (~15 s) is not part of the budget
         self.vllm_version, self.device = api.version, f"{api.device} ({api.platform.mode})"
-        self._start = time.perf_counter()
-        self._progress = Progress(mode=o.progress, label=f"fuzz {o.mode}")
-        handlers = _install_signal_handlers(self)
-        try:
-            if o.replay_regressions:
-                self._progress.begin("regressions")
-                self.replay_regressions()
-            self._progress.begin("campaign")
-            self.explore()
-        finally:
-            _restore_signal_handlers(handlers)
-            self.stats.elapsed_s = round(self._elapsed(), 3)
-            self._progress.close()
-            self.finish()
+        with StopRequests(on_first=self._interrupt, second_raises=False,
+                          note="stopping; the report will hold everything found so far") as stop:
+            self._start = time.perf_counter()
+            self._progress = Progress(mode=o.progress, label=f"fuzz {o.mode}")
+            try:
+                if o.replay_regressions:
+                    self._progress.begin("regressions")
+                    self.replay_regressions()
+                self._progress.begin("campaign")
+                self.explore()
+            except (UsageError, TraceError):
+                self._progress.close()
+                raise  # bad input (exit 2), found before anything was explored
+            except Exception as exc:  # noqa: BLE001 -- a bug in simrig: reported, report still written
+                self.rig_error(exc, "campaign")
+                self.rig_stopped = True
+            with stop.shield():
+                self.stats.stopped_by = self._stopped_by()
+                self.stats.elapsed_s = round(self._elapsed(), 3)
+                self._progress.close()
+                self.finish()
         return self.exit_status()
 
     def replay_regressions(self) -> None:
-        paths = sorted(p for p in Path(self.options.regressions_dir).glob("*.jsonl*") if p.is_file())
-        for path in paths:
+        from simrig.sources.trace import trace_files_in
+
+        folder = Path(self.options.regressions_dir)
+        for path in trace_files_in(folder) if folder.is_dir() else []:
             if self.interrupted:
                 return
-            found, num_steps = replay_with_checks(path, self.options.extra_checks, self.options.stages)
+            found, num_steps = replay_with_checks(path, self.options.extra_checks,
+                                                  self.options.stages, stop=lambda: self.interrupted)
             self.stats.regression_traces += 1
             self.stats.regression_steps += num_steps
             where = Where(str(path), elapsed_s=self._elapsed())  # before any example
@@ -273,7 +261,8 @@ class Campaign:
         database = o.database if isinstance(o.database, ExampleDatabase) else (
             DirectoryBasedExampleDatabase(str(o.database)) if o.database else None)
         key = f"simrig-fuzz:{o.mode}:{','.join(map(str, o.pcp_sizes))}:{','.join(o.cudagraph_modes)}".encode()
-        while not self.stopped():
+        idle = 0
+        while self._explore_more():
             self.between_chunks()
             chunk = self.stats.chunks
             self.stats.chunks += 1
@@ -288,16 +277,16 @@ class Campaign:
             test = get_state_machine_test(machine, settings=hyp)
             test._hypothesis_internal_use_seed = o.seed * 1_000_003 + chunk
             test._hypothesis_internal_database_key = key
+            before = self.stats.steps
             try:
                 test()
             except Exception as exc:  # noqa: BLE001 -- sorted below
                 self._after_failure(exc)
             self.tolerated.update(k for k, c in self.classes.items() if c.steps is not None)
             self.tolerated.update(k for k, c in self.classes.items() if c.first.known)
-        if self.interrupted:
-            self.stats.stopped_by = "signal"
-        elif self._examples_done():
-            self.stats.stopped_by = "max_examples"
+            idle = idle + 1 if self.stats.steps == before else 0
+            if idle >= IDLE_CHUNKS:  # the machine sends no steps: more runs would not either
+                self.idle = True
 
     def between_chunks(self) -> None:
         """Hook before each Hypothesis run: the only time the tolerated classes
@@ -306,7 +295,7 @@ class Campaign:
     def _after_failure(self, exc: BaseException) -> None:
         """Hypothesis re-raises the shrunk example's error (or a Flaky one after
         we stopped mid-shrink). Our own findings are already recorded; anything
-        else is a bug in the rig."""
+        else is a bug in the rig, which stops the campaign (fix it first)."""
         from hypothesis.errors import Flaky
 
         from strategies.machine import NewFinding
@@ -315,96 +304,41 @@ class Campaign:
         for err in errors:
             if isinstance(err, NewFinding) or (isinstance(err, Flaky) and self.stopped()):
                 continue
-            self._rig_error(err, "machine")
-            self.interrupted = True  # a rig bug stops the campaign: fix it first
+            self.rig_error(err, "machine")
+            self.rig_stopped = True
 
     # ------------------------------------------------------------ output
     def finish(self) -> None:
-        """Shrunk traces, report, campaign figures and JUnit XML; runs in
-        ``finally`` so an interrupted campaign still leaves everything found.
+        """Shrunk traces, report and JUnit XML, swapped into OUT whole
+        (simrig.campaign.report); runs after an interrupted run too."""
+        from simrig.campaign.report import write_campaign_report
 
-        Everything is built in a staging directory next to OUT and swapped in
-        with one rename: OUT is either the complete report (tables, HTML,
-        ``shrunk/``, ``junit.xml``) or the earlier one, never half of each.
-        """
-        import shutil
+        write_campaign_report(self, confirm=True)
 
-        from simrig.campaign.shrink import write_shrunk
-        from simrig.report.timing import time_share
-        from simrig.report.writer import swap_into_place, write_report
+    def report_tables(self) -> Any:
+        from simrig.campaign.report import ReportTables
 
-        out = Path(self.options.out_dir)
-        staging = out.parent / f".{out.name}-staging"
-        shrunk = out.parent / f".{out.name}-shrunk-staging"
-        for folder in (staging, shrunk):
-            shutil.rmtree(folder, ignore_errors=True)
-        shrunk.mkdir(parents=True)
-        try:
-            for cls in sorted(self.classes.values(), key=lambda c: c.key):
-                if cls.steps is not None and not cls.trace_path:
-                    self._write_shrunk_guarded(write_shrunk, cls, shrunk)
-            summary = self.summary()
-            result = self.recorder.result([], list(self.options.pcp_sizes), self.options.stages)
-            summary["time_share"] = time_share(result.steps, self.stats.elapsed_s)
-            classes = self.class_frame()
-            write_report(staging, result.steps, self.findings_frame(), result.contract, summary,
-                         extra_tables={"occurrences": result.findings},
-                         title=f"simrig fuzz campaign ({self.options.mode})", classes=classes,
-                         occurrences=result.findings, headline=self.headline(summary))
-            self.report_summary = json.loads((staging / "summary.json").read_text())
-            self.report_summary["report"] = str(out)
-            self.class_table = classes
-            if any(shrunk.iterdir()):
-                os.replace(shrunk, staging / "shrunk")
-            (staging / "junit.xml").write_text(junit_xml(self), encoding="utf-8")
-            swap_into_place(staging, out)
-        finally:
-            shutil.rmtree(shrunk, ignore_errors=True)
-            shutil.rmtree(staging, ignore_errors=True)
+        result = self.recorder.result([], list(self.options.pcp_sizes), self.options.stages)
+        return ReportTables(result.steps, result.findings, result.contract, self.stats.elapsed_s,
+                            title=f"simrig fuzz campaign ({self.options.mode})")
 
-    def class_frame(self) -> Any:
-        """One row per class (report.classes), reproducer = the shrunk or regression trace."""
-        from simrig.campaign.shrink import replay_command_args
-        from simrig.report.classes import class_frame
-
-        for stats in self.tally.classes.values():
-            for cls in self.classes.values():
-                if tuple(cls.key[:4]) == (stats.kind, stats.stage, stats.field, stats.exception_type) \
-                        and verdict_of(cls.first) == stats.verdict and cls.trace_path:
-                    stats.reproducer = Where(cls.trace_path, replay_args=replay_command_args(
-                        self.options.stages))
-        self.tally.explain(known_lookup())
-        return class_frame(self.tally.classes.values())
-
-    def headline(self, s: dict[str, Any]) -> str:
-        return (f"fuzz {s['mode']}: {s['examples']:,} examples, {s['steps']:,} steps in "
-                f"{s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
-                f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}; "
-                f"{s['regression_traces']} regression trace(s) replayed first; "
-                f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations"
-                + graph_line(s))
-
-    def _write_shrunk_guarded(self, write_shrunk: Any, cls: FindingClass, folder: Path) -> None:
-        """A shrunk trace whose confirming replay crashes is still written; the
-        crash becomes a rig error of the campaign."""
-        try:
-            write_shrunk(cls, self.options, folder)
-        except Exception as exc:  # noqa: BLE001 -- reported, the report is still written
-            self._rig_error(exc, "shrink")
-
-    def _rig_error(self, exc: BaseException, check: str) -> None:
-        """Record an exception of the campaign's own code as a rig_error class."""
+    def rig_error(self, exc: BaseException, check: str) -> None:
+        """Record an exception of the campaign's own code as a rig_error class
+        (in the class table too: it fails the run with exit 3)."""
         import traceback
 
         from simrig.checks.findings import rig_error
 
         self.stats.rig_errors.append("".join(traceback.format_exception(exc)))
         finding = rig_error(exc, step=self.stats.steps, stage="campaign", check=check)
+        self.tally.add(finding, Where("campaign", elapsed_s=self._elapsed() if self._start else None,
+                                      example=self.stats.examples))
         key = class_key(finding)
         cls = self.classes.get(key)
         if cls is None:
             cls = self.classes[key] = FindingClass(key, finding)
         cls.count += 1
+        self._notify(cls)
 
     def exit_status(self) -> int:
         """3 when simrig's own code raised (a rig_error class), else 1 for a
@@ -421,12 +355,15 @@ class Campaign:
         by_kind: dict[str, int] = {}
         for cls in self.classes.values():
             by_kind[cls.key[0]] = by_kind.get(cls.key[0], 0) + cls.count
+        reasons = self.not_repeatable()
         return {
             "command": "fuzz", "suite": f"fuzz {o.mode}", "mode": o.mode,
-            "vllm_version": getattr(self, "vllm_version", ""), "device": getattr(self, "device", ""), "seed": o.seed, "budget_s": o.budget_s,
+            "vllm_version": getattr(self, "vllm_version", ""), "device": getattr(self, "device", ""),
+            "seed": o.seed, "budget_s": o.budget_s, "max_examples": o.max_examples,
             "pcp_sizes": list(o.pcp_sizes), "cudagraph_modes": list(o.cudagraph_modes),
             "stages": list(o.stages),
             "elapsed_s": st.elapsed_s, "stopped_by": st.stopped_by, "chunks": st.chunks,
+            "repeatable": not reasons, "not_repeatable_because": reasons,
             "examples": st.examples, "steps": st.steps,
             "steps_by_cudagraph_mode": dict(sorted(st.steps_by_cudagraph_mode.items())),
             "steps_by_dispatched_mode": dict(sorted(st.steps_by_dispatched_mode.items())),
@@ -443,27 +380,10 @@ class Campaign:
         }
 
     def findings_frame(self) -> Any:
-        import pandas as pd
+        """One row per class: its first finding, count, verdict and shrunk trace."""
+        from simrig.campaign.report import findings_frame
 
-        rows = []
-        for cls in sorted(self.classes.values(), key=lambda c: c.key):
-            row = cls.first.row()
-            row.update(count=cls.count, verdict=verdict_of(cls.first), loud_rejection=cls.loud,
-                       failing=cls.failing,
-                       source=cls.source, shrunk_trace=cls.trace_path,
-                       shrunk_steps=len(cls.steps) if cls.steps is not None else -1,
-                       reproduced="" if cls.reproduced is None else str(cls.reproduced),
-                       pcp_size=cls.config.pcp_size if cls.config else -1)
-            rows.append(row)
-        return pd.DataFrame(rows)
-
-
-def graph_line(summary: dict[str, Any]) -> str:
-    """"; steps dispatched to graphs: FULL 1,234, NONE 567, PIECEWISE 890" (empty when unknown)."""
-    chosen = summary.get("steps_by_dispatched_mode") or {}
-    if not chosen:
-        return ""
-    return "; steps dispatched to " + ", ".join(f"{mode} {n:,}" for mode, n in chosen.items())
+        return findings_frame(self)
 
 
 def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = ("NONE",)) -> Any:
@@ -473,55 +393,3 @@ def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = 
 
     return runner_configs(pcp_sizes=st.sampled_from(tuple(pcp_sizes)),
                           cudagraph_modes=st.sampled_from(tuple(cudagraph_modes)))
-
-
-def _install_signal_handlers(campaign: Campaign) -> dict[int, Any]:
-    """First SIGINT/SIGTERM: stop cleanly (rules stop, report is written).
-    A second one interrupts at once (the report is still written in finally)."""
-    def handler(signum: int, frame: Any) -> None:
-        if campaign.interrupted:
-            raise KeyboardInterrupt
-        campaign.interrupted = True
-
-    old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread
-            pass
-    return old
-
-
-def _restore_signal_handlers(old: dict[int, Any]) -> None:
-    for sig, h in old.items():
-        signal.signal(sig, h)
-
-
-def junit_xml(campaign: Campaign) -> str:
-    """One testcase per finding class: failure when failing, skipped when known,
-    passed (with a note) for loud rejections."""
-    from xml.sax.saxutils import escape, quoteattr
-
-    classes = sorted(campaign.classes.values(), key=lambda c: c.key)
-    failures = sum(c.failing for c in classes) + len(campaign.stats.rig_errors)
-    cases = []
-    for cls in classes:
-        name = quoteattr(":".join(str(x) for x in cls.key[:4]) + (" (loud rejection)" if cls.loud else ""))
-        body = escape(f"{cls.first.one_line()}\ncount={cls.count} trace={cls.trace_path}")
-        if cls.failing:
-            inner = f'<failure message={quoteattr(cls.first.one_line()[:200])}>{body}</failure>'
-        elif cls.first.known:
-            inner = f'<skipped message="known finding">{body}</skipped>'
-        else:
-            inner = f"<system-out>{body}</system-out>"
-        cases.append(f'  <testcase classname="simrig.campaign.fuzz.{campaign.options.mode}" name={name} '
-                     f'time="0">{inner}</testcase>')
-    for i, text in enumerate(campaign.stats.rig_errors):
-        cases.append(f'  <testcase classname="simrig.campaign.fuzz.rig" name="rig_error_{i}" time="0">'
-                     f'<error message="simrig bug">{escape(text)}</error></testcase>')
-    if not cases:
-        cases.append(f'  <testcase classname="simrig.campaign.fuzz.{campaign.options.mode}" name="no findings" time="0"/>')
-    return ('<?xml version="1.0" encoding="utf-8"?>\n'
-            f'<testsuite name="simrig fuzz {campaign.options.mode}" tests="{len(cases)}" '
-            f'failures="{failures}" time="{campaign.stats.elapsed_s}">\n' + "\n".join(cases)
-            + "\n</testsuite>\n")

@@ -34,18 +34,25 @@ def trace_name(key: tuple[str, str, str, str, bool]) -> str:
     return "-".join(p for p in parts if p)
 
 
-def write_shrunk(cls: Any, options: Any, staging: Path) -> Path:
+def write_shrunk(cls: Any, options: Any, staging: Path, *, confirm: bool = True) -> Path:
     """Write a FindingClass's smallest run under STAGING/ (moved to OUT/shrunk/
-    with the report), replay it, set ``cls.trace_path`` (final path) and
-    ``cls.reproduced``; copy failing ones into the regressions folder when asked."""
+    with the report) and set ``cls.trace_path`` (its final path); with
+    ``confirm``, replay it and set ``cls.reproduced``."""
     header = shrunk_header(cls, options)
     path = Path(staging) / f"{trace_name(cls.key)}.jsonl"
     write_trace(path, header, cls.steps)
     cls.trace_path = str(Path(options.out_dir) / "shrunk" / path.name)
-    found, _ = replay_with_checks(path, options.extra_checks, options.stages)
-    cls.reproduced = cls.key in {class_key(f) for f in found}
-    if options.save_regressions and cls.failing:
-        write_trace(Path(options.regressions_dir) / path.name, header, cls.steps)
+    if confirm:
+        found, _ = replay_with_checks(path, options.extra_checks, options.stages)
+        cls.reproduced = cls.key in {class_key(f) for f in found}
+    return path
+
+
+def save_regression(cls: Any, options: Any) -> Path:
+    """A failing class's shrunk run, into the regressions folder (``--save-regressions``;
+    called once the report naming it is in place)."""
+    path = Path(options.regressions_dir) / f"{trace_name(cls.key)}.jsonl"
+    write_trace(path, shrunk_header(cls, options), cls.steps)
     return path
 
 
@@ -64,14 +71,16 @@ def shrunk_header(cls: Any, options: Any) -> TraceHeader:
 
 
 def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),
-                       stages: Sequence[str] = OPTIONAL_STAGES) -> tuple[list[Finding], int]:
+                       stages: Sequence[str] = OPTIONAL_STAGES,
+                       stop: Any = None) -> tuple[list[Finding], int]:
     """Every finding of one trace's replay (``simrig.replay.replay_steps``,
-    the same loop ``simrig replay`` runs) and its number of steps."""
+    the same loop ``simrig replay`` runs) and its number of steps; ``stop()``
+    true ends it before the next step."""
     from simrig.replay import replay_steps
 
     found: list[Finding] = []
     count = 0
-    for replayed in replay_steps(path, stages=stages, extra_checks=extra_checks):
+    for replayed in replay_steps(path, stages=stages, extra_checks=extra_checks, stop=stop):
         found.extend(replayed.findings)
         count += 1
     return found, count

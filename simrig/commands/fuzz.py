@@ -1,4 +1,6 @@
-"""``simrig fuzz``: a time-boxed Hypothesis campaign against the real runner."""
+"""``simrig fuzz``: a Hypothesis campaign against the real runner, in one process or sharded
+on Ray workers (``--workers``); both end in the same report, summary keys, history
+row and exit status."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import sys
 from pathlib import Path
 
 from simrig.step import CUDAGRAPH_MODES
+
+DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,11 +23,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "finding class is shrunk to a minimal v1 trace under OUT/shrunk/. "
                     "Loud rejections of adversarial violations are *expected*; known "
                     "findings of this vLLM are *known*; anything else is *new*.",
-        epilog="exit status: 0 no new finding class; 1 a new finding class; 2 bad arguments; "
-               "3 simrig's own code raised (rig_error, traceback in the report)")
-    p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
-                   help="wall-clock budget for exploring (default 60); shrinking a late find "
-                        "may take up to a quarter more")
+        epilog="exit status: 0 no new finding class; 1 a new finding class; 2 bad arguments "
+               "or input; 3 simrig's own code raised (rig_error, traceback in the report)")
+    p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="wall-clock budget for exploring (default 60, none with --max-examples); "
+                        "shrinking a late find may take up to a quarter more. A run the budget "
+                        "stops is not repeatable (the report says so)")
     p.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default 0)")
     p.add_argument("--mode", choices=("valid", "adversarial"), default="valid",
                    help="valid: never break the contract; adversarial: also send unknown, "
@@ -38,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Hypothesis example database, reused by later campaigns "
                         "(default .cache/hypothesis; 'none' disables it)")
     p.add_argument("--max-examples", type=int, default=None, metavar="N",
-                   help="stop after N examples even if budget remains")
+                   help="stop after N examples (per shard with --workers); without --budget the "
+                        "clock never stops the run, so --seed S --database none repeats it exactly")
     p.add_argument("--stages", default=None, metavar="LIST",
                    help="optional stages to run: gather,prepare,partition,dummy (default all)")
     p.add_argument("--violations", default=None, metavar="LIST",
@@ -86,11 +92,12 @@ def options_from_args(args: argparse.Namespace):
     from simrig.campaign.fuzz import CampaignOptions
     from simrig.commands.common import progress_mode
     from simrig.errors import UsageError
-    from simrig.replay import parse_stages
+    from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
+    from simrig.sources.trace import trace_files_in
     from strategies.machine import VIOLATIONS
 
-    if args.budget <= 0:
+    if args.budget is not None and args.budget <= 0:
         raise UsageError(f"--budget: must be > 0 seconds, got {args.budget}")
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: must be >= 1, got {args.max_examples}")
@@ -106,10 +113,15 @@ def options_from_args(args: argparse.Namespace):
     out = Path(args.out) if args.out else default_out_dir("fuzz")
     check_out_dir(out)  # refuse a bad --out before spending the budget
     regressions = Path(args.regressions)
-    if not args.no_regressions and regressions.exists() and not regressions.is_dir():
-        raise UsageError(f"--regressions: {regressions} is not a directory")
+    if not args.no_regressions and regressions.exists():
+        if not regressions.is_dir():
+            raise UsageError(f"--regressions: {regressions} is not a directory")
+        for path in trace_files_in(regressions):  # a bad line: one line, exit 2, before vLLM
+            scan_trace(path)
+    budget = args.budget if args.budget is not None else (
+        None if args.max_examples is not None else DEFAULT_BUDGET_S)
     return CampaignOptions(
-        budget_s=args.budget, seed=args.seed, mode=args.mode,
+        budget_s=budget, seed=args.seed, mode=args.mode,
         pcp_sizes=_int_list(args.pcp_sizes, "--pcp-sizes", (1, 2, 4, 8)), out_dir=out,
         cudagraph_modes=_mode_list(args.cudagraph_modes),
         database=None if args.database.lower() == "none" else Path(args.database),
@@ -121,6 +133,7 @@ def options_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
+    from simrig.campaign.report import headline
     from simrig.commands.common import emit_json, record_history
     from simrig.distributed.cluster import distributed_workers
     from simrig.report.classes import class_rows_for_print, verdict_line
@@ -128,49 +141,33 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     workers = distributed_workers(args)  # Ray missing / unreachable: exit 2 before anything runs
+    sharded = None
     if workers is not None:
-        return _run_sharded(options, workers, args.ray)
-    campaign = Campaign(options)
-    status = campaign.run()
-    s = getattr(campaign, "report_summary", None) or campaign.summary()
-    record_history(s, getattr(campaign, "class_table", None))
+        from simrig.distributed.fuzz_shards import ShardedCampaign
+
+        sharded = ShardedCampaign(options, workers, args.ray)
+        status = sharded.run()
+        campaign = sharded.merged
+    else:
+        campaign = Campaign(options)
+        status = campaign.run()
+    s = campaign.report_summary
+    record_history(s, campaign.class_table)
     for text in campaign.stats.rig_errors:
         print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
     if args.json:
         emit_json(s)
         return status
-    print(campaign.headline(s))
+    print(headline(s))
     print(verdict_line(s.get("classes", {})) + f" — exit {status}")
-    if getattr(campaign, "class_table", None) is not None:
-        for line in class_rows_for_print(campaign.class_table):
-            print(line)
-    if s.get("time_share"):
-        print(time_share_line(s["time_share"]))
-    print(f"report: {options.out_dir / 'report.html'}")
-    return status
-
-
-def _run_sharded(options, workers: int, address: str | None) -> int:
-    from simrig.distributed.fuzz_shards import ShardedCampaign
-
-    sharded = ShardedCampaign(options, workers, address)
-    status = sharded.run()
-    s = sharded.merged.summary()
-    print(f"fuzz {s['mode']} on {workers} workers: {s['examples']} examples, {s['steps']} steps in "
-          f"{s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
-          f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}")
-    for row in sharded.rows:
+    for line in class_rows_for_print(campaign.class_table):
+        print(line)
+    for row in sharded.rows if sharded is not None else ():
         note = f" -- {row.note}" if row.note else ""
         print(f"  shard {row.shard} [{row.status}] {row.worker} seed {row.seed} pcp {row.pcp_sizes}: "
               f"{row.examples} examples, {row.steps} steps, {row.steps_per_s:.2f} steps/s, "
               f"{row.classes} classes{note}")
-    print(f"findings: {s['findings']} in {s['finding_classes']} classes ({s['failing_classes']} failing)")
-    for cls in sorted(sharded.merged.classes.values(), key=lambda c: c.key):
-        mark = "FAIL" if cls.failing else ("loud" if cls.loud else "known")
-        steps = f" {len(cls.steps)} steps" if cls.steps is not None else ""
-        print(f"  {mark} x{cls.count} {cls.first.one_line()[:160]}\n       -> "
-              f"{cls.trace_path or cls.source}{steps} (found by {','.join(sharded.found_by[cls.key])})")
-    for text in sharded.merged.stats.rig_errors:
-        print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
-    print(f"report: {options.out_dir}")
+    if s.get("time_share"):
+        print(time_share_line(s["time_share"]))
+    print(f"report: {options.out_dir / 'report.html'}")
     return status

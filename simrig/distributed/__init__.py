@@ -5,6 +5,8 @@
       │  collector.py Collector actor: shards stream every new finding class, heartbeats
       │               SharedDatabase actor: one Hypothesis example database for all shards
       ├─ fuzz_shards.py    seed x mode x PCP-slice shards, each the existing Campaign
+      │                    (shard.py: what runs on a worker), merged into one report
+      ├─ merge.py          class tallies, frames and contract counts of many workers as one
       ├─ replay_shards.py  trace x PCP size x segment units through the one replay loop
       └─ tasks.py          ordered map of a picklable function (selftest mutants)
 

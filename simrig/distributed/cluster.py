@@ -4,8 +4,15 @@
     RAY_ADDRESS     the same, from the environment
     neither         start a private local Ray with one CPU per worker
 
-Every way this can fail (Ray not installed, nothing listening at the address)
-is a ``UsageError``: one line, exit 2, before any report directory exists.
+Every way this can fail (Ray not installed, nothing listening at the address,
+something listening that is not Ray) is a ``UsageError``: one line, exit 2,
+before any report directory exists. ``ray.init`` itself retries an address
+that does not answer as a Ray GCS for ever, so an address is probed first,
+within SIMRIG_RAY_TIMEOUT seconds (default 30) all told:
+
+    TCP connect ──► HTTP/2 preface (Ray's GCS speaks gRPC; a web server, e.g. the
+                    dashboard port, answers HTTP/1 and is refused at once) ──►
+                    Ray's own GCS client in a child process (killed at the deadline)
 """
 
 from __future__ import annotations
@@ -13,6 +20,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,9 +30,16 @@ from typing import Any
 from simrig.errors import UsageError
 
 RAY_EXTRA = "pip install 'simrig[ray]'"
-# How long a cluster's address may take to accept a connection before it counts
-# as unreachable.
-CONNECT_TIMEOUT_S = 10
+# How long a cluster's address may take, all told, to answer as a Ray GCS
+# before it counts as unreachable (SIMRIG_RAY_TIMEOUT overrides).
+TIMEOUT_ENV = "SIMRIG_RAY_TIMEOUT"
+DEFAULT_TIMEOUT_S = 30.0
+# HTTP/2 client preface and an empty SETTINGS frame: a gRPC server answers with its SETTINGS.
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 4
+_GCS_PROBE = ("import sys\nfrom ray._raylet import GcsClient\n"
+              "GcsClient(address=sys.argv[1], cluster_id=None).cluster_id\n")
+_answered: set[str] = set()  # addresses that answered as Ray in this process
 
 
 def add_distributed_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -64,7 +81,8 @@ def cluster_address(address: str | None) -> str | None:
 
 @contextmanager
 def ray_session(workers: int, address: str | None = None) -> Iterator[Any]:
-    """``ray.init`` for the duration of a command; ``ray.shutdown`` after."""
+    """``ray.init`` for the duration of a command; ``ray.shutdown`` after. Ray
+    replaces the SIGTERM handler on init; the command's own one is put back."""
     ray = import_ray()
     address = cluster_address(address)
     common = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
@@ -72,6 +90,8 @@ def ray_session(workers: int, address: str | None = None) -> Iterator[Any]:
     if address:
         check_reachable(address)
     env = dict(os.environ)
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
         if address:
             ray.init(address=address, **common)
@@ -89,26 +109,106 @@ def ray_session(workers: int, address: str | None = None) -> Iterator[Any]:
     finally:
         os.environ.clear()
         os.environ.update(env)
+        if main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     try:
         yield ray
     finally:
         ray.shutdown()
 
 
+def probe_timeout() -> float:
+    """Seconds an address may take to answer as a Ray GCS (SIMRIG_RAY_TIMEOUT, default 30)."""
+    text = os.environ.get(TIMEOUT_ENV, "")
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"{TIMEOUT_ENV}: expected a number of seconds > 0, got {text!r}")
+    return value
+
+
 def check_reachable(address: str) -> None:
-    """A HOST:PORT address must accept a TCP connection within CONNECT_TIMEOUT_S:
-    ``ray.init`` itself retries an unreachable GCS for ever."""
+    """The address must answer as a Ray cluster's GCS within ``probe_timeout()``
+    (see the module docstring); ``ray.init`` itself would retry for ever."""
     import socket
 
-    if address == "auto" or "://" in address:
-        return  # "auto" reads the local session file; ray:// clients time out on their own
+    if "://" in address or address in _answered:
+        return  # ray:// clients time out on their own
+    timeout = probe_timeout()
+    deadline = time.monotonic() + timeout
+    given = address
+    if address == "auto":
+        address = _auto_address()
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"--ray: expected HOST:PORT or 'auto', got {address!r}")
     try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except OSError as exc:
         raise UsageError(f"--ray: cannot reach a Ray cluster at {address!r}: {exc}") from None
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):
+            _check_grpc(sock, address, deadline, timeout)
+    _check_gcs(address, deadline, timeout)
+    _answered.add(given)
+
+
+def _auto_address() -> str:
+    """The GCS address `ray start` recorded on this machine (what ray.init("auto") joins)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address_or_die
+
+        return canonicalize_bootstrap_address_or_die("auto")
+    except Exception as exc:  # noqa: BLE001 -- Ray raises ConnectionError and others
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UsageError(f"--ray auto: no Ray cluster to join on this machine ({first[:200]})") from None
+
+
+def _check_grpc(sock: Any, address: str, deadline: float, timeout: float) -> None:
+    """A Ray GCS is a gRPC (HTTP/2) server: it answers the preface with SETTINGS."""
+    reply = b""
+    try:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        sock.sendall(_H2_HELLO)
+        while len(reply) < 9:
+            chunk = sock.recv(9 - len(reply))
+            if not chunk:
+                break
+            reply += chunk
+    except TimeoutError:
+        raise UsageError(f"--ray: {address!r} accepts connections but did not answer as a Ray "
+                         f"cluster within {timeout:g} s ({TIMEOUT_ENV})") from None
+    except OSError:
+        pass  # reset by the peer: judged by what it said before
+    if len(reply) == 9 and reply[3] == _SETTINGS:
+        return
+    web = reply.startswith(b"HTTP/") or reply.lstrip().startswith(b"<")
+    said = ("answers HTTP (a web server, or Ray's dashboard?)" if web
+            else "closed the connection" if not reply else "does not speak gRPC")
+    raise UsageError(f"--ray: {address!r} is not a Ray cluster: it {said}; give the head's GCS "
+                     "address (`ray start --head --port`, default 6379)")
+
+
+def _check_gcs(address: str, deadline: float, timeout: float) -> None:
+    """Ray's own GCS client, in a child process killed at the deadline (its
+    retries and warnings stay there)."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run([sys.executable, "-c", _GCS_PROBE, address], capture_output=True,
+                              text=True, timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"--ray: {address!r} did not answer as a Ray cluster within {timeout:g} s "
+                         f"({TIMEOUT_ENV})") from None
+    if done.returncode != 0:
+        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        raise UsageError(f"--ray: {address!r} did not answer as a Ray cluster: "
+                         f"{(lines[-1] if lines else f'exit {done.returncode}')[:200]}")
 
 
 def pinned_here(ray: Any) -> dict[str, Any]:

@@ -10,9 +10,11 @@
       steps start..stop-1 replayed and recorded with their original step numbers
 
     driver: units largest first on Ray; merged in trace / PCP / segment order, so
-            tables, contract counts and the first findings equal a one-process
-            replay's; known rows re-capped per (trace, PCP size, signature) across
-            segments (KNOWN_ROWS_PER_SIGNATURE), the rest counted.
+            tables, contract counts, class table and the first findings equal a
+            one-process replay's (ReplayRecorder.result builds the result of both);
+            known rows re-capped per (trace, PCP size, signature) across segments
+            (KNOWN_ROWS_PER_SIGNATURE), the rest counted. ``stop()`` true (Ctrl-C):
+            units not yet back are cancelled, the result holds those that are.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simrig.checks.findings import Finding
 from simrig.replay import FIRST_FINDINGS, KNOWN_ROWS_PER_SIGNATURE, ReplayRecorder, ReplayResult, sort_rows
+from simrig.report.classes import ClassTally, Where
 from simrig.step import Step
 
 MIN_SEGMENT_STEPS = 200  # below this a resync costs more than the parallelism gains
@@ -74,6 +77,8 @@ class UnitResult:
     vllm_version: str = ""
     device: str = ""
     worker: str = ""
+    classes: ClassTally = field(default_factory=ClassTally)  # true occurrences, first/last place
+    unavailable: list[dict[str, Any]] = field(default_factory=list)  # stages this release lacks
 
 
 def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
@@ -89,6 +94,11 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
     header = reader.header
     config = header.config.replayed_as(unit.pcp_size, unit.cudagraph_mode)
     tracker, mirror, rec = BatchTracker(), RunnerMirror(), ReplayRecorder()
+    rec.where = Where(unit.path, unit.pcp_size, replay_args=_replay_args(header.config, config, stages))
+    if unit.start == 0:  # once per trace x PCP size, as a one-process replay lists them
+        rec.unavailable = [{"trace": unit.path, "pcp_size": config.pcp_size, "stage": u.stage,
+                            "capability": u.capability, "reason": u.reason}
+                           for u in api.unavailable(config)]
     shift = unit.start - 1 if unit.start else 0  # replayed index -> trace step
 
     def steps() -> Iterator[tuple[int, Step]]:
@@ -121,7 +131,18 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
     return UnitResult(unit, rec.steps.to_frame(), rec.findings.to_frame(), rec.contract,
                       rec.first_findings, rec.known_elided, rec.num_steps,
                       time.perf_counter() - started, api.version,
-                      f"{api.device} ({api.platform.mode})", worker_name())
+                      f"{api.device} ({api.platform.mode})", worker_name(), rec.classes,
+                      rec.unavailable)
+
+
+def _replay_args(own: Any, config: Any, stages: Sequence[str]) -> tuple[str, ...]:
+    """The `simrig replay` flags that reproduce a unit's replay (reproducer commands)."""
+    from simrig.observe import OPTIONAL_STAGES
+
+    flags = (("--pcp-sizes", str(config.pcp_size), config.pcp_size != own.pcp_size),
+             ("--cudagraph-mode", config.cudagraph_mode, config.cudagraph_mode != own.cudagraph_mode),
+             ("--stages", ",".join(stages), tuple(stages) != tuple(OPTIONAL_STAGES)))
+    return tuple(x for flag, value, differs in flags if differs for x in (flag, value))
 
 
 @dataclass
@@ -133,8 +154,10 @@ class MergedReplay:
 
 def merge_units(results: list[UnitResult], traces: Sequence[str], pcp_sizes: Sequence[int],
                 stages: Sequence[str], wall_s: float) -> ReplayResult:
-    """One ReplayResult as a one-process replay of the same traces would give."""
-    import pandas as pd
+    """One ReplayResult as a one-process replay of the same traces would give
+    (built by the same ``ReplayRecorder.result``: class table, reproducers,
+    known-finding explanations)."""
+    from simrig.distributed.merge import concat_frames, merge_tallies
 
     results = sorted(results, key=lambda r: r.unit.order)
     rec = ReplayRecorder()
@@ -150,21 +173,24 @@ def merge_units(results: list[UnitResult], traces: Sequence[str], pcp_sizes: Seq
         for finding in r.first_findings:
             if sum(f.known == finding.known for f in rec.first_findings) < FIRST_FINDINGS:
                 rec.first_findings.append(finding)
-    frames = [r.findings for r in results if len(r.findings)]
-    findings = pd.concat(frames, ignore_index=True) if frames else results[0].findings
-    findings = _recap_known(sort_rows(findings, ("trace", "pcp_size", "step", "stage", "rank",
-                                                 "kind", "check", "field", "req_ids", "message")),
-                            rec.known_elided)
-    frames = [r.steps for r in results if len(r.steps)]
-    steps = pd.concat(frames, ignore_index=True) if frames else results[0].steps
+        rec.unavailable += r.unavailable
+        rec.trace_lengths[r.unit.path] = max(rec.trace_lengths.get(r.unit.path, 0), r.unit.stop)
+    rec.classes = merge_tallies((r.classes, None) for r in results)
+    rec.num_steps, rec.replay_s = sum(r.num_steps for r in results), wall_s
     first = results[0] if results else None
-    return ReplayResult(
-        steps=sort_rows(steps, ("trace", "pcp_size", "step", "stage", "rank")),
-        findings=findings, contract=rec.contract_frame(),
-        first_findings=sorted(rec.first_findings, key=lambda f: f.known), traces=list(traces),
-        pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=sum(r.num_steps for r in results),
-        replay_s=wall_s, vllm_version=first.vllm_version if first else "",
-        device=first.device if first else "", known_elided=dict(rec.known_elided))
+    result = rec.result(list(traces), list(pcp_sizes), tuple(stages),
+                        vllm_version=first.vllm_version if first else "",
+                        device=first.device if first else "")
+    findings = concat_frames([r.findings for r in results])
+    if len(findings):
+        findings = _recap_known(sort_rows(findings, ("trace", "pcp_size", "step", "stage", "rank",
+                                                     "kind", "check", "field", "req_ids", "message")),
+                                result.known_elided)
+    steps = concat_frames([r.steps for r in results])
+    return dataclasses.replace(
+        result, findings=findings if len(findings) else result.findings,
+        steps=sort_rows(steps, ("trace", "pcp_size", "step", "stage", "rank")) if len(steps)
+        else result.steps)
 
 
 def _recap_known(findings: Any, elided: dict[str, int]) -> Any:
@@ -184,8 +210,10 @@ def _recap_known(findings: Any, elided: dict[str, int]) -> Any:
 def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
                    pcp_sizes: Sequence[int] | None, stages: tuple[str, ...],
                    segment_steps: int | None = None, progress: Any = None,
-                   cudagraph_mode: str | None = None) -> MergedReplay:
-    """Replay traces on Ray workers; the merged result of every unit."""
+                   cudagraph_mode: str | None = None,
+                   stop: Callable[[], bool] | None = None) -> MergedReplay:
+    """Replay traces on Ray workers; the merged result of every unit (of every
+    unit back before ``stop()`` turned true, the rest cancelled)."""
     from simrig.distributed.cluster import ray_session
     from simrig.replay import scan_trace
 
@@ -205,11 +233,16 @@ def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
         pending = [task.remote(u, stages) for u in sorted(units, key=lambda u: -u.num_steps)]
         done_steps = 0
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            result = ray.get(ready[0])
-            results.append(result)
-            done_steps += result.num_steps
-            if progress is not None:
+            if stop is not None and stop():
+                for ref in pending:
+                    ray.cancel(ref, force=True)
+                break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in ready:
+                result = ray.get(ref)
+                results.append(result)
+                done_steps += result.num_steps
+            if progress is not None and ready:
                 progress.update(done_steps, 0, 0)
     wall = time.perf_counter() - started
     merged = merge_units(results, [str(p) for p in paths], used, stages, wall)

@@ -1,0 +1,93 @@
+"""What a fuzz campaign is given and what it keeps: options, finding classes, counters.
+
+Plain data, shared by the one-process campaign (``simrig.campaign.fuzz``), its
+report writer (``simrig.campaign.report``) and the sharded driver
+(``simrig.distributed``), which ships these objects between Ray processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simrig.checks.findings import Finding
+from simrig.observe import OPTIONAL_STAGES
+from simrig.step import CUDAGRAPH_MODES, RunnerConfig, Step
+
+Key = tuple[str, str, str, str, bool]  # signature + loud rejection
+
+
+@dataclass
+class CampaignOptions:
+    budget_s: float | None = 60.0  # wall-clock seconds; None: none (max_examples bounds the run)
+    seed: int = 0
+    mode: str = "valid"
+    pcp_sizes: tuple[int, ...] = (1, 2)
+    # vLLM cudagraph modes to draw configs from (each step dispatched and padded
+    # by vLLM's own CudaGraphManager); the default covers all five.
+    cudagraph_modes: tuple[str, ...] = CUDAGRAPH_MODES
+    out_dir: Path = Path("reports/fuzz")
+    database: Any = Path(".cache/hypothesis")  # a folder, None, or a Hypothesis ExampleDatabase
+    max_examples: int | None = None  # stop after this many examples (never cut by the clock
+    # unless budget_s is also given)
+    save_regressions: bool = False
+    regressions_dir: Path = Path("traces/regressions")
+    replay_regressions: bool = True
+    stages: tuple[str, ...] = OPTIONAL_STAGES
+    extra_checks: Sequence[Any] = ()  # fn(index, step, obs) -> list[Finding]
+    violations: tuple[str, ...] | None = None  # adversarial violations (default: all)
+    steps_per_example: int = 20  # Hypothesis stateful_step_count
+    chunk_examples: int = 10  # examples per Hypothesis run
+    shrink_grace_s: float | None = None  # extra time to finish a shrink (default budget/4, <= 120 s;
+    # unbounded without a budget)
+    progress: str | None = None  # tty / plain / quiet (default: tty when stderr is one)
+    configs: Any = None  # strategy of RunnerConfig (default: small configs over pcp_sizes)
+    # fn(FindingClass): a class was first seen or got a smaller failing run. Sharded
+    # campaigns (simrig.distributed) stream each one to their driver as it happens.
+    on_class: Any = None
+
+
+@dataclass
+class FindingClass:
+    key: Key
+    first: Finding
+    count: int = 0
+    source: str = "campaign"  # "campaign" or the regression trace it came from
+    steps: list[Step] | None = None  # smallest failing run (campaign classes)
+    violations: dict[int, str] = field(default_factory=dict)
+    config: RunnerConfig | None = None
+    trace_path: str = ""
+    reproduced: bool | None = None
+
+    @property
+    def loud(self) -> bool:
+        return self.key[4]
+
+    @property
+    def failing(self) -> bool:
+        return not self.first.known and not self.loud
+
+    def size(self) -> tuple[int, int, int]:
+        steps = self.steps or []
+        return (len(steps), sum(len(s.num_scheduled_tokens) for s in steps),
+                sum(s.total_num_scheduled_tokens for s in steps))
+
+
+@dataclass
+class CampaignStats:
+    examples: int = 0
+    steps: int = 0
+    findings: int = 0  # finding occurrences (before dedupe)
+    loud_rejections: int = 0
+    violations_sent: int = 0
+    chunks: int = 0
+    regression_traces: int = 0
+    regression_steps: int = 0
+    elapsed_s: float = 0.0
+    stopped_by: str = "budget"
+    rig_errors: list[str] = field(default_factory=list)
+    # steps per configured cudagraph mode, and per mode vLLM's dispatch chose
+    steps_by_cudagraph_mode: dict[str, int] = field(default_factory=dict)
+    steps_by_dispatched_mode: dict[str, int] = field(default_factory=dict)
