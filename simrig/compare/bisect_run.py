@@ -7,7 +7,8 @@ Report (``--out``, default ``reports/bisect-<UTC time>``; staged and renamed int
 
     summary.json        class, mode, legs (first/last points, candidates, changed files), steps
     steps.csv/.parquet  one row per judged point: leg, point, verdict, reason, seconds, cached
-    changed_files.csv   the MRV2 files that differ between each leg's last old and first new point
+    changed_files.csv   the MRV2 files that differ between each leg's last old and first new point,
+                        with how many changed lines mention the class's field (listed first)
     leg-<n>.diff        their unified diff
     report.html         the same, self-contained
 """
@@ -103,6 +104,22 @@ def release_diff(a: bp.Point, b: bp.Point, paths: tuple[str, ...]) -> tuple[list
     return rows, "".join(chunks)
 
 
+def mentions(diff: str, name: str) -> dict[str, int]:
+    """Per changed file: how many of its changed lines mention ``name`` (the class's field)."""
+    out: dict[str, int] = {}
+    current = ""
+    leaf = name.rsplit(".", 1)[-1]
+    for line in diff.splitlines():
+        if line.startswith("+++ ") or line.startswith("--- "):
+            path = line[4:].split("\t")[0]
+            if path != "/dev/null":
+                current = path.split("/", 1)[1] if "/" in path else path
+            continue
+        if leaf and line[:1] in "+-" and leaf in line:
+            out[current] = out.get(current, 0) + 1
+    return out
+
+
 def run(trace: Path, key: ClassKey, legs: list[LegPlan], judge: bp.Judge, repo: Path | None,
         paths: tuple[str, ...]) -> dict[str, Any]:
     started = time.perf_counter()
@@ -112,12 +129,13 @@ def run(trace: Path, key: ClassKey, legs: list[LegPlan], judge: bp.Judge, repo: 
         labels = [p.label for p in leg.points]
 
         def test(i: int, leg: LegPlan = leg, n: int = n) -> Any:
-            verdict = judge(leg.points[i])
             p = leg.points[i]
+            again = any(s["ident"] == p.ident for s in steps)  # judged for another leg already
+            verdict = judge(p)
             steps.append({"leg": n, "direction": leg.direction, "point": p.label, "ident": p.ident,
                           "kind": p.kind, "subject": p.subject, "runs_on": p.base,
                           "verdict": verdict.verdict, "reason": verdict.reason,
-                          "seconds": round(verdict.seconds, 2), "cached": verdict.cached,
+                          "seconds": round(verdict.seconds, 2), "cached": verdict.cached or again,
                           "exit_status": verdict.detail.get("exit_status", -1),
                           "occurrences": verdict.detail.get("occurrences", 0)})
             return verdict
@@ -131,6 +149,9 @@ def run(trace: Path, key: ClassKey, legs: list[LegPlan], judge: bp.Judge, repo: 
                              gitrepo.diff(repo, old.ident, new.ident, paths))
         else:
             changed, diff = release_diff(old, new, paths)
+        hits = mentions(diff, key.field)
+        changed = sorted(({**row, "mentions_field": hits.get(row["path"], 0)} for row in changed),
+                         key=lambda r: (-r["mentions_field"], r["path"]))
         out_legs.append({
             "leg": n, "direction": leg.direction, "sentence": res.sentence(),
             "first_new": res.first_new, "first_new_ident": new.ident, "first_new_subject": new.subject,
@@ -166,13 +187,17 @@ def _history_fields(legs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def headline_lines(summary: dict[str, Any]) -> list[str]:
-    lines = [f"bisect {summary['class']} over {summary['mode']} ({len(summary['steps'])} judged, "
-             f"{sum(s['cached'] for s in summary['steps'])} cached, {summary['elapsed_s']:.0f} s)"]
+    lines = [f"bisect {summary['class']} over {summary['mode']} ({len(summary['steps'])} steps, "
+             f"{sum(not s['cached'] for s in summary['steps'])} replays, {summary['elapsed_s']:.0f} s)"]
     for leg in summary["legs"]:
         subject = f" \"{leg['first_new_subject']}\"" if leg["first_new_subject"] else ""
         lines.append(f"  {leg['sentence']}{subject}")
-        for row in leg["changed_files"][:20]:
-            lines.append(f"    {row['status']} {row['path']}")
+        field = summary["class"].split(":")[2]
+        for row in leg["changed_files"][:12]:
+            hits = f"  ({row['mentions_field']} changed line(s) mention {field})" if row["mentions_field"] else ""
+            lines.append(f"    {row['status']} {row['path']}{hits}")
+        if len(leg["changed_files"]) > 12:
+            lines.append(f"    ... {len(leg['changed_files']) - 12} more MRV2 file(s) in changed_files.csv")
         if not leg["changed_files"]:
             lines.append("    (no MRV2 file differs: the change is outside the overlaid paths)")
     for s in summary["steps"]:
@@ -187,7 +212,7 @@ def write_report(summary: dict[str, Any], out: Path) -> Path:
     try:
         steps = pd.DataFrame(summary["steps"])
         changed = pd.DataFrame([{"leg": leg["leg"], **row} for leg in summary["legs"]
-                                for row in leg["changed_files"]], columns=["leg", "status", "path"])
+                                for row in leg["changed_files"]], columns=["leg", "status", "path", "mentions_field"])
         for name, frame in (("steps", steps), ("changed_files", changed)):
             frame.to_parquet(tmp / f"{name}.parquet", index=False)
             frame.to_csv(tmp / f"{name}.csv", index=False)
