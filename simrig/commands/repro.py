@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-EPILOG = ("exit status: 0 the file was written (with --check: and it fails on that vLLM, i.e. it "
-          "reproduces the class); 1 with --check: the file passes on that vLLM (the class does not "
-          "show there); 2 bad input: a malformed class, a trace that does not exist or declares no "
+EPILOG = ("exit status: 0 the file was written (with --check: and the class shows on that vLLM: "
+          "the file fails there, or for a loud rejection it passes); 1 with --check: the class does "
+          "not show on that vLLM; 2 bad input: a malformed class, a trace that does not exist or declares no "
           "class, a report without the class, a kind or stage without a standalone property, an "
           "output file that cannot be written (one line on stderr)")
 
@@ -66,13 +66,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     status, tail = repro.run_pytest(side.python, out.resolve())
     where = f"vLLM {args.vllm}"
-    if status == 1:
-        print(f"check: FAILS on {where}: it reproduces {key.text}")
-        for line in tail.splitlines()[:1]:
-            print(f"  {line.removeprefix('E').strip()}")
-        return 0
-    if status == 0:
-        print(f"check: passes on {where}: {key.text} does not show there")
-        return 1
-    raise UsageError(f"--check: pytest could not run the file on {where} (exit {status}): "
-                     f"{tail.splitlines()[-1] if tail else ''}")
+    if status not in (0, 1):
+        raise UsageError(f"--check: pytest could not run the file on {where} (exit {status}): "
+                         f"{tail.splitlines()[-1] if tail else ''}")
+    loud = repro.class_literal(key, repro.read_trace(trace)[0])["expected_raise"]
+    shows = (status == 1) != loud  # a loud rejection shows when its test passes
+    verb = "passes" if status == 0 else "FAILS"
+    what = (f"it reproduces {key.text}" if shows and not loud else
+            f"the runner rejects the violation loudly ({key.text} shows)" if shows else
+            f"the violation is accepted silently ({key.text} does not show)" if loud else
+            f"{key.text} does not show there")
+    print(f"check: {verb} on {where}: {what}")
+    for line in tail.splitlines()[:1] if status == 1 else []:
+        print(f"  {line.removeprefix('E').strip()}")
+    return 0 if shows else 1

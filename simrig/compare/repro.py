@@ -198,6 +198,7 @@ def run_pytest(python: str, file: Path, timeout: float = 900, env: dict[str, str
     pytest plugin off and no project configuration (the file stands alone)."""
     import os
 
+    python = os.path.abspath(python) if os.sep in python else python  # it runs in the file's folder
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:simrig",
            "-c", os.devnull, "--rootdir", str(file.parent), str(file)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=file.parent,
