@@ -75,7 +75,7 @@ def test_bisect_names_the_introducing_and_the_fixing_commit_and_skips_the_broken
     assert c["c1"] not in set(steps["ident"])  # an inner docs-only commit: never run
     assert summary["legs"][0]["commits_in_range"] == 7 and summary["legs"][0]["points"] == 6
     assert introduced["changed_files"] == [{"status": "M", "path": "vllm/v1/worker/gpu/model_runner.py",
-                                           "mentions_field": 2}]
+                                           "mentions_field": 2, "with_dtype": 2}]
     diff = (out / "leg-0.diff").read_text()
     assert any(ln.startswith("-") and vllm_git_repo.REGRESSION_OLD in ln for ln in diff.splitlines())
     assert any(ln.startswith("+") and vllm_git_repo.REGRESSION_NEW in ln for ln in diff.splitlines())

@@ -8,7 +8,8 @@ Report (``--out``, default ``reports/bisect-<UTC time>``; staged and renamed int
     summary.json        class, mode, legs (first/last points, candidates, changed files), steps
     steps.csv/.parquet  one row per judged point: leg, point, verdict, reason, seconds, cached
     changed_files.csv   the MRV2 files that differ between each leg's last old and first new point,
-                        with how many changed lines mention the class's field (listed first)
+                        with how many changed lines mention the class's field, and of those how
+                        many name a dtype (files ranked by both)
     leg-<n>.diff        their unified diff
     report.html         the same, self-contained
 """
@@ -104,9 +105,13 @@ def release_diff(a: bp.Point, b: bp.Point, paths: tuple[str, ...]) -> tuple[list
     return rows, "".join(chunks)
 
 
-def mentions(diff: str, name: str) -> dict[str, int]:
-    """Per changed file: how many of its changed lines mention ``name`` (the class's field)."""
-    out: dict[str, int] = {}
+DTYPE_WORDS = ("dtype", "int32", "int64", "intp", "bool")
+
+
+def mentions(diff: str, name: str) -> dict[str, tuple[int, int]]:
+    """Per changed file: how many of its changed lines mention ``name`` (the class's field),
+    and how many of those also name a dtype."""
+    out: dict[str, tuple[int, int]] = {}
     current = ""
     leaf = name.rsplit(".", 1)[-1]
     for line in diff.splitlines():
@@ -116,7 +121,8 @@ def mentions(diff: str, name: str) -> dict[str, int]:
                 current = path.split("/", 1)[1] if "/" in path else path
             continue
         if leaf and line[:1] in "+-" and leaf in line:
-            out[current] = out.get(current, 0) + 1
+            n, typed = out.get(current, (0, 0))
+            out[current] = (n + 1, typed + any(w in line for w in DTYPE_WORDS))
     return out
 
 
@@ -150,8 +156,9 @@ def run(trace: Path, key: ClassKey, legs: list[LegPlan], judge: bp.Judge, repo: 
         else:
             changed, diff = release_diff(old, new, paths)
         hits = mentions(diff, key.field)
-        changed = sorted(({**row, "mentions_field": hits.get(row["path"], 0)} for row in changed),
-                         key=lambda r: (-r["mentions_field"], r["path"]))
+        changed = sorted(({**row, "mentions_field": hits.get(row["path"], (0, 0))[0],
+                           "with_dtype": hits.get(row["path"], (0, 0))[1]} for row in changed),
+                         key=lambda r: (-r["with_dtype"], -r["mentions_field"], r["path"]))
         out_legs.append({
             "leg": n, "direction": leg.direction, "sentence": res.sentence(),
             "first_new": res.first_new, "first_new_ident": new.ident, "first_new_subject": new.subject,
@@ -194,7 +201,8 @@ def headline_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"  {leg['sentence']}{subject}")
         field = summary["class"].split(":")[2]
         for row in leg["changed_files"][:12]:
-            hits = f"  ({row['mentions_field']} changed line(s) mention {field})" if row["mentions_field"] else ""
+            hits = (f"  ({row['mentions_field']} changed line(s) mention {field}, {row['with_dtype']} "
+                    "with a dtype)") if row["mentions_field"] else ""
             lines.append(f"    {row['status']} {row['path']}{hits}")
         if len(leg["changed_files"]) > 12:
             lines.append(f"    ... {len(leg['changed_files']) - 12} more MRV2 file(s) in changed_files.csv")
@@ -212,7 +220,7 @@ def write_report(summary: dict[str, Any], out: Path) -> Path:
     try:
         steps = pd.DataFrame(summary["steps"])
         changed = pd.DataFrame([{"leg": leg["leg"], **row} for leg in summary["legs"]
-                                for row in leg["changed_files"]], columns=["leg", "status", "path", "mentions_field"])
+                                for row in leg["changed_files"]], columns=["leg", "status", "path", "mentions_field", "with_dtype"])
         for name, frame in (("steps", steps), ("changed_files", changed)):
             frame.to_parquet(tmp / f"{name}.parquet", index=False)
             frame.to_csv(tmp / f"{name}.csv", index=False)
