@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 import vllm_git_repo
+
 from simrig.cli import main
 from simrig.compare import gitrepo
 from simrig.report.history import class_timeline, load_history

@@ -15,17 +15,7 @@ import pytest
 
 from simrig.cli import main
 from simrig.compare import gitrepo
-from simrig.compare.bisect import (
-    BAD,
-    FIXED,
-    GOOD,
-    INTRODUCED,
-    SKIP,
-    ClassKey,
-    EndpointError,
-    Verdict,
-    search,
-)
+from simrig.compare.bisect import BAD, FIXED, GOOD, INTRODUCED, SKIP, ClassKey, EndpointError, Verdict, search
 from simrig.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -71,7 +71,7 @@ class OverlayFinder(importlib.abc.MetaPathFinder):
     def covers(self, fullname: str) -> bool:
         return any(fullname == p or fullname.startswith(p + ".") for p in self.prefixes)
 
-    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 -- importlib's protocol
+    def find_spec(self, fullname, path=None, target=None):
         if not self.covers(fullname):
             return None
         rel = self.root.joinpath(*fullname.split("."))

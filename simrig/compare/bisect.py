@@ -26,6 +26,7 @@ the answer is ambiguous: the change is one of them or the first new point.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,7 +85,7 @@ class ClassKey:
         """Whether a class-table row (classes.csv) is this class, whatever its verdict."""
         def value(key: str) -> str:
             v = row.get(key, "")
-            return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+            return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
         return (value("kind") == self.kind and value("stage") == self.stage
                 and value("field") == self.field

@@ -57,7 +57,7 @@ class Point:
 
 def vllm_version_of(python: str) -> str:
     proc = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
@@ -200,7 +200,7 @@ class Judge:
                    "--quiet", "--out", str(out), "--stages", self.stages]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=envs.PROJECT,
-                                      timeout=self.timeout)
+                                      timeout=self.timeout, check=False)
             except subprocess.TimeoutExpired:
                 return Verdict(SKIP, f"timed out after {self.timeout:.0f} s",
                                time.perf_counter() - started, detail={"transient": True})

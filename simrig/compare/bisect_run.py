@@ -77,7 +77,7 @@ def plan_legs(goods: list[str], bad: str, repo: Path | None, base: str | None,
 
 def _site_root(python: str) -> Path:
     code = "import importlib.util, os; print(os.path.dirname(os.path.dirname(importlib.util.find_spec('vllm').origin)))"
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
     return Path(proc.stdout.strip())
 
 
@@ -115,7 +115,7 @@ def mentions(diff: str, name: str) -> dict[str, tuple[int, int]]:
     current = ""
     leaf = name.rsplit(".", 1)[-1]
     for line in diff.splitlines():
-        if line.startswith("+++ ") or line.startswith("--- "):
+        if line.startswith(("+++ ", "--- ")):
             path = line[4:].split("\t")[0]
             if path != "/dev/null":
                 current = path.split("/", 1)[1] if "/" in path else path

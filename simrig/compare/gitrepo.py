@@ -32,7 +32,7 @@ _TAG = re.compile(r"^v?(\d+\.\d+\.\d+)$")
 
 
 def git(repo: str | Path, *args: str, check: bool = True, binary: bool = False) -> str | bytes:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=not binary)
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=not binary, check=False)
     if check and proc.returncode != 0:
         err = proc.stderr if isinstance(proc.stderr, str) else proc.stderr.decode(errors="replace")
         raise RuntimeError(f"git {' '.join(args[:2])}: {err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
@@ -44,7 +44,7 @@ def check_repo(repo: str | Path, flag: str = "--repo") -> Path:
     if not path.is_dir():
         raise UsageError(f"{flag} {repo}: no such folder")
     proc = subprocess.run(["git", "-C", str(path), "rev-parse", "--git-dir"], capture_output=True,
-                          text=True)
+                          text=True, check=False)
     if proc.returncode != 0:
         raise UsageError(f"{flag} {repo}: not a git repository")
     return path.resolve()
@@ -52,7 +52,7 @@ def check_repo(repo: str | Path, flag: str = "--repo") -> Path:
 
 def resolve(repo: Path, rev: str, flag: str) -> str:
     proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet",
-                           f"{rev}^{{commit}}"], capture_output=True, text=True)
+                           f"{rev}^{{commit}}"], capture_output=True, text=True, check=False)
     if proc.returncode != 0 or not proc.stdout.strip():
         raise UsageError(f"{flag} {rev}: not a commit of {repo}")
     return proc.stdout.strip()
@@ -60,7 +60,7 @@ def resolve(repo: Path, rev: str, flag: str) -> str:
 
 def is_ancestor(repo: Path, a: str, b: str) -> bool:
     return subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", a, b],
-                          capture_output=True).returncode == 0
+                          capture_output=True, check=False).returncode == 0
 
 
 def commits_between(repo: Path, old: str, new: str) -> list[str]:
@@ -93,7 +93,7 @@ def touching(repo: Path, commits: list[str], paths: tuple[str, ...]) -> list[str
 
 def _object(repo: Path, commit: str, path: str) -> str:
     proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet",
-                           f"{commit}:{path}"], capture_output=True, text=True)
+                           f"{commit}:{path}"], capture_output=True, text=True, check=False)
     return proc.stdout.strip() if proc.returncode == 0 else "absent"
 
 
@@ -135,7 +135,7 @@ def materialize(repo: Path, commit: str, paths: tuple[str, ...], cache: Path) ->
 def nearest_release(repo: Path, commit: str) -> str | None:
     """'0.31.0' for a commit after tag v0.31.0 (None: no release tag reachable)."""
     proc = subprocess.run(["git", "-C", str(repo), "describe", "--tags", "--abbrev=0",
-                           "--match", "v[0-9]*.[0-9]*.[0-9]*", commit], capture_output=True, text=True)
+                           "--match", "v[0-9]*.[0-9]*.[0-9]*", commit], capture_output=True, text=True, check=False)
     match = _TAG.match(proc.stdout.strip()) if proc.returncode == 0 else None
     return match.group(1) if match else None
 

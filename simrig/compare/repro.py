@@ -202,7 +202,7 @@ def run_pytest(python: str, file: Path, timeout: float = 900, env: dict[str, str
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:simrig",
            "-c", os.devnull, "--rootdir", str(file.parent), str(file)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=file.parent,
-                          env=env)
+                          env=env, check=False)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     errors = [ln for ln in lines if re.match(r"^E\s+(AssertionError|Failed|\w+Error):", ln)]
     return proc.returncode, "\n".join(errors[:1] + lines[-3:])
