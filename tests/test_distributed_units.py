@@ -72,3 +72,27 @@ def test_unreachable_ray_address_is_one_line_exit_2_no_report(tmp_path, address)
 def test_workers_must_be_positive(tmp_path):
     done = _cli(["fuzz", "--workers", "0", "--out", str(tmp_path / "o")])
     assert done.returncode == 2 and "--workers" in done.stderr
+
+
+def test_merged_tallies_keep_true_counts_and_the_first_and_last_place():
+    from simrig.checks.findings import Finding
+    from simrig.distributed.merge import merge_tallies, prefixed
+    from simrig.report.classes import ClassTally, Where
+
+    def finding(step: int, req: str) -> Finding:
+        return Finding(kind="key_error", step=step, stage="gather", check="runner_errors",
+                       req_ids=(req,), exception_type="KeyError")
+
+    a, b = ClassTally(), ClassTally()
+    a.add(finding(3, "r1"), Where("example-0", example=0), count=2)
+    b.add(finding(1, "r2"), Where("example-0", example=0))
+    b.add(finding(9, "r3"), Where("example-5", example=5))
+    merged = merge_tallies([(a, prefixed("s0")), (b, prefixed("s1"))])
+    (stats,) = merged.classes.values()
+    assert stats.occurrences == 4
+    assert (stats.first[0].trace, stats.first[1]) == ("s0/example-0", 3)
+    assert (stats.last[0].trace, stats.last[1]) == ("s1/example-5", 9)
+    assert stats.req_ids == ["r1", "r2", "r3"]
+    assert sorted(stats.traces) == ["s0/example-0", "s1/example-0", "s1/example-5"]
+    row = merged.frame().iloc[0]
+    assert row.occurrences == 4 and row.first_trace == "s0/example-0"

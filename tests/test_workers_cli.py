@@ -197,3 +197,19 @@ def test_sharded_rig_error_and_signals_during_the_write(tmp_path, monkeypatch):
     rig = classes[classes.kind == "rig_error"]
     assert rig.exception_type.tolist() == ["ZeroDivisionError"] and rig.verdict.tolist() == ["new"]
     assert pd.read_csv(out / "shards.csv").status.tolist() == ["error"]
+
+
+@pytest.mark.vllm
+@pytest.mark.cluster
+def test_sharded_replay_stopped_at_once_gives_an_empty_result_not_a_crash():
+    """What Ctrl-C before any unit came back leaves: a result with no steps, whole tables."""
+    pytest.importorskip("ray", reason="the simrig[ray] extra is not installed")
+    from simrig.distributed.replay_shards import replay_sharded
+    from simrig.replay import expand_trace_paths
+
+    merged = replay_sharded(expand_trace_paths([REPO / "traces/samples"]), workers=1, address=None,
+                            pcp_sizes=None, stages=("gather",), stop=lambda: True)
+    result = merged.result
+    assert result.num_steps == 0 and merged.units == []
+    assert result.classes is not None and len(result.classes) == 0
+    assert "verdict" in result.classes.columns and result.exit_status == 0
