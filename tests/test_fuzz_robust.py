@@ -277,3 +277,39 @@ def test_the_same_seed_gives_the_same_campaign_on_a_slow_machine(tmp_path, monke
     pd.testing.assert_frame_equal(fast[1][columns], slow[1][columns])
     columns = ["kind", "stage", "field", "count", "verdict", "shrunk_steps", "reproduced"]
     pd.testing.assert_frame_equal(fast[2][columns], slow[2][columns])
+
+
+def test_regression_traces_are_checked_before_the_run_and_dot_files_skipped(tmp_path, capsys):
+    """A malformed regression trace is bad input (one line, exit 2, no report);
+    a TraceWriter's leftover `.tmp-*` file is not a regression trace at all."""
+    import argparse
+
+    from simrig.cli import build_parser, main
+    from simrig.commands.fuzz import options_from_args
+
+    regressions = tmp_path / "regressions"
+    regressions.mkdir()
+    (regressions / ".tmp-abc123ghost.jsonl").write_text('{"format": "simrig-trace", "vers')
+    args = build_parser().parse_args(["fuzz", "--regressions", str(regressions),
+                                      "--out", str(tmp_path / "o1")])
+    assert isinstance(args, argparse.Namespace)
+    options = options_from_args(args)  # the leftover is neither read nor refused
+    assert options.regressions_dir == regressions and options.budget_s == 60.0
+    (regressions / "broken.jsonl").write_text('{"format": "simrig-trace", "version": 1}\n{"step": 0,\n')
+    assert main(["fuzz", "--regressions", str(regressions), "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.jsonl:2" in err[0], err
+    assert not (tmp_path / "o2").exists()
+
+
+def test_max_examples_alone_means_no_budget_on_the_command_line(tmp_path):
+    from simrig.cli import build_parser
+    from simrig.commands.fuzz import options_from_args
+
+    def options(*argv: str) -> CampaignOptions:
+        return options_from_args(build_parser().parse_args(["fuzz", "--out", str(tmp_path / "o"),
+                                                            *argv]))
+
+    assert options("--max-examples", "5").budget_s is None
+    assert options("--max-examples", "5", "--budget", "9").budget_s == 9
+    assert options().budget_s == 60.0 and options().max_examples is None
