@@ -195,14 +195,7 @@ def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Se
     for item in api.unavailable(config):  # reported; every other stage still runs
         rec.unavailable.append({"trace": name, "pcp_size": config.pcp_size, "stage": item.stage,
                                 "capability": item.capability, "reason": item.reason})
-    args: tuple[str, ...] = ()
-    if config.pcp_size != header.config.pcp_size:
-        args += ("--pcp-sizes", str(config.pcp_size))
-    if config.cudagraph_mode != header.config.cudagraph_mode:
-        args += ("--cudagraph-mode", config.cudagraph_mode)
-    if tuple(stages) != tuple(obs.OPTIONAL_STAGES):
-        args += ("--stages", ",".join(stages))
-    rec.where = Where(name, config.pcp_size, replay_args=args)
+    rec.where = Where(name, config.pcp_size, replay_args=replay_args(header.config, config, stages))
     before = rec.num_steps
     if progress is not None:
         progress.begin(f"{name} pcp={config.pcp_size}")
@@ -216,6 +209,15 @@ def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Se
     finally:
         rec.replay_s += time.perf_counter() - start
         rec.trace_lengths[name] = rec.num_steps - before
+
+
+def replay_args(own: RunnerConfig, config: RunnerConfig, stages: Sequence[str]) -> tuple[str, ...]:
+    """The `simrig replay` flags that replay a trace whose header says ``own``
+    as ``config`` with ``stages`` (the reproducer command of a class)."""
+    flags = (("--pcp-sizes", str(config.pcp_size), config.pcp_size != own.pcp_size),
+             ("--cudagraph-mode", config.cudagraph_mode, config.cudagraph_mode != own.cudagraph_mode),
+             ("--stages", ",".join(stages), tuple(stages) != tuple(obs.OPTIONAL_STAGES)))
+    return tuple(x for flag, value, differs in flags if differs for x in (flag, value))
 
 
 class ReplayedStep(NamedTuple):

@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
                 sharded = replay_sharded(paths, workers=workers, address=args.ray,
                                          pcp_sizes=pcp_sizes, stages=stages,
                                          segment_steps=args.segment_steps, progress=progress,
-                                         cudagraph_mode=args.cudagraph_mode)
+                                         cudagraph_mode=args.cudagraph_mode,
+                                         stop=lambda: stop.requested)
                 result = sharded.result
             else:
                 recorder = ReplayRecorder()

@@ -94,7 +94,7 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
     header = reader.header
     config = header.config.replayed_as(unit.pcp_size, unit.cudagraph_mode)
     tracker, mirror, rec = BatchTracker(), RunnerMirror(), ReplayRecorder()
-    rec.where = Where(unit.path, unit.pcp_size, replay_args=_replay_args(header.config, config, stages))
+    rec.where = Where(unit.path, unit.pcp_size, replay_args=replay_args(header.config, config, stages))
     if unit.start == 0:  # once per trace x PCP size, as a one-process replay lists them
         rec.unavailable = [{"trace": unit.path, "pcp_size": config.pcp_size, "stage": u.stage,
                             "capability": u.capability, "reason": u.reason}
@@ -133,16 +133,6 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
                       time.perf_counter() - started, api.version,
                       f"{api.device} ({api.platform.mode})", worker_name(), rec.classes,
                       rec.unavailable)
-
-
-def _replay_args(own: Any, config: Any, stages: Sequence[str]) -> tuple[str, ...]:
-    """The `simrig replay` flags that reproduce a unit's replay (reproducer commands)."""
-    from simrig.observe import OPTIONAL_STAGES
-
-    flags = (("--pcp-sizes", str(config.pcp_size), config.pcp_size != own.pcp_size),
-             ("--cudagraph-mode", config.cudagraph_mode, config.cudagraph_mode != own.cudagraph_mode),
-             ("--stages", ",".join(stages), tuple(stages) != tuple(OPTIONAL_STAGES)))
-    return tuple(x for flag, value, differs in flags if differs for x in (flag, value))
 
 
 @dataclass

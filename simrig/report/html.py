@@ -142,6 +142,8 @@ def class_table(classes: pd.DataFrame, occurrences: pd.DataFrame) -> str:
         if c.evidence:
             why += f" — evidence: {c.evidence}"
         reproduce = f"<br><code>{e(c.reproduce)}</code>" if c.reproduce else ""
+        if getattr(c, "repro_pytest", ""):  # a pytest file for vLLM's own tests
+            reproduce += f"<br><span class='note'>pytest file for vLLM:</span> <code>{e(c.repro_pytest)}</code>"
         rows.append(
             f"<tr><td class='{e(c.verdict)}'>{e(c.verdict)}</td><td class='cls'><b>{e(c.signature)}</b>"
             f"<br><span class='note'>checks: {e(c.checks)}</span>{reproduce}</td>"
