@@ -85,7 +85,7 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
     """A Ray task: one unit through ``run_steps``; step numbers are the trace's own."""
     from simrig.adapters.runner import load
     from simrig.distributed.cluster import worker_name
-    from simrig.replay import BatchTracker, run_steps
+    from simrig.replay import BatchTracker, replay_args, run_steps
     from simrig.sources.live import RunnerMirror
     from simrig.sources.trace import TraceReader
 
