@@ -152,9 +152,11 @@ def test_decodes_replicated_or_sharded():
 def test_known_findings_file_for_0_33_0_is_valid_and_applies():
     known = load_known_findings("0.33.0")
     assert len(known) >= 3
-    f = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage="dummy", check="parity", field="logits_indices")
+    f = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage="dummy", check="parity", field="logits_indices",
+                   expected="torch int64", actual="torch int32")
     assert known.apply([f])[0].known
-    other = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage="prepare", check="contract", field="idx_mapping")
+    other = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage="prepare", check="contract", field="idx_mapping",
+                       expected="torch int64", actual="torch int32")
     assert not known.apply([other])[0].known
     assert len(load_known_findings("0.0.0-none")) == 0
 

@@ -64,6 +64,10 @@ def test_a_bad_range_names_the_entry_and_field(bad):
 def test_the_logits_indices_discrepancy_is_known_on_every_supported_release(version):
     known = load_known_findings(version)
     for stage, check in (("dummy", "parity"), ("dummy", "contract"), ("partition", "contract")):
-        f = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage=stage, check=check, field="logits_indices")
+        f = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage=stage, check=check, field="logits_indices",
+                       expected="torch int64", actual="torch int32")
         assert known.apply([f])[0].known_by.startswith("known-findings"), (version, stage, check)
+        other = fk.Finding(kind=fk.DTYPE_DRIFT, step=0, stage=stage, check=check, field="logits_indices",
+                           expected="torch int64", actual="torch int16")
+        assert not known.apply([other])[0].known, (version, stage, check)  # another dtype is new
     assert len(load_known_findings("0.29.0")) == 0  # no MRV2 before 0.30.0

@@ -54,6 +54,9 @@ class Checker:
         self.lifecycle = SchedulerContract(config, adversarial=adversarial)
         self.reference = ReferenceModel(config)
         self.drift = DriftTracker()
+        # the run configuration a known finding's ``when`` conditions read
+        self.context = {"pcp_size": config.pcp_size, "dcp_size": config.dcp_size,
+                        "num_speculative_tokens": config.num_speculative_tokens}
 
     def check(self, index: int, step: Step, observation: StepObs) -> list[Finding]:
         """Every check on one step. A check that raises becomes one ``rig_error``
@@ -78,7 +81,7 @@ class Checker:
         self._guard(findings, index, "reference", self.reference.advance, step)
         for f in findings:
             f.trace = self.trace
-        marked = self._guard(findings, index, "known", self.known.apply, findings)
+        marked = self._guard(findings, index, "known", self.known.apply, findings, self.context)
         return marked if marked is not None else findings
 
     def _guard(self, findings: list[Finding], index: int, check: str, fn: Callable[..., Any],

@@ -9,11 +9,23 @@ Committed JSON files ``reports/baselines/known-findings*.json``:
                    "explanation": "one line", "evidence": "file, function"}]}
 
 An entry without ``vllm`` applies to its file's ``vllm_version`` only. A
-finding whose (kind, stage, field, check) matches an entry applying to the
-installed release is marked ``known=True`` and ``known_by`` names the file and
-entry that explained it (``known-findings.json#0``): still reported, but
+finding matches an entry applying to the installed release when its (kind,
+stage, field, check) equal the entry's **and** it has the entry's precise
+signature (every optional key below that the entry gives):
+
+    "expected": "torch int64"     the finding's expected value, exactly
+    "actual":   "torch int32"     the finding's observed value, exactly (a dtype
+                                  drift to int16 in the same field is new)
+    "pattern":  "all_zero"        the value pattern the check named
+                                  (``finding.extra["pattern"]``, see semantics.py)
+    "when": {"pcp_size": ">=2"}   the run configurations it holds for (numeric
+                                  clauses on pcp_size, dcp_size, num_speculative_tokens)
+
+A matching finding is marked ``known=True`` and ``known_by`` names the file
+and entry that explained it (``known-findings.json#0``): still reported, but
 separated from new regressions. So a finding explained on 0.33.0 is not new
-on 0.32.0 when the entry's range covers 0.32.0.
+on 0.32.0 when the entry's range covers 0.32.0, and a *different* bug in the
+same field (another dtype, another wrong value, another configuration) is new.
 
 Which files are read: ``--known FILE`` (every command that judges findings;
 it sets ``SIMRIG_KNOWN``, so child processes and Ray workers read the same
@@ -39,7 +51,11 @@ BASELINE_DIR = Path(os.environ.get("SIMRIG_BASELINES",
                                    Path(__file__).resolve().parents[2] / "reports" / "baselines"))
 KNOWN_ENV = "SIMRIG_KNOWN"  # set by --known FILE
 KEY_FIELDS = ("kind", "stage", "field", "check")
+SIGNATURE_FIELDS = ("expected", "actual", "pattern")  # optional, exact strings
+WHEN_KEYS = ("pcp_size", "dcp_size", "num_speculative_tokens")  # run-config conditions
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\d+(?:\.\d+){0,2})\s*$")
+_NUM_CLAUSE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\d+)\s*$")
+_OPS = {">=": int.__ge__, "<=": int.__le__, "==": int.__eq__, ">": int.__gt__, "<": int.__lt__}
 
 
 def release_tuple(version: str) -> tuple[int, int, int]:
@@ -77,6 +93,10 @@ class KnownFinding:
     evidence: str = ""
     versions: str = ""  # a range such as ">=0.30.0,<=0.33.0"; "" = the file's release
     source: str = ""  # "known-findings.json#0": the file and entry
+    expected: str | None = None  # the precise signature (module docstring); None = any
+    actual: str | None = None
+    pattern: str | None = None
+    when: tuple[tuple[str, str, int], ...] = ()  # (config key, op, number)
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -85,22 +105,49 @@ class KnownFinding:
     def applies_to(self, version: str) -> bool:
         return in_range(version, self.versions) if self.versions else False
 
+    def fits(self, finding: Finding, context: dict[str, int] | None) -> bool:
+        """Whether ``finding`` (of this entry's key) has the entry's precise
+        signature, in a run configuration ``context`` the entry holds for."""
+        for name in ("expected", "actual"):
+            want = getattr(self, name)
+            if want is not None and getattr(finding, name) != want:
+                return False
+        if self.pattern is not None and finding.extra.get("pattern") != self.pattern:
+            return False
+        for key, op, bound in self.when:
+            have = (context or {}).get(key)
+            if have is None or not _OPS[op](int(have), bound):
+                return False
+        return True
+
 
 class KnownFindings:
     def __init__(self, entries: list[KnownFinding], vllm_version: str = "", path: str = ""):
         self.entries = entries
         self.vllm_version = vllm_version
         self.path = path
-        self._by_key: dict[tuple[str, str, str, str], KnownFinding] = {}
+        self._by_key: dict[tuple[str, str, str, str], list[KnownFinding]] = {}
         for e in entries:
-            self._by_key.setdefault(e.key, e)  # the first file/entry explains it
+            self._by_key.setdefault(e.key, []).append(e)  # file order: the first fitting explains
 
     def match(self, finding: Finding) -> KnownFinding | None:
-        return self._by_key.get((finding.kind, finding.stage, finding.field, finding.check))
+        """The first entry of the finding's (kind, stage, field, check): the
+        explanation of a class already judged known (reports look it up)."""
+        found = self._by_key.get((finding.kind, finding.stage, finding.field, finding.check))
+        return found[0] if found else None
 
-    def apply(self, findings: list[Finding]) -> list[Finding]:
+    def judge(self, finding: Finding, context: dict[str, int] | None = None) -> KnownFinding | None:
+        """The entry that explains ``finding`` precisely, or None (then it is new)."""
+        for entry in self._by_key.get((finding.kind, finding.stage, finding.field, finding.check), ()):
+            if entry.fits(finding, context):
+                return entry
+        return None
+
+    def apply(self, findings: list[Finding], context: dict[str, int] | None = None) -> list[Finding]:
+        """Mark every finding an entry explains precisely; ``context`` is the
+        run configuration (``pcp_size``, ...) that ``when`` conditions read."""
         for f in findings:
-            entry = self.match(f)
+            entry = self.judge(f, context)
             if entry is not None:
                 f.known = True
                 f.known_by = entry.source
@@ -143,10 +190,32 @@ def parse_known_findings(text: str, path: str) -> KnownFindings:
                 parse_range(versions)
             except ValueError as exc:
                 raise UsageError(f"{path}:1: findings[{i}].vllm: {exc}") from None
+        signature = {}
+        for key in SIGNATURE_FIELDS:
+            if key in raw and not isinstance(raw[key], str):
+                raise UsageError(f"{path}:1: findings[{i}].{key}: must be a string")
+            signature[key] = raw.get(key)
         entries.append(KnownFinding(raw["kind"], raw["stage"], raw["field"], raw["check"],
                                     raw["explanation"], str(raw.get("evidence", "")), versions,
-                                    f"{Path(path).name}#{i}"))
+                                    f"{Path(path).name}#{i}", **signature,
+                                    when=_parse_when(raw.get("when", {}), f"{path}:1: findings[{i}].when")))
     return KnownFindings(entries, file_version, path)
+
+
+def _parse_when(when: object, where: str) -> tuple[tuple[str, str, int], ...]:
+    """{"pcp_size": ">=2,<=4"} -> (("pcp_size", ">=", 2), ("pcp_size", "<=", 4))."""
+    if not isinstance(when, dict):
+        raise UsageError(f"{where}: must be an object such as {{\"pcp_size\": \">=2\"}}")
+    out = []
+    for key, spec in when.items():
+        if key not in WHEN_KEYS:
+            raise UsageError(f"{where}.{key}: unknown condition (use one of {', '.join(WHEN_KEYS)})")
+        for clause in str(spec).split(","):
+            m = _NUM_CLAUSE.match(clause)
+            if m is None or not isinstance(spec, str):
+                raise UsageError(f"{where}.{key}: bad clause {clause.strip()!r} (use e.g. '>=2')")
+            out.append((key, m.group(1), int(m.group(2))))
+    return tuple(out)
 
 
 def known_findings_files() -> tuple[Path, ...]:

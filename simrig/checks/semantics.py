@@ -45,6 +45,13 @@ def field_value(stage: StageObs, name: str) -> Any:
     return np.asarray(f.values) if f.kind in ("numpy", "torch") else f.values
 
 
+def value_pattern(values: Any) -> str:
+    """A name for a set of wrong values, so a known finding can say which wrong
+    values it explains: "all_zero" (every value 0), else "other"."""
+    arr = np.asarray(values)
+    return "all_zero" if arr.size and not arr.astype(np.int64).any() else "other"
+
+
 @guarded("semantics")
 def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
     """Findings for every relation of the module docstring ``stage`` breaks."""
@@ -85,8 +92,11 @@ def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
         positions = field_value(stage, "positions")
         if positions is not None and len(positions) >= int(q.sum()):
             expected = np.concatenate([start + np.arange(n) for start, n in zip(nc, q)] or [[]])
+            before = len(out)
             same("positions", expected, positions[: int(q.sum())],
                  "positions of a row are not num_computed_tokens .. num_computed_tokens + q - 1")
+            if len(out) > before:  # name the wrong values' pattern: known findings match on it
+                out[-1].extra["pattern"] = value_pattern(positions[: int(q.sum())])
     prefilling = field_value(stage, "is_prefilling_np")
     computed_prefill, prefill_len = (field_value(stage, "num_computed_prefill_tokens_np"),
                                      field_value(stage, "prefill_len_np"))

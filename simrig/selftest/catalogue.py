@@ -125,6 +125,13 @@ CATALOGUE: tuple[Mutant, ...] = (
            "all_token_ids=new_req_data.prompt_token_ids,",
            "a resumed request is re-added with its prompt only: the output tokens the scheduler "
            "re-sent (prefill_token_ids) are lost and its prefill length shrinks"),
+    # -- issue 19: fields with a new value expectation, and a known finding's precise signature --
+    Mutant("dummy-positions-batch-wide", _IB, "InputBatch.make_dummy",
+           "positions = input_buffers.positions[:num_tokens].zero_()",
+           "positions = input_buffers.positions[:num_tokens].copy_(\n"
+           "        torch.arange(num_tokens, device=device))",
+           "the dummy batch's positions count across the whole batch instead of restarting per "
+           "row: wrong in a different way from the documented zero fill, so it must be new"),
     Mutant("slot-order-fifo", _ST, "RequestState.add_request",
            "req_idx = self.free_indices.pop()",
            "req_idx = self.free_indices.pop(0)",
