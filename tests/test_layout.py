@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
 SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest", "commands",
-               "compare", "distributed")
+               "compare", "distributed", "coverage")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver, cli and the benchmark runner.
 CORE = {"__init__", "__main__", "bench", "cli", "errors", "harness", "interrupt", "observe",
@@ -71,6 +71,8 @@ def test_only_adapters_import_vllm():
     # imports the adapters (only side.py, which runs inside a side venv, does, lazily)
     ("compare", ("simrig.selftest", "simrig.commands", "simrig.campaign")),
     ("distributed", ("simrig.selftest", "simrig.commands", "vllm")),
+    ("coverage", ("vllm", "simrig.adapters", "simrig.campaign", "simrig.selftest",
+                  "simrig.distributed", "simrig.commands")),
 ])
 def test_subpackage_import_rules(package, forbidden):
     assert violations(SIMRIG / package, forbidden) == []

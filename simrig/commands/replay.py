@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
     add_output_flags(p, "replay")
+    from simrig.coverage.session import add_coverage_flags
+
+    add_coverage_flags(p, default=False)
     from simrig.distributed.cluster import add_distributed_arguments
 
     add_distributed_arguments(p, "replay trace x PCP size x segment units on N Ray workers")
@@ -82,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
         for size in pcp_sizes or [header.config.pcp_size]:
             _check_graph_config(header.config, size, args.cudagraph_mode, path)
 
+    from simrig.coverage.session import CoverageRun
+
+    coverage = CoverageRun.begin(args)  # a malformed reasons file: exit 2 before anything runs
     progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
     with StopRequests() as stop:
         try:
@@ -92,10 +98,16 @@ def run(args: argparse.Namespace) -> int:
                                          pcp_sizes=pcp_sizes, stages=stages,
                                          segment_steps=args.segment_steps, progress=progress,
                                          cudagraph_mode=args.cudagraph_mode,
-                                         stop=lambda: stop.requested)
+                                         stop=lambda: stop.requested, coverage=coverage.enabled)
                 result = sharded.result
+                for unit in sharded.units:
+                    coverage.add(unit.coverage)
             else:
                 recorder = ReplayRecorder()
+                from simrig.adapters.runner import load
+
+                load()  # vLLM's import is not measured: only what the replay reaches
+                coverage.start()
                 try:
                     result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages,
                                            progress=progress, cudagraph_mode=args.cudagraph_mode,
@@ -103,14 +115,15 @@ def run(args: argparse.Namespace) -> int:
                 except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is dropped
                     result = recorded_result(recorder, paths, pcp_sizes or [], stages)
         finally:
+            coverage.stop()
             progress.close()
         with stop.shield():  # a Ctrl-C now would cost the report: ignored until it is written
             return _report(args, started, paths, workers, sharded if workers is not None else None,
-                           result, out, interrupted=stop.requested)
+                           result, out, interrupted=stop.requested, coverage=coverage)
 
 
 def _report(args: argparse.Namespace, started: float, paths: list, workers: int | None,
-            sharded: Any, result: Any, out: Any, interrupted: bool) -> int:
+            sharded: Any, result: Any, out: Any, interrupted: bool, coverage: Any = None) -> int:
     from simrig.commands.common import emit_json, record_history
     from simrig.errors import EXIT_INTERRUPTED
     from simrig.report.classes import class_rows_for_print, verdict_counts, verdict_line
@@ -133,8 +146,14 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
                 + f"replayed {summary['steps']:,} steps from {len(paths)} trace(s) "
                 f"(pcp sizes {','.join(map(str, result.pcp_sizes))}) in {summary['elapsed_s']:.1f} s "
                 f"({summary['steps_per_s']:.1f} steps/s), vLLM {result.vllm_version} on {result.device}")
+    from simrig.coverage.session import coverage_line
+
+    cov_tables, cov_summary = coverage.report_parts() if coverage is not None else ({}, {})
+    summary.update(cov_summary)
+    if coverage is not None:
+        summary["exit_status"] = coverage.exit_status(summary["exit_status"], summary)
     report = write_report(out, result.steps, result.findings, result.contract, summary,
-                          classes=result.classes, headline=headline)
+                          classes=result.classes, headline=headline, extra_tables=cov_tables)
     summary["report"] = str(report)
     summary["classes"] = verdict_counts(result.classes)  # what write_report put in summary.json
     if not interrupted:  # a partial replay says nothing about the classes it did not reach
@@ -148,6 +167,8 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     for line in class_rows_for_print(result.classes):
         print(line)
     print(time_share_line(summary["time_share"]))
+    if coverage_line(summary):
+        print(coverage_line(summary))
     for item in summary.get("unavailable", []):
         print(f"  [unavailable] {item['trace']} pcp={item['pcp_size']}: {item['stage']} "
               f"({item['capability']}): {item['reason']}")

@@ -79,10 +79,12 @@ class UnitResult:
     worker: str = ""
     classes: ClassTally = field(default_factory=ClassTally)  # true occurrences, first/last place
     unavailable: list[dict[str, Any]] = field(default_factory=list)  # stages this release lacks
+    coverage: dict[str, set[tuple[int, int]]] | None = None  # arcs of vLLM's MRV2 code reached
 
 
-def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
-    """A Ray task: one unit through ``run_steps``; step numbers are the trace's own."""
+def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> UnitResult:
+    """A Ray task: one unit through ``run_steps``; step numbers are the trace's own.
+    ``coverage``: the arcs of vLLM's MRV2 code this unit reached come back with it."""
     from simrig.adapters.runner import load
     from simrig.distributed.cluster import worker_name
     from simrig.replay import BatchTracker, replay_args, run_steps
@@ -113,6 +115,12 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
                 yield -1, mirror.resync_step()
             yield line, step
 
+    collector = None
+    if coverage:
+        from simrig.coverage.collect import Collector
+
+        collector = Collector()
+        collector.start()
     started = time.perf_counter()
     try:
         for replayed in run_steps(header, steps(), name=unit.path, config=config, stages=stages,
@@ -127,12 +135,14 @@ def replay_unit(unit: Unit, stages: tuple[str, ...]) -> UnitResult:
             rec.record(unit.path, unit.pcp_size, replayed.line, replayed.step,
                        tracker.observe(replayed.step), observation, replayed.findings)
     finally:
+        if collector is not None:
+            collector.stop()
         reader.close()
     return UnitResult(unit, rec.steps.to_frame(), rec.findings.to_frame(), rec.contract,
                       rec.first_findings, rec.known_elided, rec.num_steps,
                       time.perf_counter() - started, api.version,
                       f"{api.device} ({api.platform.mode})", worker_name(), rec.classes,
-                      rec.unavailable)
+                      rec.unavailable, collector.data() if collector is not None else None)
 
 
 @dataclass
@@ -201,7 +211,7 @@ def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
                    pcp_sizes: Sequence[int] | None, stages: tuple[str, ...],
                    segment_steps: int | None = None, progress: Any = None,
                    cudagraph_mode: str | None = None,
-                   stop: Callable[[], bool] | None = None) -> MergedReplay:
+                   stop: Callable[[], bool] | None = None, coverage: bool = False) -> MergedReplay:
     """Replay traces on Ray workers; the merged result of every unit (of every
     unit back before ``stop()`` turned true, the rest cancelled)."""
     from simrig.distributed.cluster import ray_session
@@ -220,7 +230,7 @@ def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
     results: list[UnitResult] = []
     with ray_session(workers, address) as ray:
         task = ray.remote(num_cpus=1, max_retries=2)(replay_unit)
-        pending = [task.remote(u, stages) for u in sorted(units, key=lambda u: -u.num_steps)]
+        pending = [task.remote(u, stages, coverage) for u in sorted(units, key=lambda u: -u.num_steps)]
         done_steps = 0
         while pending:
             if stop is not None and stop():

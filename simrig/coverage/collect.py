@@ -1,0 +1,126 @@
+"""Collecting line and branch coverage of the installed vLLM's MRV2 code.
+
+The tracer is coverage.py's C tracer (``CTracer``), chosen by measurement
+(README, *Coverage*): with branch measurement on it costs a few percent per
+replayed step, because every frame outside the measured files is dismissed
+at its call event and MRV2's Triton kernels run in Triton's interpreter
+(whose own frames are outside the scope).
+
+What is measured is one folder of the installed vLLM, ``vllm/v1/worker/gpu/``
+(the runner, input batch, request states, PCP manager, block tables,
+cudagraph dispatch, DP/CP utilities), located with ``importlib.util.find_spec``
+so vLLM is never imported from here. Data leave a run as ``CoverageData``: a
+plain mapping ``{path relative to the vllm package's parent: set of arcs}``
+(an arc ``(a, b)`` is a jump from line a to b; coverage.py's convention,
+negative numbers for entry and exit), which pickles, merges by set union and
+does not depend on where vLLM is installed on a shard's machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+SCOPE = "vllm/v1/worker/gpu"
+
+Arc = tuple[int, int]
+CoverageData = dict[str, set[Arc]]
+
+
+def vllm_root() -> Path | None:
+    """The folder holding the ``vllm`` package (site-packages, or a checkout),
+    or None when vLLM is not installed. An overlay (simrig bisect) is not
+    followed: coverage is of the installed release."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+
+
+def scope_dir() -> Path | None:
+    root = vllm_root()
+    return None if root is None else root / SCOPE
+
+
+class Collector:
+    """One coverage.py session over the MRV2 folder; ``start``/``stop`` may
+    alternate (time outside them is not measured), ``data()`` is what was
+    reached so far."""
+
+    def __init__(self) -> None:
+        import coverage
+
+        root = vllm_root()
+        if root is None:
+            raise RuntimeError("vLLM is not installed: nothing to measure")
+        self.root = root
+        self._cov = coverage.Coverage(
+            data_file=None, branch=True, include=[str(root / SCOPE / "*")],
+            config_file=False, timid=False)
+        self.running = False
+
+    @property
+    def tracer(self) -> str:
+        return self._cov._collector.tracer_name() if self._cov._collector else "not started"
+
+    def start(self) -> None:
+        if not self.running:
+            self._cov.start()
+            self.running = True
+
+    def stop(self) -> None:
+        if self.running:
+            self._cov.stop()
+            self.running = False
+
+    def data(self) -> CoverageData:
+        """Arcs reached so far, keyed by path relative to vLLM's parent folder."""
+        raw = self._cov.get_data()
+        out: CoverageData = {}
+        for filename in raw.measured_files():
+            rel = _relative(filename, self.root)
+            if rel is None:
+                continue
+            arcs = raw.arcs(filename) or []
+            out.setdefault(rel, set()).update((int(a), int(b)) for a, b in arcs)
+        return out
+
+    def __enter__(self) -> Collector:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _relative(filename: str, root: Path) -> str | None:
+    try:
+        rel = Path(filename).resolve().relative_to(root)
+    except ValueError:
+        return None
+    rel_s = rel.as_posix()
+    return rel_s if rel_s.startswith(SCOPE + "/") and rel_s.endswith(".py") else None
+
+
+def merge(parts: Iterable[Mapping[str, Iterable[Arc]] | None]) -> CoverageData:
+    """The union of several runs' (shards', processes') data."""
+    out: CoverageData = {}
+    for part in parts:
+        for path, arcs in (part or {}).items():
+            out.setdefault(path, set()).update((int(a), int(b)) for a, b in arcs)
+    return out
+
+
+def to_jsonable(data: Mapping[str, Iterable[Arc]]) -> dict[str, list[list[int]]]:
+    return {path: sorted([int(a), int(b)] for a, b in arcs) for path, arcs in sorted(data.items())}
+
+
+def from_jsonable(raw: Mapping[str, Iterable[Iterable[int]]]) -> CoverageData:
+    return {str(path): {(int(a), int(b)) for a, b in arcs} for path, arcs in raw.items()}
+
+
+def enabled_by_env() -> bool:
+    """``SIMRIG_COVERAGE=1``: child processes and Ray workers collect too."""
+    return os.environ.get("SIMRIG_COVERAGE", "") not in ("", "0")
