@@ -249,9 +249,9 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
 
     Replay, shrinking, the self-test and the recorders' own verification all
     run a trace through here, so "reproduces" means the same everywhere. Loud
-    rejections are marked from the header's ``source.violation_steps``; an
-    adversarial trace that names none counts every KeyError (or input
-    violation) as a loud rejection. ``config`` overrides the header's (e.g.
+    rejections are those ``check_step`` marks: in an adversarial trace (or at a
+    header's ``source.violation_steps``), only a KeyError or input note in
+    lifecycle/gather naming an id the step's identity violation names. ``config`` overrides the header's (e.g.
     another PCP size). ``stop()`` true ends the loop before the next step:
     every step run so far is yielded, and the unread rest of the trace is
     not judged (no missing expectations).
@@ -260,7 +260,6 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     from simrig.checks import findings as fk
     from simrig.checks.checker import Checker, check_step
     from simrig.checks.expected import mark_expected, missing_expectations
-    from simrig.checks.lifecycle import LOUD_KINDS
     from simrig.harness import Harness, run_step_guarded
 
     config = config if config is not None else header.config
@@ -293,10 +292,6 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
             return
         found = check_step(checker, extra_checks, index, step, observation,
                            violations.get(index), name)
-        if header.adversarial and not violations:
-            for f in found:
-                if f.kind in LOUD_KINDS:
-                    f.extra["loud_rejection"] = True
         mark_expected(header.expect, found, met)
         if held is not None:
             yield held

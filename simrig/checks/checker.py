@@ -31,13 +31,15 @@ from simrig.checks import findings as fk
 from simrig.checks.contract import DriftTracker, check_contract
 from simrig.checks.findings import Finding
 from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
-from simrig.checks.lifecycle import DUPLICATE_NEW, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract
+from simrig.checks.lifecycle import (
+    DUPLICATE_NEW, IDENTITY_RULES, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract,
+)
 from simrig.checks.padding import check_capture, check_dispatch, descriptor
 from simrig.checks.parity import check_parity
 from simrig.checks.pcp import check_dcp_peers, check_pcp
 from simrig.checks.reference import ReferenceModel
 from simrig.checks.semantics import check_batch_semantics
-from simrig.observe import CAPTURE, DUMMY, GATHER, PARTITION, PREPARE, StepObs
+from simrig.observe import CAPTURE, DUMMY, GATHER, LIFECYCLE, PARTITION, PREPARE, StepObs
 from simrig.step import RunnerConfig, Step
 
 # An extra check a campaign or a test adds: (index, step, observation) -> findings.
@@ -54,6 +56,7 @@ class Checker:
         self.lifecycle = SchedulerContract(config, adversarial=adversarial)
         self.reference = ReferenceModel(config)
         self.drift = DriftTracker()
+        self.identity_ids: set[str] = set()  # ids the last step's identity violations name
         # the run configuration a known finding's ``when`` conditions read
         self.context = {"pcp_size": config.pcp_size, "dcp_size": config.dcp_size,
                         "num_speculative_tokens": config.num_speculative_tokens}
@@ -71,18 +74,33 @@ class Checker:
         self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
                     findings)
         self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
-        # A crashed lifecycle check leaves the contract state unknown: like a
-        # violated step, the semantic checks have no defined expectation.
-        violated = life is None or life.violated
-        desynced = self.lifecycle.desynced & set(step.num_scheduled_tokens)
-        if not violated and not desynced:
-            findings.extend(self._guard(findings, index, "semantic", self._semantic_checks,
-                                        index, step, observation) or [])
+        # A crashed lifecycle check leaves the contract state unknown: no
+        # semantic check has a defined expectation. Otherwise the requests a
+        # violation names (and those whose cursor it desynced) are set aside:
+        # every other request's values are still checked.
+        touched = self.touched_by(life, step)
+        self.identity_ids = _identity_ids(life)
+        if touched is not None:
+            semantic = self._guard(findings, index, "semantic", self._semantic_checks,
+                                   index, step, observation, frozenset(touched)) or []
+            if touched:  # a finding about a set-aside request, or about no request, is undefined
+                semantic = [f for f in semantic if f.kind == fk.RIG_ERROR
+                            or (f.req_ids and not set(f.req_ids) & touched)]
+            findings.extend(semantic)
         self._guard(findings, index, "reference", self.reference.advance, step)
         for f in findings:
             f.trace = self.trace
         marked = self._guard(findings, index, "known", self.known.apply, findings, self.context)
         return marked if marked is not None else findings
+
+    def touched_by(self, life: Any, step: Step) -> set[str] | None:
+        """The request ids whose expectations this step leaves undefined: those
+        a violation names, and scheduled ones whose cursor an earlier
+        violation desynced; None when the lifecycle check itself crashed."""
+        if life is None:
+            return None
+        touched = {r for v in life.violations for r in v.req_ids}
+        return touched | (self.lifecycle.desynced & set(step.num_scheduled_tokens))
 
     def _guard(self, findings: list[Finding], index: int, check: str, fn: Callable[..., Any],
                *args: Any) -> Any:
@@ -110,8 +128,9 @@ class Checker:
             found = check_batch_semantics(index, capture) + check_capture(index, self.config, capture)
             findings.extend(_label_capture(found, capture))
 
-    def _semantic_checks(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
-        out = self.reference.compare(index, step, obs)
+    def _semantic_checks(self, index: int, step: Step, obs: StepObs,
+                         skip: frozenset[str] = frozenset()) -> list[Finding]:
+        out = self.reference.compare(index, step, obs, skip)
         real, dummy = obs.get(PREPARE), obs.get(DUMMY)
         desc = descriptor(obs)
         partitions = obs.all(PARTITION)
@@ -161,13 +180,29 @@ def check_step(checker: Checker, extra_checks: Sequence[ExtraCheck], index: int,
     found += runner_error_findings(index, step, obs, found, trace)
     if violation is not None:
         found += silent_acceptance_finding(index, step, obs, violation, found, trace)
+    if violation is not None or checker.adversarial:
         for f in found:
-            if f.kind in LOUD_KINDS:
+            if is_rejection_of(f, checker.identity_ids):
                 f.extra["loud_rejection"] = True
-                f.extra["violation"] = violation
+                f.extra["violation"] = violation or f.field
     for f in found:
         f.trace = f.trace or trace
     return found
+
+
+def is_rejection_of(finding: Finding, bad_ids: set[str]) -> bool:
+    """Whether ``finding`` is the loud answer to an identity violation naming
+    ``bad_ids``: a KeyError (or the checker's note on the input) in lifecycle
+    or gather, the stages that must refuse it, naming one of those ids. Any
+    other finding of the step (another stage, another request) stays a finding."""
+    return (finding.kind in LOUD_KINDS and finding.stage in (LIFECYCLE, GATHER)
+            and bool(set(finding.req_ids) & bad_ids))
+
+
+def _identity_ids(life: Any) -> set[str]:
+    if life is None:
+        return set()
+    return {r for v in life.violations if v.rule in IDENTITY_RULES for r in v.req_ids}
 
 
 def is_loud_rejection(finding: Finding) -> bool:
@@ -195,8 +230,10 @@ def runner_error_findings(index: int, step: Step, obs: StepObs, reported: list[F
 @fk.guarded("machine")
 def silent_acceptance_finding(index: int, step: Step, obs: StepObs, violation: str,
                               reported: list[Finding], trace: str = "") -> list[Finding]:
-    """A violation no stage raised on, unless the checks already said so."""
-    if obs.errors or any(f.kind == fk.SILENT_ACCEPTANCE for f in reported):
+    """A violation neither lifecycle nor gather (the stages that must refuse
+    it) raised on, unless the checks already said so; an error in a later
+    stage is no rejection."""
+    if any(e.stage in (LIFECYCLE, GATHER) for e in obs.errors) or any(f.kind == fk.SILENT_ACCEPTANCE for f in reported):
         return []
     stage = "lifecycle" if violation in (UNKNOWN_CACHED, DUPLICATE_NEW) else "gather"
     return [Finding(kind=fk.SILENT_ACCEPTANCE, step=index, stage=stage, check="machine",
