@@ -65,6 +65,11 @@ class Campaign:
         self.idle = False  # IDLE_CHUNKS Hypothesis runs in a row sent no step
         self.report_summary: dict[str, Any] = {}  # summary.json as written (+ "report")
         self.class_table: Any = None
+        from simrig.coverage.session import CoverageRun
+
+        self.coverage = CoverageRun(options.coverage,
+                                    fail_on_unexplained=options.fail_on_unexplained_coverage)
+        self.unexplained_lines = 0  # set when the report is written
         self._start = 0.0
         self._chunk_failed = False
         self._progress: Any = None
@@ -197,6 +202,7 @@ class Campaign:
         o = self.options
         api = load()  # the one-off vLLM import (~15 s) is not part of the budget
         self.vllm_version, self.device = api.version, f"{api.device} ({api.platform.mode})"
+        self.coverage.start()  # after the import: only what the campaign reaches
         with StopRequests(on_first=self._interrupt, second_raises=False,
                           note="stopping; the report will hold everything found so far") as stop:
             self._start = time.perf_counter()
@@ -214,6 +220,7 @@ class Campaign:
                 self.rig_error(exc, "campaign")
                 self.rig_stopped = True
             with stop.shield():
+                self.coverage.stop()
                 self.stats.stopped_by = self._stopped_by()
                 self.stats.elapsed_s = round(self._elapsed(), 3)
                 self._progress.close()
@@ -347,7 +354,11 @@ class Campaign:
 
         if self.stats.rig_errors or any(c.key[0] == "rig_error" for c in self.classes.values()):
             return EXIT_RIG_ERROR
-        return EXIT_FINDINGS if any(c.failing for c in self.classes.values()) else EXIT_CLEAN
+        if any(c.failing for c in self.classes.values()):
+            return EXIT_FINDINGS
+        if self.options.fail_on_unexplained_coverage and self.unexplained_lines:
+            return EXIT_FINDINGS  # asked for: a never-reached line without a reason fails the run
+        return EXIT_CLEAN
 
     def summary(self) -> dict[str, Any]:
         st, o = self.stats, self.options

@@ -47,6 +47,10 @@ class CampaignOptions:
     # fn(FindingClass): a class was first seen or got a smaller failing run. Sharded
     # campaigns (simrig.distributed) stream each one to their driver as it happens.
     on_class: Any = None
+    # line and branch coverage of vLLM's MRV2 folder (simrig.coverage); unexplained
+    # never-reached lines fail the run (exit 1) only with fail_on_unexplained_coverage
+    coverage: bool = False
+    fail_on_unexplained_coverage: bool = False
 
 
 @dataclass

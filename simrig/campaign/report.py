@@ -56,12 +56,17 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
         shrunk.mkdir()
         _write_shrunk_traces(campaign, shrunk, confirm)
         tables = campaign.report_tables()
+        coverage = getattr(campaign, "coverage", None)
+        cov_tables, cov_summary = coverage.report_parts() if coverage is not None else ({}, {})
+        if cov_summary:
+            campaign.unexplained_lines = cov_summary["coverage"]["unexplained_lines"]
         summary = campaign.summary()
+        summary.update(cov_summary)
         summary["time_share"] = time_share(tables.steps, tables.busy_s)
         _choose_reproducers(campaign)
         classes = class_frame(campaign.tally.classes.values())
         write_report(report, tables.steps, campaign.findings_frame(), tables.contract, summary,
-                     extra_tables={"occurrences": tables.occurrences, **tables.extra},
+                     extra_tables={"occurrences": tables.occurrences, **tables.extra, **cov_tables},
                      title=tables.title, classes=classes, occurrences=tables.occurrences,
                      headline=headline(summary))
         written = json.loads((report / "summary.json").read_text())

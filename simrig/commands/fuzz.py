@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-regressions", action="store_true",
                    help="also copy each failing shrunk trace into the regressions folder")
     add_output_flags(p, "fuzz")
+    from simrig.coverage.session import add_coverage_flags
+
+    add_coverage_flags(p, default=False)
     from simrig.distributed.cluster import add_distributed_arguments
 
     add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
@@ -91,6 +94,7 @@ def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> t
 def options_from_args(args: argparse.Namespace):
     from simrig.campaign.fuzz import CampaignOptions
     from simrig.commands.common import progress_mode
+    from simrig.coverage.session import CoverageRun
     from simrig.errors import UsageError
     from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
@@ -128,7 +132,9 @@ def options_from_args(args: argparse.Namespace):
         max_examples=args.max_examples, save_regressions=args.save_regressions,
         regressions_dir=regressions, replay_regressions=not args.no_regressions,
         stages=parse_stages(args.stages), violations=violations,
-        steps_per_example=args.steps_per_example, progress=progress_mode(args))
+        steps_per_example=args.steps_per_example, progress=progress_mode(args),
+        coverage=CoverageRun.begin(args).enabled,  # a malformed reasons file: exit 2 here
+        fail_on_unexplained_coverage=args.fail_on_unexplained_coverage)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,5 +175,9 @@ def run(args: argparse.Namespace) -> int:
               f"{row.classes} classes{note}")
     if s.get("time_share"):
         print(time_share_line(s["time_share"]))
+    from simrig.coverage.session import coverage_line
+
+    if coverage_line(s):
+        print(coverage_line(s))
     print(f"report: {options.out_dir / 'report.html'}")
     return status

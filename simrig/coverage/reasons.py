@@ -8,7 +8,8 @@ holds one ``[[reason]]`` table per explained place::
     function = "GPUModelRunner.prepare_inputs"   # qualname, as the coverage tables print it
     match = "if self.use_pp"                     # optional: a line whose source contains this
     category = "feature-off"                      # needs-gpu, feature-off, trace-cannot-state,
-                                                  # dead-in-release, error-path, stand-in
+                                                  # dead-in-release, error-path, stand-in,
+                                                  # not-on-this-path, not-drawn
     reason = "pipeline parallel: the harness runs one PP rank"
 
 An entry with ``match`` explains the first matching line of the function
@@ -31,7 +32,7 @@ from simrig.errors import UsageError
 
 DEFAULT_FILE = Path(__file__).with_name("unreached.toml")
 CATEGORIES = ("needs-gpu", "feature-off", "trace-cannot-state", "dead-in-release", "error-path",
-              "stand-in", "not-on-this-path")
+              "stand-in", "not-on-this-path", "not-drawn")
 
 
 @dataclass(frozen=True)

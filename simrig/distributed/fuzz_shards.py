@@ -256,6 +256,7 @@ class ShardedCampaign:
         for name, spec in self.specs.items():
             state, result = shards.get(name), self.results.get(name)
             if result is not None:
+                merged.coverage.add(getattr(result, "coverage", None))  # union of the shards' arcs
                 stats = dict(dataclasses.asdict(result.stats), rig_errors=len(result.rig_errors))
                 st.rig_errors.extend(result.rig_errors)
                 tallies.append((result.tally, prefixed(name)))

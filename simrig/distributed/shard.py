@@ -113,6 +113,7 @@ class ShardResult:
     contract: Any
     rig_errors: list[str]
     tally: ClassTally  # the shard's class table (first/last place, true occurrences)
+    coverage: Any = None  # arcs of vLLM's MRV2 code the shard reached (options.coverage)
 
 
 def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: Any) -> ShardResult:
@@ -139,4 +140,5 @@ def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: 
         if column in frame.columns and len(frame):
             frame[column] = spec.name + "/" + frame[column].astype(str)
     return ShardResult(spec.name, campaign.worker, campaign.stats, result.steps, result.findings,
-                       result.contract, campaign.stats.rig_errors, campaign.tally)
+                       result.contract, campaign.stats.rig_errors, campaign.tally,
+                       campaign.coverage.data() if campaign.coverage.enabled else None)

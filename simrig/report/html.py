@@ -104,9 +104,11 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
             data = base64.b64encode(png).decode("ascii")
             parts.append(f"<h3>{e(caption)}</h3><img alt='{e(caption)}' "
                          f"src='data:image/png;base64,{data}'>")
+    if "coverage_functions" in extra_tables:
+        parts.append(coverage_section(summary.get("coverage") or {}, extra_tables))
     for name, frame in extra_tables.items():
-        if name == "occurrences":
-            continue  # shown under each class
+        if name == "occurrences" or name.startswith("coverage_"):
+            continue  # shown under each class / in the coverage section
         parts.append(f"<h2>{e(name)}</h2>" + table(frame, limit=HTML_ROWS))
     if not contract.empty:
         parts.append("<h2>Observed dtype contract</h2><details><summary>"
@@ -181,6 +183,39 @@ def _occurrences_of(c: Any, occurrences: pd.DataFrame) -> pd.DataFrame | None:
     if "verdict" in occurrences.columns:
         mask &= occurrences["verdict"].astype(str) == c.verdict
     return occurrences[mask]
+
+
+def coverage_section(cov: dict[str, Any], tables: dict[str, pd.DataFrame]) -> str:
+    """Where the run looked: per file, per driven function, and the source of every
+    never-reached line of a driven function with its reason (or none: unexplained)."""
+    e = html.escape
+
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.1f}%"
+
+    unexplained = int(cov.get("unexplained_lines", 0) or 0)
+    parts = ["<h2>Coverage of the MRV2 code</h2>",
+             f"<p class='banner {'bad' if unexplained else 'good'}'>"
+             f"{e(pct(cov.get('lines_pct')))} of lines ({cov.get('lines_reached', 0):,} of "
+             f"{cov.get('lines', 0):,}) and {e(pct(cov.get('branches_pct')))} of branches "
+             f"({cov.get('branches_reached', 0):,} of {cov.get('branches', 0):,}) in "
+             f"{cov.get('driven_functions', 0)} driven functions; {cov.get('unreached_lines', 0)} "
+             f"never-reached lines, {unexplained} without a reason (unexplained_coverage)</p>",
+             "<p class='note'>A function is driven when the run reached a line of it. Reasons come "
+             f"from {e(str(cov.get('reasons_file', '')))}; tracer: {e(str(cov.get('tracer', '')))}.</p>"]
+    unreached = tables.get("coverage_unreached")
+    if unreached is not None and len(unreached):
+        shown = unreached.sort_values(["explained", "file", "line"])
+        cols = ["file", "function", "line", "source", "reason", "category"]
+        parts.append(f"<h3>Never-reached lines of driven functions</h3><details{' open' if unexplained else ''}>"
+                     f"<summary>{len(unreached):,} lines ({unexplained} unexplained first)</summary>"
+                     + table(shown[cols], limit=HTML_ROWS) + "</details>")
+    parts.append("<h3>Per function</h3><details><summary>"
+                 f"{len(tables['coverage_functions']):,} driven functions</summary>"
+                 + table(tables["coverage_functions"], limit=HTML_ROWS) + "</details>")
+    if "coverage_files" in tables:
+        parts.append("<h3>Per file</h3>" + table(tables["coverage_files"], limit=HTML_ROWS))
+    return "\n".join(parts)
 
 
 def time_table(share: dict[str, Any]) -> str:
