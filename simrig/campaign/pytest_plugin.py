@@ -61,6 +61,46 @@ RUN_STAGES = ("gather", "dummy")  # simrig_run's default: identity + dtype contr
 FAILURES_DIR = Path(".simrig") / "failures"  # under the rootdir; SIMRIG_FAILURES overrides
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("simrig")
+    group.addoption("--simrig-coverage", metavar="DIR", default=None,
+                    help="collect line and branch coverage of the installed vLLM's MRV2 code "
+                         "(vllm/v1/worker/gpu) over the whole session and write its tables, "
+                         "summary.json and coverage.html to DIR")
+
+
+_COVERAGE_KEY = pytest.StashKey[Any]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    out = config.getoption("--simrig-coverage", default=None)
+    if not out:
+        return
+    from simrig.coverage.collect import Collector
+
+    try:
+        collector = Collector()
+    except RuntimeError as exc:  # vLLM not installed
+        raise pytest.UsageError(f"--simrig-coverage: {exc}") from None
+    collector.start()
+    config.stash[_COVERAGE_KEY] = (collector, out)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    entry = config.stash.get(_COVERAGE_KEY, None)
+    if entry is None:
+        return
+    collector, out = entry
+    collector.stop()
+    from simrig.coverage.session import coverage_line, write_coverage_dir
+
+    folder = write_coverage_dir(out, collector.data(), title="simrig coverage of a pytest session")
+    import json
+
+    summary = json.loads((Path(folder) / "summary.json").read_text())
+    print(f"\n{coverage_line(summary)}\nsimrig coverage: {Path(folder) / 'coverage.html'}")
+
+
 @pytest.fixture(scope="session")
 def simrig_api() -> Any:
     """The installed vLLM, loaded once per session (~15 s on first use)."""

@@ -1,0 +1,125 @@
+"""simrig.coverage without vLLM: the analysis of a hand-written source file, the
+reasons list (matching, blocks, malformed files) and merging."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from simrig.coverage.analysis import analyze
+from simrig.coverage.collect import from_jsonable, merge, to_jsonable
+from simrig.coverage.reasons import Reasons, load_reasons
+from simrig.errors import UsageError
+
+SOURCE = textwrap.dedent('''\
+    def choose(x):
+        """Docstring: not code."""
+        if x > 0:
+            y = 1
+        else:
+            y = 2
+            y += 1
+        return y
+
+
+    class Box:
+        def get(self, flag):
+            if flag:
+                return 1
+            return 0
+
+        def never(self):
+            return 5
+    ''')
+REL = "vllm/v1/worker/gpu/fake.py"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / REL
+    path.parent.mkdir(parents=True)
+    path.write_text(SOURCE)
+    return tmp_path
+
+
+# Arcs as coverage.py records them: choose(1) takes the if-branch; Box.get(True).
+REACHED = {REL: {(-1, 3), (3, 4), (4, 8), (8, -1), (-12, 13), (13, 14), (14, -12)}}
+NO_REASONS = Reasons([])
+
+
+def test_functions_lines_and_branches_of_a_hand_written_file(root):
+    t = analyze(REACHED, NO_REASONS, root=root)
+    fns = t.functions.set_index("function")
+    # Box.never was never entered: not a driven function, so not listed.
+    assert sorted(fns.index) == ["Box.get", "choose"]
+    # choose: statements 3,4,6,7,8 (docstring excluded); 3,4,8 reached; branch 3 -> 4 / 6.
+    assert fns.loc["choose", "lines"] == 5 and fns.loc["choose", "lines_reached"] == 3
+    assert fns.loc["choose", "branches"] == 2 and fns.loc["choose", "branches_reached"] == 1
+    assert fns.loc["Box.get", "unreached"] == 1
+    missing = t.unreached[t.unreached.function == "choose"]
+    assert list(missing.line) == [6, 7]
+    assert list(missing.source.str.strip()) == ["y = 2", "y += 1"]
+    assert not missing.explained.any()
+    assert t.summary()["unexplained_lines"] == 3
+
+
+def test_a_block_entry_explains_the_lines_under_its_line(root, tmp_path):
+    reasons_file = tmp_path / "r.toml"
+    reasons_file.write_text(textwrap.dedent(f'''\
+        [[reason]]
+        file = "{REL}"
+        function = "choose"
+        match = "else:"
+        category = "feature-off"
+        reason = "the else arm"
+
+        [[reason]]
+        file = "{REL}"
+        function = "Box.get"
+        category = "error-path"
+        reason = "whole function"
+        '''))
+    t = analyze(REACHED, load_reasons(reasons_file), root=root)
+    u = t.unreached.set_index(["function", "line"])
+    assert u.loc[("choose", 6), "reason"] == "the else arm"
+    assert u.loc[("choose", 7), "category"] == "feature-off"
+    assert u.loc[("Box.get", 15), "reason"] == "whole function"
+    assert t.summary()["unexplained_lines"] == 0
+
+
+def test_an_entry_for_another_function_explains_nothing(root, tmp_path):
+    reasons_file = tmp_path / "r.toml"
+    reasons_file.write_text(f'[[reason]]\nfile = "{REL}"\nfunction = "Box.never"\n'
+                            'category = "feature-off"\nreason = "x"\n')
+    t = analyze(REACHED, load_reasons(reasons_file), root=root)
+    assert t.summary()["unexplained_lines"] == 3
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[[reason]]\nfile = 'a'\n", "function: missing"),
+    ("[[reason]]\nfile='a'\nfunction='f'\nreason='r'\ncategory='because'\n", "category"),
+    ("[[reason]]\nfile='a'\nfunction='f'\nreason='r'\ncategory='feature-off'\nmatch=''\n", "match"),
+    ("[[reason]]\nfile='a'\nfunction='f'\nreason='r'\ncategory='feature-off'\nline=3\n", "unknown key"),
+    ("not toml [", "not TOML"),
+])
+def test_a_malformed_reasons_file_is_one_usage_error(tmp_path, text, problem):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=problem):
+        load_reasons(path)
+
+
+def test_the_shipped_reasons_list_parses_and_names_mrv2_files():
+    reasons = load_reasons()
+    assert len(reasons.entries) > 20
+    assert all(e.file.startswith("vllm/v1/worker/gpu/") for e in reasons.entries)
+
+
+def test_merge_is_the_union_and_survives_json():
+    a = {"f.py": {(1, 2), (2, 3)}}
+    b = {"f.py": {(2, 3), (3, -1)}, "g.py": {(-1, 1)}}
+    merged = merge([a, None, b])
+    assert merged == {"f.py": {(1, 2), (2, 3), (3, -1)}, "g.py": {(-1, 1)}}
+    assert from_jsonable(to_jsonable(merged)) == merged
