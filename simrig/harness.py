@@ -105,13 +105,17 @@ class Harness:
     def _lifecycle(self, step: Step, so: Any, result: obs.StepObs) -> bool:
         runner = self.runner
 
-        def apply() -> None:
+        def apply() -> dict[str, Any]:
             runner.finish_requests(so)
             runner.add_requests(so)
             runner.update_requests(so)
             self._write_drafts(step)
+            held = runner.req_states.req_id_to_index  # the runner's live set and slots (checks/fields.py)
+            ids = sorted(held)
+            return {"runner.live_ids": ids, "runner.live_slots": [held[r] for r in ids],
+                    "runner.free_slots": list(runner.req_states.free_indices)}
 
-        return self._timed(result, obs.LIFECYCLE, None, step, apply, observe=False) is not None
+        return self._timed(result, obs.LIFECYCLE, None, step, apply) is not None
 
     def _write_drafts(self, step: Step) -> None:
         """Drafter stand-in: draft j of a request at position n proposes position

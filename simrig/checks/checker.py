@@ -29,6 +29,7 @@ from typing import Any
 
 from simrig.checks import findings as fk
 from simrig.checks.contract import DriftTracker, check_contract
+from simrig.checks.fields import check_model_fields, check_runner_state
 from simrig.checks.findings import Finding
 from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
 from simrig.checks.lifecycle import (
@@ -69,6 +70,7 @@ class Checker:
                            index, step, observation)
         if life is not None:
             findings.extend(life.findings)
+            findings.extend(check_runner_state(index, self.config, observation, self.lifecycle.live))
         self._guard(findings, index, "contract", self._dtype_checks, index, step, observation,
                     findings)
         self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
@@ -138,11 +140,14 @@ class Checker:
             out.extend(check_batch_semantics(index, real))
         if real is not None and dummy is not None:
             out.extend(check_parity(index, real, dummy, desc, partitions or None))
+        for part in partitions:  # rank-local batches keep the same field meanings
+            out.extend(check_batch_semantics(index, part))
         if real is not None and partitions and self.config.pcp_size > 1:
             expected = self.reference.global_batch(step, self.reference.observed_order(obs))
             out.extend(check_pcp(index, self.config, real, partitions, expected, desc))
         out.extend(check_dcp_peers(index, obs))
         pred = self.reference.predict(step, self.reference.observed_order(obs))
+        out.extend(check_model_fields(index, self.config, step, obs, pred, skip))
         if pred is not None:
             as_decode = ~pred.is_prefilling | ((pred.num_scheduled - pred.num_drafts == 1)
                                                & (pred.num_computed > 0))

@@ -87,8 +87,10 @@ def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
     seq_lens = field_value(stage, "seq_lens")
     if nc is not None:
         nc = nc.astype(np.int64)[:num_reqs]
-        same("seq_lens", nc + q, None if seq_lens is None else seq_lens[:num_reqs],
-             "seq_lens != num_computed_tokens + num_scheduled_tokens")
+        # a row that schedules nothing (a PCP rank's placeholder row) is padding: seq_len 0
+        # (prepare_pos_seq_lens: "pad unused seq_lens as 0")
+        same("seq_lens", np.where(q > 0, nc + q, 0), None if seq_lens is None else seq_lens[:num_reqs],
+             "seq_lens != num_computed_tokens + num_scheduled_tokens (0 for a row without tokens)")
         positions = field_value(stage, "positions")
         if positions is not None and len(positions) >= int(q.sum()):
             expected = np.concatenate([start + np.arange(n) for start, n in zip(nc, q)] or [[]])
@@ -120,6 +122,7 @@ def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
     if drafts == 0 and idx is not None and expanded is not None:
         same("expanded_idx_mapping", idx[:num_reqs], expanded[:num_reqs],
              "without drafts, expanded_idx_mapping must equal idx_mapping")
+    _counts(index, stage, q, seq_lens, add)
     cu, logits = field_value(stage, "cu_num_logits"), field_value(stage, "logits_indices")
     if cu is not None and logits is not None and len(cu) > num_reqs:
         total = int(cu[num_reqs])
@@ -128,3 +131,40 @@ def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
             add("logits_indices", f"{total} rows in [0, {int(q.sum())})", logits,
                 "logits_indices must hold cu_num_logits[-1] rows inside the batch's tokens")
     return out
+
+
+def _counts(index: int, stage: StageObs, q: np.ndarray, seq_lens: Any, add: Any) -> None:
+    """The batch's scalar counts and per-logit positions against its own rows
+    (comments of ``InputBatch``: "number of tokens in the batch", "Sum of draft
+    tokens scheduled across requests", "[total_num_logits] position within
+    request for each logit", "CPU upper bound on seq_lens"). ``add`` appends."""
+    num_reqs = len(q)
+    scalar = {k: field_value(stage, k) for k in ("num_reqs", "num_tokens", "num_reqs_after_padding",
+                                                  "num_tokens_after_padding", "num_draft_tokens")}
+    ids = field_value(stage, "req_ids")
+    if scalar["num_reqs"] is not None and (scalar["num_reqs"] != num_reqs
+                                           or (ids is not None and len(ids) != num_reqs)):
+        add("num_reqs", num_reqs, scalar["num_reqs"], "num_reqs != rows of num_scheduled_tokens / req_ids")
+    if scalar["num_tokens"] is not None and scalar["num_tokens"] != int(q.sum()):
+        add("num_tokens", int(q.sum()), scalar["num_tokens"], "num_tokens != sum(num_scheduled_tokens)")
+    for padded, real in (("num_reqs_after_padding", num_reqs), ("num_tokens_after_padding", int(q.sum()))):
+        if scalar[padded] is not None and scalar[padded] < real:
+            add(padded, f">= {real}", scalar[padded], f"{padded} is below the batch's own count")
+    per_req = field_value(stage, "num_draft_tokens_per_req")
+    drafts = 0 if per_req is None else int(np.asarray(per_req)[:num_reqs].sum())
+    if scalar["num_draft_tokens"] is not None and scalar["num_draft_tokens"] != drafts:
+        add("num_draft_tokens", drafts, scalar["num_draft_tokens"],
+            "num_draft_tokens != sum(num_draft_tokens_per_req) (0 without them)")
+    bound = field_value(stage, "seq_lens_cpu_upper_bound")
+    if bound is not None and seq_lens is not None and len(bound) >= num_reqs and \
+            (bound[:num_reqs].astype(np.int64) < np.asarray(seq_lens)[:num_reqs].astype(np.int64)).any():
+        add("seq_lens_cpu_upper_bound", f">= {short(seq_lens[:num_reqs])}", bound[:num_reqs],
+            "seq_lens_cpu_upper_bound is below seq_lens")
+    cu, local = field_value(stage, "cu_num_logits"), field_value(stage, "expanded_local_pos")
+    if cu is not None and local is not None and len(cu) > num_reqs:
+        n = np.diff(np.asarray(cu)[: num_reqs + 1].astype(np.int64))
+        want = np.concatenate([np.arange(k) for k in n] or [np.zeros(0, dtype=np.int64)])
+        got = np.asarray(local)[: len(want)].astype(np.int64)
+        if len(local) < len(want) or not np.array_equal(got, want):
+            add("expanded_local_pos", want, got, "expanded_local_pos is not 0..n-1 within each "
+                                                 "request's logit rows (cu_num_logits)")

@@ -1,0 +1,143 @@
+"""Value expectations for the fields the reference model leaves out, each from its documented meaning.
+
+The reference model (reference.py) predicts the token- and row-shaped fields
+of gather and prepare. This module adds the fields whose meaning vLLM states
+in a comment but that were checked only against each other (or not at all),
+with the same model prediction (``BatchPrediction``, rows in the batch's
+observed order) and never vLLM's code:
+
+    field (stage)                        expectation                        source (vLLM 0.33.0)
+    ─────────────                        ───────────                        ────────────────────
+    prefill_runs_as_decode_np            row is prefilling and schedules    InputBatch.prefill_runs_as_decode_np:
+      (gather, prepare; PCP 1)           exactly one new prompt token       "prefilling rows that schedule one new
+                                         (drafts excluded) over existing    prompt token (excluding drafts) over
+                                         context (num_computed > 0); None   existing context and so compute exactly
+                                         iff no row is prefilling           like decodes. None if there are no prefills."
+    decode_graph_eligible                no prefill row, or only rows that  InputBatch.decode_graph_eligible: "No
+      (gather, prepare)                  run as decodes; under PCP no       prefills, or only prefill rows that run
+                                         prefill row runs as a decode       as decodes."; gather_batch_req_state:
+                                                                            "PCP partitions prefill rows."
+    num_tokens (gather)                  sum of scheduled tokens            BatchReqState.num_tokens: "May be less
+                                         (simrig never enables adaptive     than ... total_num_scheduled_tokens:
+                                         verification)                      adaptive verification trims ..."
+    num_draft_tokens_per_req (prepare)   the drafts scheduled for each      "[num_reqs] number of draft tokens
+                                         row, when any are                  scheduled for each request, if any."
+    num_draft_tokens (prepare)           their sum                          "Sum of draft tokens scheduled across
+                                                                            requests."
+    num_sampled / num_rejected           a row still in chunked prefill     no docstring: the rule chosen is the
+      (postprocess, per row)             after this step (num_computed + q  sampler's meaning: a chunk that ends
+                                         < prefill_len) samples and         before the prompt's end has no token to
+                                         rejects nothing; any other row     sample; otherwise 1 + k logits, of which
+                                         samples 1 + k - rejected and       the trace's rejected drafts are rejected
+                                         rejects the trace's rejected
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simrig.checks import findings as fk
+from simrig.checks.comparer import Comparer
+from simrig.checks.findings import Finding, guarded
+from simrig.observe import GATHER, POSTPROCESS, PREPARE, StepObs
+from simrig.step import RunnerConfig, Step
+
+
+def runs_as_decode(is_prefilling: np.ndarray, num_scheduled: np.ndarray, num_drafts: np.ndarray,
+                   num_computed: np.ndarray) -> np.ndarray:
+    """Rows that are prefilling and schedule one new prompt token over existing context."""
+    return is_prefilling & (num_scheduled - num_drafts == 1) & (num_computed > 0)
+
+
+def decode_graph_eligible(is_prefilling: np.ndarray, as_decode: np.ndarray | None) -> bool:
+    """No prefill row, or only prefill rows that run as decodes (``as_decode`` None: none do)."""
+    rows = is_prefilling if as_decode is None else is_prefilling & ~as_decode
+    return not bool(rows.any())
+
+
+@guarded("fields")
+def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepObs, pred: Any,
+                       skip: frozenset[str] = frozenset()) -> list[Finding]:
+    """Findings for the fields of the module docstring, against the model's ``pred``."""
+    out: list[Finding] = []
+    if pred is None:
+        return out
+    rows = pred.req_ids
+    prefilling = pred.is_prefilling
+    pcp = config.pcp_size > 1
+    as_decode = None if pcp else runs_as_decode(prefilling, pred.num_scheduled, pred.num_drafts,
+                                                pred.num_computed)
+    eligible = decode_graph_eligible(prefilling, as_decode)
+    for name in (GATHER, PREPARE):
+        stage = obs.get(name)
+        if stage is None or stage.error is not None or not stage.fields:
+            continue
+        cmp = Comparer(index, stage, out, skip)
+        if as_decode is not None and prefilling.any():
+            cmp.array("prefill_runs_as_decode_np", as_decode, rows)
+        if "decode_graph_eligible" in stage.fields:  # 0.30.0 has no such field
+            cmp.scalar("decode_graph_eligible", eligible)
+        if name == GATHER:
+            cmp.scalar("num_tokens", int(pred.num_scheduled.sum()))
+        else:
+            if pred.num_drafts.any():
+                cmp.array("num_draft_tokens_per_req", pred.num_drafts, rows)
+            cmp.scalar("num_draft_tokens", int(pred.num_drafts.sum()))
+    post = obs.get(POSTPROCESS)
+    if post is not None and post.error is None and post.fields:
+        chunked = pred.num_computed + pred.num_scheduled < pred.prefill_len
+        rejected = np.array([step.rejected.get(r, 0) for r in rows], dtype=np.int64)
+        sampled = np.where(chunked, 0, 1 + pred.num_drafts - rejected)
+        cmp = Comparer(index, post, out, skip)
+        n = len(rows)
+        for field, want in (("num_sampled", sampled), ("num_rejected", np.where(chunked, 0, rejected))):
+            f = post.fields.get(field)
+            if f is not None and f.kind in ("numpy", "torch"):
+                got = np.asarray(f.values)[:n]
+                if not np.array_equal(got.astype(np.int64), want.astype(np.int64)):
+                    bad = [r for r, a, b in zip(rows, got, want) if a != b and r not in skip]
+                    if bad:
+                        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS,
+                                           check="fields", req_ids=tuple(bad), field=field,
+                                           expected=str(want.tolist()), actual=str(got.tolist()),
+                                           message=f"{field} per row: a chunk that ends before the "
+                                                   "prompt's end samples nothing; otherwise 1 + drafts "
+                                                   "- rejected are sampled"))
+    for f in out:
+        if f.check == "reference":
+            f.check = "fields"
+    return out
+
+
+@guarded("runner_state")
+def check_runner_state(index: int, config: RunnerConfig, obs: StepObs, live: set[str]) -> list[Finding]:
+    """The runner's live set is the model's, and its free slots with the live
+    requests' slots are every slot once (``RequestState``: ``req_id_to_index``
+    holds the live requests, ``free_indices`` starts as ``range(max_num_reqs)``
+    and a removed request's slot is appended back)."""
+    stage = obs.get("lifecycle")
+    if stage is None or stage.error is not None or "runner.live_ids" not in stage.fields:
+        return []
+    out: list[Finding] = []
+
+    def add(field: str, expected: Any, actual: Any, ids: tuple[str, ...], msg: str) -> None:
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage="lifecycle", check="runner_state",
+                           req_ids=ids, field=field, expected=str(expected), actual=str(actual),
+                           message=msg))
+
+    held = [str(r) for r in stage.fields["runner.live_ids"].values]
+    if set(held) != live:
+        diff = tuple(sorted(set(held) ^ live))
+        add("runner.live_ids", sorted(live), sorted(held), diff,
+            "the runner holds a different set of requests than the scheduler left live")
+    slots = [int(s) for s in stage.fields["runner.live_slots"].values]
+    free = [int(s) for s in stage.fields["runner.free_slots"].values]
+    every = sorted(slots + free)
+    if every != list(range(config.max_num_reqs)):
+        dup = sorted({s for s in every if every.count(s) > 1})
+        add("runner.free_slots", f"live and free slots = each of 0..{config.max_num_reqs - 1} once",
+            f"live {sorted(slots)}, free {sorted(free)}", tuple(held),
+            "a slot is free twice, free while held, or lost" + (f" (twice: {dup})" if dup else ""))
+    return out
