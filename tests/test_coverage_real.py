@@ -114,3 +114,40 @@ def test_a_malformed_reasons_file_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "bad.toml: reason #0: function" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_history_shows_a_coverage_drop_and_simrig_coverage_the_branches_never_taken(
+        vllm_api, tmp_path, monkeypatch, capsys):
+    store = tmp_path / "history"
+    monkeypatch.setenv("SIMRIG_HISTORY", str(store))
+    line = _line_of(GRAPHS, "if mixed_mode == CUDAGraphMode.FULL:")
+    target = _line_of(GRAPHS, FULL_ONLY)
+    _replay(tmp_path, "full", "--cudagraph-mode", "FULL")  # same suite, then less of it
+    capsys.readouterr()
+    assert main(["coverage", "--json"]) == 0
+    only_full = json.loads(capsys.readouterr().out)
+    _replay(tmp_path, "piecewise", "--cudagraph-mode", "PIECEWISE")
+    capsys.readouterr()
+
+    def never(report: dict) -> set[tuple[int, int]]:
+        return {(r["line"], r["to_line"]) for r in report["never_reached"] if r["file"] == GRAPHS}
+
+    assert (line, target) not in never(only_full), "FULL took the branch into the request padding"
+    rows = pd.read_parquet(store / "coverage")
+    arc = rows[(rows.file == GRAPHS) & (rows.line == line) & (rows.to_line == target)]
+    # a tracked branch arc: taken by the FULL run, not by the PIECEWISE one
+    assert sorted(arc.reached.tolist()) == [False, True]
+    assert never(only_full), "other branches of the graph code stay untaken"
+    assert main(["coverage", "--json", "--since", "2999-01-01"]) == 2  # no run with coverage then
+    capsys.readouterr()
+    assert main(["history", "--json"]) == 0
+    history = json.loads(capsys.readouterr().out)
+    drops = history["coverage_drops"]
+    assert len(drops) == 1 and drops[0]["change_lines"] < 0, history["coverage"]
+    assert "COVERAGE DROP" not in (store / "history.html").read_text()  # page words it as a verdict
+    assert "Coverage of the MRV2 code over time" in (store / "history.html").read_text()
+    # Union over both runs: the FULL run still took the branch, so it is not "never reached".
+    assert main(["coverage", "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert (line, target) not in never(both)
+    assert both["versions"][0]["runs"] == 2

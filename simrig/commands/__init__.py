@@ -6,5 +6,5 @@ Each module defines ``register(subparsers)``, which adds its parser and sets
 
 # The order in which subcommands appear in ``simrig --help``.
 COMMAND_MODULES = ("demo", "replay", "fuzz", "record", "import_cmd", "contract",
-                   "bench", "selftest", "history", "doctor", "env", "compare",
+                   "bench", "selftest", "history", "coverage", "doctor", "env", "compare",
                    "bisect", "repro")

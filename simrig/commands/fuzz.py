@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
     from simrig.campaign.report import headline
     from simrig.commands.common import emit_json, record_history
+    from simrig.coverage.session import without_coverage_data
     from simrig.distributed.cluster import distributed_workers
     from simrig.report.classes import class_rows_for_print, verdict_line
     from simrig.report.timing import time_share_line
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     for text in campaign.stats.rig_errors:
         print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
     if args.json:
-        emit_json(s)
+        emit_json(without_coverage_data(s))
         return status
     print(headline(s))
     print(verdict_line(s.get("classes", {})) + f" — exit {status}")

@@ -79,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
               f"[{item['suite']}] {item['signature']}")
     for item in summary["still_new"][:10]:
         print(f"  NEW since {item['first_seen']}: [{item['suite']}] {item['signature']}")
+    for item in summary["coverage_drops"][:10]:
+        print(f"  COVERAGE DROP {item['created_utc']} ({item['run_id']}): [{item['suite']}] "
+              f"lines {item['change_lines']:+.2f} pts, branches {item['change_branches']:+.2f} pts")
     print(f"page: {out}")
     return 0
 

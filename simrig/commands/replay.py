@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, started: float, paths: list, workers: int | None,
             sharded: Any, result: Any, out: Any, interrupted: bool, coverage: Any = None) -> int:
     from simrig.commands.common import emit_json, record_history
+    from simrig.coverage.session import without_coverage_data
     from simrig.errors import EXIT_INTERRUPTED
     from simrig.report.classes import class_rows_for_print, verdict_counts, verdict_line
     from simrig.report.timing import time_share_line
@@ -159,7 +160,7 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     if not interrupted:  # a partial replay says nothing about the classes it did not reach
         record_history(summary, result.classes)
     if getattr(args, "json", False):
-        emit_json(summary)
+        emit_json(without_coverage_data(summary))
         return summary["exit_status"]
     print(headline)
     print(f"{verdict_line(summary['classes'])}; occurrences: {summary['new']} new, "

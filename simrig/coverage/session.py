@@ -147,3 +147,11 @@ def write_coverage_dir(out: str, data: CoverageData, title: str = "simrig covera
             + coverage_section(summary["coverage"], tables) + "</body></html>")
     (folder / "coverage.html").write_text(page, encoding="utf-8")
     return str(folder)
+
+
+def without_coverage_data(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary as ``--json`` prints it: the raw arcs stay in summary.json only."""
+    cov = summary.get("coverage")
+    if not isinstance(cov, dict) or "data" not in cov:
+        return summary
+    return {**summary, "coverage": {k: v for k, v in cov.items() if k != "data"}}

@@ -51,7 +51,13 @@ RUN_COLUMNS = {  # column -> dtype: a fixed schema, so every file reads as one d
     "examples": "float64", "examples_per_s": "float64", "mutants": "float64",
     "detected": "float64", "elapsed_s": "float64", "vllm_share": "float64",
     "classes": "int64", "new": "int64", "known": "int64", "expected": "int64",
-    "report": "string", "summary_json": "string"}
+    "report": "string", "summary_json": "string",
+    # coverage of vLLM's MRV2 code (runs with --coverage; NaN otherwise)
+    "coverage_lines_pct": "float64", "coverage_branches_pct": "float64",
+    "coverage_unexplained": "float64"}
+COVERAGE_COLUMNS = {  # coverage/<run_id>.parquet: one row per branch arc of a driven function
+    "run_id": "string", "vllm_version": "string", "file": "string", "function": "string",
+    "line": "int64", "to_line": "int64", "reached": "bool"}
 CLASS_COLUMNS = {
     "run_id": "string", "command": "string", "suite": "string", "created_utc": "string", "vllm_version": "string",
     "signature": "string", "kind": "string", "stage": "string", "field": "string",
@@ -75,6 +81,15 @@ def run_row(summary: dict[str, Any], counts: dict[str, int], run_id: str) -> dic
 
     share = summary.get("time_share") or {}
     command = str(summary.get("command", ""))
+    cov = summary.get("coverage") if isinstance(summary.get("coverage"), dict) else {}
+
+    def cov_num(key: str) -> float:
+        value = cov.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+
+    kept = dict(summary)
+    if cov and "data" in cov:  # the raw arcs go to coverage/<run_id>.parquet, not into every row
+        kept["coverage"] = {k: v for k, v in cov.items() if k != "data"}
     return {"run_id": run_id, "command": command, "suite": str(summary.get("suite") or command),
             "created_utc": str(summary.get("created_utc", "")),
             "vllm_version": str(summary.get("vllm_version", "")),
@@ -87,7 +102,9 @@ def run_row(summary: dict[str, Any], counts: dict[str, int], run_id: str) -> dic
             "classes": int(counts.get("classes", 0)), "new": int(counts.get("new", 0)),
             "known": int(counts.get("known", 0)), "expected": int(counts.get("expected", 0)),
             "report": str(summary.get("report", "")),
-            "summary_json": json.dumps(summary, sort_keys=True, default=str)}
+            "summary_json": json.dumps(kept, sort_keys=True, default=str),
+            "coverage_lines_pct": cov_num("lines_pct"), "coverage_branches_pct": cov_num("branches_pct"),
+            "coverage_unexplained": cov_num("unexplained_lines")}
 
 
 def _typed(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:
@@ -124,15 +141,73 @@ def append_run(root: str | Path, summary: dict[str, Any], classes: pd.DataFrame 
                            **{k: c.get(k, "") for k in ("signature", "kind", "stage", "field",
                                                         "exception_type", "verdict")},
                            "occurrences": int(c.get("occurrences", 0))})
-    # classes first: a run row is only written once its classes are there
+    # classes (and coverage) first: a run row is only written once they are there
     classes_file = root / "classes" / f"{run_id}.parquet"
     _write_atomic(_typed(class_rows, CLASS_COLUMNS), classes_file)
+    cov = summary.get("coverage") if isinstance(summary.get("coverage"), dict) else {}
+    if cov.get("data"):
+        _write_atomic(coverage_rows(cov["data"], run_id, run["vllm_version"]),
+                      root / "coverage" / f"{run_id}.parquet")
     try:
         _write_atomic(_typed([run], RUN_COLUMNS), root / "runs" / f"{run_id}.parquet")
     except BaseException:
         classes_file.unlink(missing_ok=True)  # no run row: the classes would only be an orphan
         raise
     return run_id
+
+
+def coverage_rows(data: dict[str, Any], run_id: str, vllm_version: str) -> pd.DataFrame:
+    """The branch arcs of the run's driven functions, reached or not (simrig coverage)."""
+    from simrig.coverage.analysis import analyze
+    from simrig.coverage.collect import from_jsonable
+    from simrig.coverage.reasons import Reasons
+
+    branches = analyze(from_jsonable(data), Reasons([])).branches
+    rows = branches.assign(run_id=run_id, vllm_version=vllm_version)
+    return rows.reindex(columns=list(COVERAGE_COLUMNS)).astype(COVERAGE_COLUMNS)
+
+
+def load_coverage(root: str | Path, runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run's branch rows (runs with a coverage file and a run row only)."""
+    listing = StoreListing()
+    frame = _read_all(Path(root) / "coverage", COVERAGE_COLUMNS, listing)
+    return frame[frame["run_id"].isin(set(runs["run_id"]))].reset_index(drop=True)
+
+
+def never_reached_branches(coverage: pd.DataFrame) -> pd.DataFrame:
+    """Per vLLM version: branch arcs (of functions some run drove) that no run reached,
+    with how many runs saw the branch's function driven."""
+    cols = ["vllm_version", "file", "function", "line", "to_line", "runs"]
+    if coverage.empty:
+        return pd.DataFrame(columns=cols)
+    keys = ["vllm_version", "file", "function", "line", "to_line"]
+    agg = coverage.groupby(keys, sort=True).agg(reached=("reached", "any"), runs=("run_id", "nunique"))
+    never = agg[~agg["reached"]].reset_index()
+    return never[cols]
+
+
+def coverage_trend(runs: pd.DataFrame) -> pd.DataFrame:
+    """Coverage per run that measured it, with the change against the previous
+    measured run of the same suite; a drop in lines or branches reached is
+    ``drop`` (shown like a new finding class)."""
+    cols = ["run_id", "suite", "created_utc", "vllm_version", "lines_pct", "branches_pct",
+            "unexplained", "change_lines", "change_branches", "verdict"]
+    if runs.empty or "coverage_lines_pct" not in runs:
+        return pd.DataFrame(columns=cols)
+    measured = runs[runs["coverage_lines_pct"].notna()]
+    rows, previous = [], {}
+    for r in measured.itertuples(index=False):
+        before = previous.get(r.suite)
+        dl = r.coverage_lines_pct - before[0] if before else float("nan")
+        db = r.coverage_branches_pct - before[1] if before else float("nan")
+        verdict = ("first" if before is None else
+                   "drop" if (dl < -1e-9 or db < -1e-9) else "same" if dl == 0 and db == 0 else "rise")
+        rows.append({"run_id": r.run_id, "suite": r.suite, "created_utc": r.created_utc,
+                     "vllm_version": r.vllm_version, "lines_pct": r.coverage_lines_pct,
+                     "branches_pct": r.coverage_branches_pct, "unexplained": r.coverage_unexplained,
+                     "change_lines": round(dl, 2), "change_branches": round(db, 2), "verdict": verdict})
+        previous[r.suite] = (r.coverage_lines_pct, r.coverage_branches_pct)
+    return pd.DataFrame(rows, columns=cols)
 
 
 @dataclass

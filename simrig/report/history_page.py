@@ -100,6 +100,17 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
                      "releases or commits found each class introduced (first bad; last good) and "
                      "fixed (first good; last bad)</p>"
                      + table(bisected.assign(bisected=bisected["bisected"].map(_short_time))))
+    from simrig.report.history import coverage_trend
+
+    cov = coverage_trend(runs)
+    if len(cov):
+        drops = int((cov["verdict"] == "drop").sum())
+        shown = cov.assign(verdict=cov["verdict"].map(lambda v: "new" if v == "drop" else v),
+                           created_utc=cov["created_utc"].map(_short_time))
+        parts.append("<h2>Coverage of the MRV2 code over time</h2>"
+                     f"<p class='banner {'bad' if drops else 'good'}'>{drops} coverage drop(s): a run "
+                     "that reached fewer lines or branches than the previous measured run of its "
+                     "suite (verdict <b>new</b> = drop)</p>" + table(shown))
     parts.append("<h2>Runs</h2><details open><summary>one row per run</summary>"
                  + table(trends.assign(created_utc=trends["created_utc"].map(_short_time)))
                  + "</details>")
@@ -140,8 +151,14 @@ def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]
     ``fixed``: classes a later replay of the same traces no longer shows;
     ``not_seen``: classes a later run of their suite merely did not hit;
     ``still_new``: new classes the latest run of their suite still shows."""
+    from simrig.report.history import coverage_trend
+
     timeline = class_timeline(runs, classes)
+    cov = coverage_trend(runs)
     return {"runs": int(len(runs)), "classes": int(len(timeline)),
+            "coverage": cov.to_dict("records"),
+            "coverage_drops": cov[cov["verdict"] == "drop"][
+                ["suite", "run_id", "created_utc", "change_lines", "change_branches"]].to_dict("records"),
             "bisected": bisect_results(runs).to_dict("records"),
             "fixed": timeline[timeline["fixed_since"] != ""][["suite", "signature", "fixed_since",
                                                               "fixed_since_run"]].to_dict("records"),
