@@ -126,6 +126,9 @@ def test_history_shows_a_coverage_drop_and_simrig_coverage_the_branches_never_ta
     capsys.readouterr()
     assert main(["coverage", "--json"]) == 0
     only_full = json.loads(capsys.readouterr().out)
+    import time
+
+    time.sleep(1.1)  # history orders runs by their created_utc second: keep FULL strictly first
     _replay(tmp_path, "piecewise", "--cudagraph-mode", "PIECEWISE")
     capsys.readouterr()
 
