@@ -113,7 +113,9 @@ def test_dispatch_rules_name_each_broken_promise():
     assert [f for f, _ in kinds(cg_mode="NONE", num_tokens=2, num_reqs=2, uniform_token_count=None)] \
         == ["cg_mode"]  # eager although the 4-token decode graph fits
     assert [f for f, _ in kinds(uniform_token_count=2, num_reqs=2)] == ["uniform_token_count"]
-    assert [f for f, _ in kinds(cg_mode="PIECEWISE", num_reqs=None, uniform_token_count=None)] == ["cg_mode"]
+    # PIECEWISE is never captured under FULL_DECODE_ONLY, and the decode batch fits a FULL graph
+    assert [f for f, _ in kinds(cg_mode="PIECEWISE", num_reqs=None, uniform_token_count=None)] == \
+        ["cg_mode", "cg_mode"]
     # a prefill batch may not replay a decode graph
     prefill = check_dispatch(1, config, dict(cg_mode="FULL", num_tokens=4, num_reqs=4, uniform_token_count=1,
                                              max_query_len=None), np.array([3]), np.array([True]),
@@ -210,3 +212,24 @@ def test_replay_under_another_cudagraph_mode(vllm_api, tmp_path, capsys):
                    str(tmp_path / "no"), "--quiet"])
     assert status == 2 and not (tmp_path / "no").exists()
     assert "FULL is refused with PCP" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pcp, shard", [(1, False), (2, False), (2, True)])
+def test_full_and_piecewise_decode_sent_to_piecewise_is_flagged(pcp, shard):
+    """CompilationConfig: FULL_AND_PIECEWISE runs "full cudagraph for decode batches": a
+    decode batch (under PCP: its largest rank-local batch) that fits a FULL decode graph
+    may not run PIECEWISE; a prefill batch may."""
+    from simrig.checks.padding import check_dispatch
+
+    config = RunnerConfig(max_num_reqs=4, max_num_batched_tokens=64, max_model_len=128,
+                          cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(4,), pcp_size=pcp,
+                          shard_decode_requests=shard)
+    q, decode = np.array([1, 1]), np.array([False, False])
+    piecewise = dict(cg_mode="PIECEWISE", num_tokens=4, num_reqs=None, uniform_token_count=None,
+                     max_query_len=None)
+    found = check_dispatch(1, config, piecewise, q, decode, np.array([True, True]))
+    assert [(f.field, f.expected, f.actual) for f in found] == [("cg_mode", "FULL", "PIECEWISE")]
+    full = dict(cg_mode="FULL", num_tokens=4, num_reqs=4, uniform_token_count=1, max_query_len=None)
+    assert check_dispatch(1, config, full, q, decode, np.array([True, True])) == []
+    prefill = check_dispatch(1, config, piecewise, np.array([3]), np.array([True]), np.array([False]))
+    assert prefill == []

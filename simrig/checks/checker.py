@@ -29,7 +29,7 @@ from typing import Any
 
 from simrig.checks import findings as fk
 from simrig.checks.contract import DriftTracker, check_contract
-from simrig.checks.fields import check_model_fields, check_runner_state
+from simrig.checks.fields import check_model_fields, check_runner_state, runs_as_decode
 from simrig.checks.findings import Finding
 from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
 from simrig.checks.lifecycle import (
@@ -60,7 +60,8 @@ class Checker:
         self.identity_ids: set[str] = set()  # ids the last step's identity violations name
         # the run configuration a known finding's ``when`` conditions read
         self.context = {"pcp_size": config.pcp_size, "dcp_size": config.dcp_size,
-                        "num_speculative_tokens": config.num_speculative_tokens}
+                        "num_speculative_tokens": config.num_speculative_tokens,
+                        "shard_decode_requests": int(bool(config.shard_decode_requests))}
 
     def check(self, index: int, step: Step, observation: StepObs) -> list[Finding]:
         """Every check on one step. A check that raises becomes one ``rig_error``
@@ -149,8 +150,12 @@ class Checker:
         pred = self.reference.predict(step, self.reference.observed_order(obs))
         out.extend(check_model_fields(index, self.config, step, obs, pred, skip))
         if pred is not None:
-            as_decode = ~pred.is_prefilling | ((pred.num_scheduled - pred.num_drafts == 1)
-                                               & (pred.num_computed > 0))
+            # rows that run as decodes: decodes, and (without PCP, which partitions
+            # prefill rows) prefills of one new token over context (fields.runs_as_decode)
+            as_decode = ~pred.is_prefilling
+            if self.config.pcp_size == 1:
+                as_decode = as_decode | runs_as_decode(pred.is_prefilling, pred.num_scheduled,
+                                                       pred.num_drafts, pred.num_computed)
             out.extend(check_dispatch(index, self.config, desc, pred.num_scheduled,
                                       pred.is_prefilling, as_decode, tuple(pred.req_ids)))
         return out

@@ -22,6 +22,11 @@ modes, never to vLLM's candidate lists:
     NO NEEDLESS EAGER: a batch that fits a      the same: every batch up to the largest capture
       captured graph replays one                 size has a graph (mixed modes), every decode
                                                  batch a FULL one (separate-routine modes)
+    DECODES RUN FULL: under FULL_DECODE_ONLY /  "FULL_AND_PIECEWISE: full cudagraph for decode
+      FULL_AND_PIECEWISE a decode batch (PCP     batches and piecewise cudagraph for prefill and
+      too: its largest rank-local batch) that    mixed prefill-decode batches": a decode batch
+      fits a FULL decode graph is not sent to    that fits a FULL graph is never PIECEWISE
+      PIECEWISE
     SMALLEST FIT: padded to the smallest        CudaGraphManager.dispatch: "Find matching
       captured size of its kind that holds it    cudagraph descriptor from priority-ordered
       (uniform decode graphs: sizes rounded up   candidates" (padding beyond it is wasted work);
@@ -135,16 +140,21 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
         add("cg_mode", "a decode graph (uniform or varlen)", "an unbounded FULL graph",
             f"{config.cudagraph_mode} runs FULL graphs for decode batches only")
     sizes = config.graph_capture_sizes
+    # a decode batch: every row runs as a decode (PCP included: a rank-local decode
+    # batch is replicated or sharded decode rows, "tokens" is the largest rank's)
+    dql = config.decode_query_len
+    pure_decode = not has_prefill or decodes_only
+    fits_decode = bool(sizes) and separate and pure_decode and bool(
+        any(t >= tokens for t, _ in graph_sizes(config, "varlen"))
+        if config.varlen_decode and int(q.max()) <= dql else
+        (q == dql).all() and any(t >= tokens for t, _ in graph_sizes(config, "uniform", dql)))
+    if fits_decode and mode == "PIECEWISE":
+        add("cg_mode", "FULL", mode, f"{config.cudagraph_mode}: a decode batch of {tokens} tokens "
+            "fits a FULL decode graph but ran PIECEWISE")
     if mode == "NONE" and sizes:
-        dql = config.decode_query_len
-        pure_decode = not has_prefill and config.pcp_size == 1
         fits_mixed = config.cudagraph_mode in MIXED_GRAPH_MODES and tokens <= max(sizes)
-        fits_decode = separate and pure_decode and (
-            any(t >= tokens for t, _ in graph_sizes(config, "varlen"))
-            if config.varlen_decode and int(q.max()) <= dql else
-            (q == dql).all() and any(t >= tokens for t, _ in graph_sizes(config, "uniform", dql)))
         if fits_mixed or fits_decode:
-            add("cg_mode", "a captured graph", "NONE",
+            add("cg_mode", "a captured graph" if fits_mixed else "a FULL decode graph", "NONE",
                 f"a batch of {tokens} tokens fits a captured graph but ran eager")
     elif mode != "NONE":
         kind = "uniform" if u is not None else "varlen" if mql is not None else "mixed"
