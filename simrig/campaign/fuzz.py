@@ -70,6 +70,9 @@ class Campaign:
         self.coverage = CoverageRun(options.coverage,
                                     fail_on_unexplained=options.fail_on_unexplained_coverage)
         self.unexplained_lines = 0  # set when the report is written
+        self.coverage_timeline: list[dict[str, Any]] = []  # per example: cumulative MRV2 arcs
+        self._seen_arcs: set[tuple[str, int, int]] = set()
+        self.corpus_kept = self.corpus_replayed = 0
         self._start = 0.0
         self._chunk_failed = False
         self._progress: Any = None
@@ -181,6 +184,48 @@ class Campaign:
     def _on_teardown(self, machine: Any) -> None:
         if machine.steps:
             self.stats.examples += 1
+            if self.coverage.collector is not None:
+                self._coverage_example(machine)
+
+    def _coverage_example(self, machine: Any) -> None:
+        """The arcs this example reached: the coverage timeline; with steering,
+        Hypothesis' target() on their number, and the example kept in the corpus
+        when it reached an arc no earlier example did."""
+        fresh = self.coverage.collector.take()
+        arcs = {(path, a, b) for path, pairs in fresh.items() for a, b in pairs}
+        new = arcs - self._seen_arcs
+        self._seen_arcs |= arcs
+        self.coverage_timeline.append({"example": self.stats.examples, "elapsed_s": round(self._elapsed(), 3),
+                                       "steps": self.stats.steps, "arcs_in_example": len(arcs),
+                                       "new_arcs": len(new), "arcs_total": len(self._seen_arcs)})
+        if not self.options.steer:
+            return
+        from hypothesis import target
+
+        target(float(len(arcs)), label="MRV2 arcs reached by the example")
+        if new and self.options.corpus_dir is not None:
+            self._keep(machine, len(new))
+
+    def _keep(self, machine: Any, new: int) -> None:
+        import hashlib
+
+        from simrig.sources.trace import TraceHeader, write_trace
+
+        folder = Path(self.options.corpus_dir)
+        header = TraceHeader(config=machine.config, adversarial=self.options.mode == "adversarial",
+                             source={"kind": "generated", "corpus": "coverage", "new_arcs": new,
+                                     "violation_steps": {str(k): v for k, v in machine.violations.items()},
+                                     "description": "a fuzz example that reached MRV2 arcs no earlier "
+                                                    "example of its campaign had (simrig fuzz --steer)"})
+        text = repr((machine.config, machine.steps)).encode()
+        path = folder / f"{self.options.mode}-{hashlib.sha1(text).hexdigest()[:12]}.jsonl"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                write_trace(path, header, list(machine.steps))
+                self.corpus_kept += 1
+        except OSError:
+            pass  # a corpus that cannot be written costs its examples only
 
     def _tick(self) -> None:
         if self._progress is not None:
@@ -211,6 +256,9 @@ class Campaign:
                 if o.replay_regressions:
                     self._progress.begin("regressions")
                     self.replay_regressions()
+                if o.steer and o.corpus_dir is not None and Path(o.corpus_dir).is_dir():
+                    self._progress.begin("coverage corpus")
+                    self.replay_corpus()
                 self._progress.begin("campaign")
                 self.explore()
             except (UsageError, TraceError):
@@ -249,6 +297,38 @@ class Campaign:
                     self._notify(cls)
                 cls.count += 1
                 self.tolerated.add(key)  # already has a minimal trace: do not shrink it again
+
+    def replay_corpus(self) -> None:
+        """Examples earlier steered campaigns kept for reaching new arcs, first
+        (their findings count as the campaign's; their arcs are reached at once)."""
+        from simrig.sources.trace import TraceError, trace_files_in
+
+        for path in trace_files_in(Path(self.options.corpus_dir)):
+            if self.interrupted:
+                return
+            if not path.name.startswith(f"{self.options.mode}-"):
+                continue
+            try:
+                found, num_steps = replay_with_checks(path, self.options.extra_checks, self.options.stages,
+                                                      stop=lambda: self.interrupted)
+            except (TraceError, ValueError):
+                continue  # a corpus file this release or format cannot take: skipped
+            self.corpus_replayed += 1
+            self.stats.regression_steps += num_steps
+            where = Where(str(path), elapsed_s=self._elapsed())
+            for f in found:
+                self.tally.add(f, where)
+                key = class_key(f)
+                cls = self.classes.get(key)
+                if cls is None:
+                    cls = self.classes[key] = FindingClass(key, f, source=str(path),
+                                                           trace_path=str(path), reproduced=True)
+                    self._notify(cls)
+                cls.count += 1
+                self.tolerated.add(key)
+        if self.coverage.collector is not None:
+            fresh = self.coverage.collector.take()
+            self._seen_arcs |= {(p, a, b) for p, pairs in fresh.items() for a, b in pairs}
 
     def explore(self) -> None:
         from hypothesis import HealthCheck, Phase, Verbosity, settings
@@ -386,6 +466,9 @@ class Campaign:
             "findings_by_kind": dict(sorted(by_kind.items())),
             "regression_traces": st.regression_traces, "regression_steps": st.regression_steps,
             "rig_errors": len(st.rig_errors), "exit_status": self.exit_status(),
+            **({"steer": o.steer, "corpus_kept": self.corpus_kept, "corpus_replayed": self.corpus_replayed,
+                "coverage_arcs": len(self._seen_arcs), **plateau(self.coverage_timeline)}
+               if o.coverage else {}),
             **({"verdict_note": f"{len(st.rig_errors)} rig error(s): a bug in simrig"}
                if st.rig_errors else {}),
         }
@@ -395,6 +478,17 @@ class Campaign:
         from simrig.campaign.report import findings_frame
 
         return findings_frame(self)
+
+
+def plateau(timeline: list[dict[str, Any]], share: float = 0.95) -> dict[str, Any]:
+    """When the campaign's examples stopped adding MRV2 arcs: the time of the last
+    new arc and the time ``share`` of the final count was first reached."""
+    if not timeline:
+        return {"coverage_last_new_arc_s": None, "coverage_95_s": None}
+    final = timeline[-1]["arcs_total"]
+    last_new = max((r["elapsed_s"] for r in timeline if r["new_arcs"]), default=0.0)
+    at_share = next((r["elapsed_s"] for r in timeline if r["arcs_total"] >= share * final), None)
+    return {"coverage_last_new_arc_s": last_new, "coverage_95_s": at_share}
 
 
 def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = ("NONE",)) -> Any:

@@ -51,6 +51,10 @@ class CampaignOptions:
     # never-reached lines fail the run (exit 1) only with fail_on_unexplained_coverage
     coverage: bool = False
     fail_on_unexplained_coverage: bool = False
+    # steering (needs coverage): hypothesis.target() on the MRV2 arcs an example reaches,
+    # and examples that reached new arcs kept as traces in corpus_dir, replayed first next time
+    steer: bool = False
+    corpus_dir: Path | None = None
 
 
 @dataclass

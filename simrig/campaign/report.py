@@ -60,6 +60,11 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
         cov_tables, cov_summary = coverage.report_parts() if coverage is not None else ({}, {})
         if cov_summary:
             campaign.unexplained_lines = cov_summary["coverage"]["unexplained_lines"]
+            timeline = getattr(campaign, "coverage_timeline", None)
+            if timeline:
+                import pandas as pd
+
+                cov_tables["coverage_timeline"] = pd.DataFrame(timeline)
         summary = campaign.summary()
         summary.update(cov_summary)
         summary["time_share"] = time_share(tables.steps, tables.busy_s)

@@ -61,6 +61,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     from simrig.coverage.session import add_coverage_flags
 
     add_coverage_flags(p, default=False)
+    p.add_argument("--steer", action=argparse.BooleanOptionalAction, default=False,
+                   help="steer the campaign by coverage (implies --coverage): Hypothesis' target() "
+                        "on the MRV2 arcs each example reaches, and examples that reach new arcs "
+                        "kept in --corpus and replayed first by the next steered campaign "
+                        "(off by default: see README, Coverage, for the measurement)")
+    p.add_argument("--corpus", default=".cache/coverage-corpus", metavar="DIR",
+                   help="where --steer keeps examples that reached new arcs ('none': keep none)")
     from simrig.distributed.cluster import add_distributed_arguments
 
     add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
@@ -122,6 +129,11 @@ def options_from_args(args: argparse.Namespace):
             raise UsageError(f"--regressions: {regressions} is not a directory")
         for path in trace_files_in(regressions):  # a bad line: one line, exit 2, before vLLM
             scan_trace(path)
+    steer = bool(args.steer)
+    if steer:
+        args.coverage = True
+        if str(args.corpus).lower() != "none" and Path(args.corpus).exists() and not Path(args.corpus).is_dir():
+            raise UsageError(f"--corpus: {args.corpus} is not a directory")
     budget = args.budget if args.budget is not None else (
         None if args.max_examples is not None else DEFAULT_BUDGET_S)
     return CampaignOptions(
@@ -133,8 +145,9 @@ def options_from_args(args: argparse.Namespace):
         regressions_dir=regressions, replay_regressions=not args.no_regressions,
         stages=parse_stages(args.stages), violations=violations,
         steps_per_example=args.steps_per_example, progress=progress_mode(args),
-        coverage=CoverageRun.begin(args).enabled,  # a malformed reasons file: exit 2 here
-        fail_on_unexplained_coverage=args.fail_on_unexplained_coverage)
+        coverage=steer or CoverageRun.begin(args).enabled,  # a malformed reasons file: exit 2 here
+        fail_on_unexplained_coverage=args.fail_on_unexplained_coverage, steer=steer,
+        corpus_dir=None if str(args.corpus).lower() == "none" else Path(args.corpus))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="score the fuzz campaign alone: no bundled traces, for the baseline "
                         "and every mutant")
     add_output_flags(p, "selftest")
+    from simrig.coverage.session import add_coverage_flags
+
+    add_coverage_flags(p, default=False)
     from simrig.distributed.cluster import add_distributed_arguments
 
     add_distributed_arguments(p, "run the mutants (each in its own child process) on N Ray workers")
@@ -60,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--budget-per-mutant: must be > 0 seconds")
     names = select_mutants([n for n in (args.mutants or "").split(",") if n])
     out = check_out_dir(args.out or default_out_dir("selftest"))
+    from simrig.coverage.session import CoverageRun
+
+    CoverageRun.begin(args)  # a malformed reasons file: one line, exit 2, before any child
     from simrig.distributed.cluster import distributed_workers
 
     workers = distributed_workers(args)
@@ -92,7 +98,8 @@ def _run_mutants(args: argparse.Namespace, names: list[str], traces: list[Path],
     if not args.skip_baseline:
         say(f"selftest: baseline (unmutated), budget {args.budget_per_mutant:.0f} s")
         base = run_child(BASELINE, budget_s=args.budget_per_mutant, seed=args.seed, baseline=[],
-                         traces=traces, out_dir=work, timeout_s=timeout)
+                         traces=traces, out_dir=work, timeout_s=timeout,
+                         coverage=getattr(args, "coverage", False))
         results.append(base)
         baseline_sigs = base.signatures
         if stop.requested:
@@ -188,13 +195,24 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
                        not_run=[n for n in names[len(results) - (not args.skip_baseline):]])
     if workers is not None:
         summary["workers"] = workers
+    from simrig.coverage.collect import from_jsonable
+    from simrig.coverage.session import CoverageRun, coverage_line, without_coverage_data
+
+    coverage = CoverageRun(bool(getattr(args, "coverage", False)) and not args.skip_baseline,
+                           fail_on_unexplained=getattr(args, "fail_on_unexplained_coverage", False))
+    for r in results:  # the baseline's (the unmutated release): mutants are never measured
+        if r.mutant == "baseline" and r.coverage:
+            coverage.add(from_jsonable(r.coverage))
+    cov_tables, cov_summary = coverage.report_parts()
+    summary.update(cov_summary)
+    summary["exit_status"] = coverage.exit_status(summary["exit_status"], summary)
     empty = pd.DataFrame()
     classes = scoreboard_classes(rows)
     headline = (("INTERRUPTED: " if interrupted else "")
                 + f"{summary['detected']}/{len(names)} mutants detected, {summary['survived']} survived, "
                 f"{summary['errors']} errors, {summary['equivalent']} equivalent; baseline "
                 f"{summary['baseline']}; budget {args.budget_per_mutant:.0f} s per mutant")
-    write_report(out, empty, empty, empty, summary, extra_tables={"scoreboard": board},
+    write_report(out, empty, empty, empty, summary, extra_tables={"scoreboard": board, **cov_tables},
                  title="simrig selftest scoreboard", classes=classes, occurrences=empty,
                  headline=headline)
     summary = json.loads((out / "summary.json").read_text())
@@ -202,7 +220,7 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
     if not interrupted:
         record_history(summary, classes)
     if args.json:
-        emit_json(summary)
+        emit_json(without_coverage_data(summary))
         return summary["exit_status"]
     cols = ["mutant", "status", "phase", "via", "seconds_to_detection", "kind", "shrunk_steps"]
     print(board[cols].to_string(index=False))
@@ -214,5 +232,7 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
     print(verdict_line(summary["classes"]) + f" — exit {int(failed)}")
     for line in class_rows_for_print(classes):
         print(line)
+    if coverage_line(summary):
+        print(coverage_line(summary) + " (the baseline run)")
     print(f"scoreboard: {out / 'report.html'}")
     return summary["exit_status"]

@@ -59,7 +59,11 @@ class Collector:
         self._cov = coverage.Coverage(
             data_file=None, branch=True, include=[str(root / SCOPE / "*")],
             config_file=False, timid=False)
+        # empty takes and modules imported before start are normal here, not warnings
+        self._cov.set_option("run:disable_warnings", ["no-data-collected", "module-not-measured",
+                                                      "module-not-imported"])
         self.running = False
+        self._taken: CoverageData = {}  # what take() handed out (data() still includes it)
 
     @property
     def tracer(self) -> str:
@@ -75,8 +79,23 @@ class Collector:
             self._cov.stop()
             self.running = False
 
+    def take(self) -> CoverageData:
+        """Arcs reached since the last ``take`` (one example's, for steering);
+        ``data()`` keeps counting them."""
+        was_running = self.running
+        self.stop()
+        fresh = self._current()
+        self._cov.erase()
+        self._taken = merge([self._taken, fresh])
+        if was_running:
+            self.start()
+        return fresh
+
     def data(self) -> CoverageData:
         """Arcs reached so far, keyed by path relative to vLLM's parent folder."""
+        return merge([self._taken, self._current()])
+
+    def _current(self) -> CoverageData:
         raw = self._cov.get_data()
         out: CoverageData = {}
         for filename in raw.measured_files():

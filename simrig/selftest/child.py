@@ -56,10 +56,16 @@ def main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     start = time.monotonic()
     result = ChildResult(mutant=spec["mutant"])
+    collector = None
     try:
         from simrig.adapters.runner import load
 
         load()
+        if spec.get("coverage") and spec["mutant"] == BASELINE:
+            from simrig.coverage.collect import Collector
+
+            collector = Collector()
+            collector.start()
         if spec["mutant"] != BASELINE:
             from simrig.adapters import mutate
             from simrig.selftest.catalogue import BY_NAME
@@ -81,6 +87,11 @@ def main(spec_path: str, result_path: str) -> int:
                                start, collect_all)
     except Exception as exc:  # the scoreboard shows it; the parent goes on
         result.error = f"{type(exc).__name__}: {exc}"
+    if collector is not None:
+        from simrig.coverage.collect import to_jsonable
+
+        collector.stop()
+        result.coverage = to_jsonable(collector.data())
     result.elapsed_s = time.monotonic() - start
     Path(result_path).write_text(json.dumps(asdict(result)))
     return 0

@@ -48,6 +48,9 @@ class ChildResult:
     new_findings: int = 0  # baseline only: non-known findings on unmutated code
     elapsed_s: float = 0.0
     error: str = ""
+    # baseline with coverage: arcs of vLLM's MRV2 code the unmutated run reached
+    # (simrig.coverage.collect.to_jsonable); mutants' code is not the release's, never measured
+    coverage: dict[str, list[list[int]]] | None = None
 
 
 # The phases a mutant can be detected in, in the order a child runs them.
@@ -89,11 +92,13 @@ def bundled_traces(root: Path) -> list[Path]:
 
 
 def run_child(mutant: str, *, budget_s: float, seed: int, baseline: list[list[str]],
-              traces: list[Path], out_dir: Path, timeout_s: float) -> ChildResult:
-    """Run one mutant (or the baseline) in a fresh interpreter."""
+              traces: list[Path], out_dir: Path, timeout_s: float, coverage: bool = False) -> ChildResult:
+    """Run one mutant (or the baseline) in a fresh interpreter; ``coverage`` (the
+    baseline only) measures the MRV2 code the unmutated run reaches."""
     with tempfile.TemporaryDirectory(prefix="simrig-selftest-") as tmp:
         spec = {"mutant": mutant, "budget_s": budget_s, "seed": seed, "baseline": baseline,
-                "traces": [str(t) for t in traces], "out_dir": str(out_dir)}
+                "traces": [str(t) for t in traces], "out_dir": str(out_dir),
+                "coverage": bool(coverage and mutant == BASELINE)}
         spec_path = Path(tmp) / "spec.json"
         result_path = Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))
@@ -119,6 +124,7 @@ def scoreboard_rows(results: list[ChildResult]) -> list[dict[str, Any]]:
         m = BY_NAME.get(r.mutant)
         row = asdict(r)
         row.pop("signatures")
+        row.pop("coverage")  # the baseline's arcs go to the coverage tables
         row["signature"] = " / ".join(r.signature)
         row["description"] = m.description if m else "unmutated vLLM"
         row["equivalent"] = bool(m and m.equivalent)
