@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     from simrig.coverage.session import add_coverage_flags
 
     add_coverage_flags(p, default=False)
+    p.add_argument("--steer", action="store_true",
+                   help="steer each mutant's fuzz phase by coverage (hypothesis.target() on the MRV2 "
+                        "arcs an example reaches; no corpus), to compare time to detection")
     from simrig.distributed.cluster import add_distributed_arguments
 
     add_distributed_arguments(p, "run the mutants (each in its own child process) on N Ray workers")
@@ -66,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from simrig.coverage.session import CoverageRun
 
     CoverageRun.begin(args)  # a malformed reasons file: one line, exit 2, before any child
+    if args.steer:
+        os.environ["SIMRIG_STEER"] = "1"  # the children's fuzz phases read it
     from simrig.distributed.cluster import distributed_workers
 
     workers = distributed_workers(args)
@@ -187,7 +193,7 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
         "worst_seconds_to_detection": float(times.max()) if len(times) else None,
         "median_shrunk_steps": float(detected.shrunk_steps.median()) if len(detected) else None,
         "worst_shrunk_steps": float(detected.shrunk_steps.max()) if len(detected) else None,
-        "budget_per_mutant_s": args.budget_per_mutant, "seed": args.seed,
+        "budget_per_mutant_s": args.budget_per_mutant, "seed": args.seed, "steer": bool(args.steer),
         "elapsed_s": round(time.monotonic() - started, 1), "exit_status": int(failed),
     }
     if interrupted:  # the scoreboard holds the mutants finished before Ctrl-C

@@ -9,6 +9,7 @@ running for ``SHRINK_S`` so Hypothesis can shrink the failing example.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -63,10 +64,11 @@ def fuzz_until_new(result: ChildResult, baseline: set[tuple[str, ...]], budget_s
         budget = min(budget_s * VALID_SHARE, left) if mode == "valid" else left
         if budget <= 1:
             continue
+        steer = os.environ.get("SIMRIG_STEER") == "1"  # simrig selftest --steer
         options = CampaignOptions(
             budget_s=budget, seed=seed, mode=mode, pcp_sizes=(1, 2),
             out_dir=out_dir / f"{result.mutant}-{mode}", database=None, replay_regressions=False,
-            shrink_grace_s=SHRINK_S, progress="quiet")
+            shrink_grace_s=SHRINK_S, progress="quiet", coverage=steer, steer=steer)
         campaign = _UntilNew(options, baseline, collect_all, start)
         campaign.run()
         if collect_all:
