@@ -6,8 +6,8 @@
 reached arcs into per-file, per-function and never-reached-line tables,
 ``reasons`` reads the one reviewed list of why a line is never reached
 (``unreached.toml``), ``session`` wires it into the commands (flags, one
-collector per process, report parts) and ``steer`` keeps examples that reached
-new code for the next campaign. It may import the core, ``report`` and
+collector per process, report parts). Steering campaigns by coverage lives in
+``simrig.campaign.fuzz`` (it uses ``Collector.take``). It may import the core, ``report`` and
 ``errors``, coverage.py and pandas; never ``vllm``, the adapters, ``campaign``,
 ``selftest``, ``distributed`` or ``commands``.
 """
