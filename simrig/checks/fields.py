@@ -85,6 +85,12 @@ def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepOb
             if pred.num_drafts.any():
                 cmp.array("num_draft_tokens_per_req", pred.num_drafts, rows)
             cmp.scalar("num_draft_tokens", int(pred.num_drafts.sum()))
+            cmp.array("prefill_len_np", pred.prefill_len, rows)
+            cmp.array("num_computed_prefill_tokens_np", np.minimum(pred.num_computed, pred.prefill_len), rows)
+            meta = stage.fields.get("pcp")
+            if meta is not None and meta.kind != "none":  # "Set only on a PCP rank-local batch."
+                cmp._add("pcp", (), None, meta.kind, "the global batch carries PCP rank-local metadata")
+    out.extend(_pcp_metadata(index, step, obs, pred, skip))
     post = obs.get(POSTPROCESS)
     if post is not None and post.error is None and post.fields:
         chunked = pred.num_computed + pred.num_scheduled < pred.prefill_len
@@ -108,6 +114,44 @@ def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepOb
     for f in out:
         if f.check == "reference":
             f.check = "fields"
+    return out
+
+
+def _pcp_metadata(index: int, step: Step, obs: StepObs, pred: Any, skip: frozenset[str]) -> list[Finding]:
+    """PCPBatchMetadata of each rank-local batch: ``global_num_tokens`` "Unpadded
+    token count before PCP partitioning"; ``global_query_lens_np`` "[num_reqs],
+    aligned with local request segments" (each local row: its request's global
+    query length) and ``global_seq_lens_cpu_upper_bound_np`` likewise (at least
+    the request's global seq_len). Rows that schedule nothing are placeholders."""
+    out: list[Finding] = []
+    glob_q = dict(zip(pred.req_ids, pred.num_scheduled.tolist()))
+    glob_len = dict(zip(pred.req_ids, pred.seq_lens.tolist()))
+    for part in obs.all("partition"):
+        if part.error is not None or "pcp.global_num_tokens" not in part.fields:
+            continue
+        cmp = Comparer(index, part, out, skip)
+        cmp.scalar("pcp.global_num_tokens", int(pred.num_scheduled.sum()))
+        ids = part.fields.get("req_ids")
+        local_q = part.fields.get("num_scheduled_tokens")
+        if ids is None or local_q is None or ids.kind != "list":
+            continue
+        rows = [str(r) for r in ids.values]
+        real = [i for i, n in enumerate(np.asarray(local_q.values)[: len(rows)]) if n > 0 and rows[i] in glob_q]
+        for field, want, rule in (("pcp.global_query_lens_np", glob_q, "=="),
+                                  ("pcp.global_seq_lens_cpu_upper_bound_np", glob_len, ">=")):
+            f = part.fields.get(field)
+            if f is None or f.kind not in ("numpy", "torch") or not real:
+                continue
+            got = np.asarray(f.values).astype(np.int64)
+            bad = [rows[i] for i in real if i >= len(got) or not (
+                got[i] == want[rows[i]] if rule == "==" else got[i] >= want[rows[i]])]
+            bad = [r for r in bad if r not in skip]
+            if bad:
+                out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage="partition", check="fields",
+                                   rank=part.rank, req_ids=tuple(dict.fromkeys(bad)), field=field,
+                                   expected=f"{rule} the request's global value ({[want[r] for r in rows if r in want]})",
+                                   actual=str(got.tolist()),
+                                   message=f"{field} of a local row is not its request's global value"))
     return out
 
 

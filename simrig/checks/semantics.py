@@ -160,7 +160,19 @@ def _counts(index: int, stage: StageObs, q: np.ndarray, seq_lens: Any, add: Any)
             (bound[:num_reqs].astype(np.int64) < np.asarray(seq_lens)[:num_reqs].astype(np.int64)).any():
         add("seq_lens_cpu_upper_bound", f">= {short(seq_lens[:num_reqs])}", bound[:num_reqs],
             "seq_lens_cpu_upper_bound is below seq_lens")
+    limit = field_value(stage, "max_query_len")
+    if limit is not None and num_reqs and int(limit) < int(q.max()):
+        add("max_query_len", f">= {int(q.max())}", limit, "max_query_len (\"Longest query the batch may "
+            "contain\") is below a query of the batch")
     cu, local = field_value(stage, "cu_num_logits"), field_value(stage, "expanded_local_pos")
+    if cu is not None and len(cu) > num_reqs:  # "[num_reqs + 1]": 1 + drafts logits per request
+        per_req_np = np.zeros(num_reqs, dtype=np.int64) if per_req is None else np.asarray(per_req)[:num_reqs]
+        # a placeholder row (no token scheduled: a PCP idle rank) has no logit
+        want_cu = np.concatenate([[0], np.cumsum(np.where(q > 0, 1 + per_req_np.astype(np.int64), 0))])
+        if not np.array_equal(np.asarray(cu)[: num_reqs + 1].astype(np.int64), want_cu):
+            add("cu_num_logits", want_cu, np.asarray(cu)[: num_reqs + 1],
+                "cu_num_logits is not the cumulative 1 + num_draft_tokens_per_req of each request "
+                "(0 for a row without tokens)")
     if cu is not None and local is not None and len(cu) > num_reqs:
         n = np.diff(np.asarray(cu)[: num_reqs + 1].astype(np.int64))
         want = np.concatenate([np.arange(k) for k in n] or [np.zeros(0, dtype=np.int64)])
