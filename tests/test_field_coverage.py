@@ -1,0 +1,106 @@
+"""Every field a stage observes is value-checked or listed as unchecked with its reason.
+
+Drives the real vLLM through every stage (lifecycle, gather, dispatch,
+prepare, postprocess, partition on every PCP and DCP rank, the dummy, the
+capture dummies of a graph mode) and holds each observed (stage, field) to
+``simrig.checks.unchecked``; the README's table is generated from that list.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simrig.checks import findings as fk
+from simrig.checks.unchecked import UNCHECKED, VALUE_CHECKED, lookup, readme_table
+from simrig.harness import Harness
+from simrig.observe import StepObs
+from simrig.step import RunnerConfig
+from tests.test_checks_real import BASE, CONFIGS, check_all, clean_steps, mutated, set_field
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+GRAPH = RunnerConfig(**BASE, cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(4, 8, 16))
+
+
+@pytest.fixture(scope="module")
+def observed(vllm_api) -> dict[tuple[str, str], str]:
+    """(stage, field) -> the configuration that first showed it."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, config in {**CONFIGS, "graph": GRAPH}.items():
+        harness = Harness(config, api=vllm_api)
+        for step in clean_steps():
+            for stage in harness.run_step(step).stages:
+                for field in stage.fields:
+                    seen.setdefault((stage.stage, field), name)
+    return seen
+
+
+@pytest.mark.vllm
+def test_every_observed_field_is_checked_or_listed(observed):
+    assert {s for s, _ in observed} >= {"lifecycle", "gather", "dispatch", "prepare", "postprocess",
+                                        "partition", "dummy", "capture"}
+    neither = sorted(f"{s}.{f} (first in {cfg})" for (s, f), cfg in observed.items()
+                     if lookup(VALUE_CHECKED, s, f) is None and lookup(UNCHECKED, s, f) is None)
+    both = sorted(f"{s}.{f}" for (s, f) in observed
+                  if lookup(VALUE_CHECKED, s, f) is not None and lookup(UNCHECKED, s, f) is not None)
+    assert neither == [], "observed, but neither value-checked nor listed in simrig/checks/unchecked.py"
+    assert both == [], "both value-checked and listed as unchecked"
+
+
+def test_every_unchecked_entry_has_a_reason_and_no_checked_twin():
+    assert all(len(why) > 20 for why in UNCHECKED.values())
+    assert not set(UNCHECKED) & set(VALUE_CHECKED)
+
+
+def test_the_readme_table_is_generated_from_the_list():
+    text = README.read_text(encoding="utf-8")
+    assert readme_table() in text, "README's unchecked-fields table differs from readme_table()"
+    rows = re.findall(r"^\| (?:every batch|[a-z]+) \| `[^`]+` \|", text, flags=re.M)
+    assert len(rows) == len(UNCHECKED)
+
+
+# A value-checked field must make a check fail when it changes: corrupt each
+# listed field of the real observations and expect a finding naming it.
+CORRUPTIBLE = [
+    ("prepare", "num_draft_tokens_per_req", 2), ("prepare", "num_draft_tokens", 2),
+    ("prepare", "expanded_local_pos", 2), ("prepare", "prefill_runs_as_decode_np", 0),
+    ("prepare", "decode_graph_eligible", 0), ("gather", "num_tokens", 1),
+    ("gather", "decode_graph_eligible", 1), ("postprocess", "num_sampled", 2),
+    ("postprocess", "num_rejected", 2), ("prepare", "prefill_len_np", 1),
+    ("dummy", "num_tokens", 1), ("dummy", "expanded_local_pos", 1), ("dummy", "cu_num_logits", 1),
+    ("lifecycle", "runner.free_slots", 1), ("lifecycle", "runner.live_ids", 1),
+]
+
+
+def _corrupt(value):
+    if isinstance(value, (bool, np.bool_)):
+        return not value
+    if isinstance(value, (int, np.integer)):
+        return int(value) + 1
+    if isinstance(value, list):  # an extra request id, or a slot listed twice
+        return value + (["ghost"] if not value or isinstance(value[0], str) else [value[0]])
+    out = np.asarray(value).copy()
+    out[-1] = ~out[-1] if out.dtype == bool else out[-1] + 1
+    return out
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("stage, field, step", CORRUPTIBLE)
+def test_a_checked_field_that_changes_is_a_finding(vllm_api, stage, field, step):
+    config = CONFIGS["plain"]
+    harness = Harness(config, api=vllm_api)
+    steps = clean_steps()
+    observations = [harness.run_step(s) for s in steps]
+    assert lookup(VALUE_CHECKED, stage, field) is not None
+
+    def change(o: StepObs) -> None:
+        f = o.get(stage).fields[field]
+        assert f.kind != "none", f"{stage}.{field} is None at step {step}"
+        set_field(o, stage, field, values=_corrupt(f.values))
+
+    found = [f for f in check_all(config, steps, mutated(observations, step, change))
+             if not f.known and f.step == step and f.kind != fk.RIG_ERROR]
+    assert (stage, field) in {(f.stage, f.field) for f in found}, [f.one_line() for f in found]
