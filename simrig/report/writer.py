@@ -31,7 +31,7 @@ from typing import Any
 import pandas as pd
 
 from simrig.errors import UsageError
-from simrig.report.html import render_html
+from simrig.report.html import jsonable, render_html
 
 REPORT_FILES = ("steps.parquet", "steps.csv", "findings.parquet", "findings.csv",
                 "contract.parquet", "contract.csv", "classes.parquet", "classes.csv",
@@ -133,7 +133,7 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
         for name, frame in tables.items():
             frame.to_parquet(tmp / f"{name}.parquet", index=False)
             frame.to_csv(tmp / f"{name}.csv", index=False)
-        (tmp / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
+        (tmp / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n")
         (tmp / "report.html").write_text(render_html(
             title, summary, steps, findings, contract, extra_tables, classes=classes,
             occurrences=findings if occurrences is None else occurrences, headline=headline),
@@ -181,15 +181,3 @@ def swap_into_place(tmp: Path, out: Path, attempts: int = 50) -> None:
         finally:
             shutil.rmtree(old, ignore_errors=True)
     raise OSError(errno.EBUSY, "another run keeps replacing the report", str(out))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item"):  # numpy scalars
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
