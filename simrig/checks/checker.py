@@ -152,8 +152,12 @@ class Checker:
         if pred is not None:
             # rows that run as decodes: decodes, and (without PCP, which partitions
             # prefill rows) prefills of one new token over context (fields.runs_as_decode)
+            # (a release whose BatchReqState has no decode_graph_eligible, 0.30.0, runs no
+            # prefill row as a decode)
+            gather = obs.get(GATHER)
+            knows = gather is None or gather.declared is None or "decode_graph_eligible" in gather.declared
             as_decode = ~pred.is_prefilling
-            if self.config.pcp_size == 1:
+            if self.config.pcp_size == 1 and knows:
                 as_decode = as_decode | runs_as_decode(pred.is_prefilling, pred.num_scheduled,
                                                        pred.num_drafts, pred.num_computed)
             out.extend(check_dispatch(index, self.config, desc, pred.num_scheduled,

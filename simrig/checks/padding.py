@@ -142,12 +142,15 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
     sizes = config.graph_capture_sizes
     # a decode batch: every row runs as a decode (PCP included: a rank-local decode
     # batch is replicated or sharded decode rows, "tokens" is the largest rank's)
+    # Varlen decode graphs need max_query_len, which "the runner passes None for any batch
+    # with a prefill" (BatchExecutionDescriptor): only prefill-free batches (PCP 1) fit
+    # them; a uniform decode graph takes any batch whose rows all run as decodes.
     dql = config.decode_query_len
-    pure_decode = not has_prefill or decodes_only
-    fits_decode = bool(sizes) and separate and pure_decode and bool(
-        any(t >= tokens for t, _ in graph_sizes(config, "varlen"))
-        if config.varlen_decode and int(q.max()) <= dql else
-        (q == dql).all() and any(t >= tokens for t, _ in graph_sizes(config, "uniform", dql)))
+    uniform = (decodes_only or not has_prefill) and bool((q == dql).all())
+    varlen = config.varlen_decode and not has_prefill and config.pcp_size == 1 and int(q.max()) <= dql
+    fits_decode = bool(sizes) and separate and (
+        (uniform and any(t >= tokens for t, _ in graph_sizes(config, "uniform", dql)))
+        or (varlen and any(t >= tokens for t, _ in graph_sizes(config, "varlen"))))
     if fits_decode and mode == "PIECEWISE":
         add("cg_mode", "FULL", mode, f"{config.cudagraph_mode}: a decode batch of {tokens} tokens "
             "fits a FULL decode graph but ran PIECEWISE")

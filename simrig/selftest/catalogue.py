@@ -132,6 +132,35 @@ CATALOGUE: tuple[Mutant, ...] = (
            "        torch.arange(num_tokens, device=device))",
            "the dummy batch's positions count across the whole batch instead of restarting per "
            "row: wrong in a different way from the documented zero fill, so it must be new"),
+    Mutant("runs-as-decode-fresh-prompt", _MR, "GPUModelRunner.gather_batch_req_state",
+           "(num_computed_prefill_tokens_np > 0)",
+           "(num_computed_prefill_tokens_np >= 0)",
+           "a fresh one-token prompt (no context yet) is classed as running as a decode, so the "
+           "batch is wrongly decode-graph eligible"),
+    Mutant("draft-counts-capped", _MR, "GPUModelRunner.prepare_inputs",
+           "num_draft_tokens_per_req=num_draft_tokens_per_req,",
+           "num_draft_tokens_per_req=None if num_draft_tokens_per_req is None\n"
+           "        else np.minimum(num_draft_tokens_per_req, 1),",
+           "the batch reports per-request draft counts capped at 1 while the logits rows hold all "
+           "drafts (a stale per-request count)"),
+    Mutant("expanded-local-pos-one-based", _MR, "GPUModelRunner.prepare_inputs",
+           "expanded_local_pos = torch.zeros(",
+           "expanded_local_pos = torch.ones(",
+           "without drafts, each logit's position within its request starts at 1 instead of 0"),
+    Mutant("pcp-local-num-tokens-padded", _PCP, "PCPManager.partition_batch",
+           "num_tokens=num_local_tokens,",
+           "num_tokens=num_local_tokens_padded,",
+           "a rank-local batch reports its padded token count as its real one"),
+    Mutant("slot-freed-twice", _ST, "RequestState.remove_request",
+           "self.free_indices.append(req_idx)",
+           "self.free_indices.extend((req_idx, req_idx))",
+           "a finished request's slot goes back to the free list twice, so two later requests can "
+           "be handed the same slot"),
+    Mutant("decode-loses-uniform-count", _MR, "GPUModelRunner.gather_batch_req_state",
+           "return batch_state, get_uniform_decode_token_count(",
+           "return batch_state, None and get_uniform_decode_token_count(",
+           "the uniform decode token count regresses to None: under FULL_AND_PIECEWISE uniform "
+           "decode batches run PIECEWISE instead of their FULL decode graph"),
     Mutant("slot-order-fifo", _ST, "RequestState.add_request",
            "req_idx = self.free_indices.pop()",
            "req_idx = self.free_indices.pop(0)",
