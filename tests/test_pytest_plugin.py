@@ -67,3 +67,37 @@ def test_docstring_pattern_fails_readably_under_a_mutant(tmp_path):
 
     header, steps = read_trace(trace)
     assert 1 <= len(steps) <= 2  # shrunk: the first step already shows the int32 mapping
+
+
+COVERAGE_TEST = '''
+from hypothesis import given, settings
+from strategies import scheduled_runs
+
+
+@settings(max_examples=3, deadline=None)
+@given(scheduled_runs())
+def test_runner_accepts_valid_schedules(simrig_run, run):
+    simrig_run(run)
+'''
+
+
+@pytest.mark.slow
+def test_simrig_coverage_writes_the_coverage_of_a_pytest_session(tmp_path):
+    (tmp_path / "test_cov.py").write_text(COVERAGE_TEST)
+    out = tmp_path / "cov"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), "--simrig-coverage", str(out),
+                           str(tmp_path / "test_cov.py")],
+                          capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "simrig coverage:" in proc.stdout and "of lines" in proc.stdout
+    import json
+
+    import pandas as pd
+
+    summary = json.loads((out / "summary.json").read_text())["coverage"]
+    assert summary["lines_reached"] > 0
+    functions = pd.read_parquet(out / "coverage_functions.parquet")
+    # simrig_run's default stages are gather and dummy: both are driven functions
+    assert {"GPUModelRunner.gather_batch_req_state", "InputBatch.make_dummy"} <= set(functions.function)
+    assert "Coverage of the MRV2 code" in (out / "coverage.html").read_text()

@@ -98,6 +98,7 @@ def coverage_report_parts(data: CoverageData, reasons: Reasons | None = None) ->
     from simrig.coverage.analysis import analyze
     from simrig.coverage.collect import to_jsonable
 
+    reasons = reasons if reasons is not None else load_reasons()  # SIMRIG_UNREACHED or the shipped list
     tables = analyze(data, reasons)
     unreached = tables.unreached.copy()
     unreached.insert(0, "finding_kind", ["" if e else FINDING_KIND for e in unreached["explained"]])
