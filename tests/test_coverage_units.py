@@ -123,3 +123,23 @@ def test_merge_is_the_union_and_survives_json():
     merged = merge([a, None, b])
     assert merged == {"f.py": {(1, 2), (2, 3), (3, -1)}, "g.py": {(-1, 1)}}
     assert from_jsonable(to_jsonable(merged)) == merged
+
+
+@pytest.mark.parametrize("flags, expected", [([], "--coverage"), (["--no-coverage"], "--no-coverage")])
+def test_demo_passes_coverage_on_by_default_to_replay_and_fuzz(tmp_path, monkeypatch, flags, expected):
+    import argparse
+
+    import simrig.cli
+    from simrig.commands import demo
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(simrig.cli, "main", lambda argv: calls.append(list(argv)) or 0)
+    monkeypatch.setenv("SIMRIG_HISTORY", "none")
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    demo.register(sub)
+    args = parser.parse_args(["demo", "--out", str(tmp_path / "demo"), *flags])
+    args.known = None
+    assert args.func(args) == 0
+    assert [c[0] for c in calls] == ["replay", "fuzz"]
+    assert all(expected in c for c in calls)
