@@ -143,3 +143,26 @@ def test_demo_passes_coverage_on_by_default_to_replay_and_fuzz(tmp_path, monkeyp
     assert args.func(args) == 0
     assert [c[0] for c in calls] == ["replay", "fuzz"]
     assert all(expected in c for c in calls)
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--out", "x.txt"], "--out"),
+    (["--since", "yesterday"], "--since"),
+    ([], "holds no history yet"),
+])
+def test_simrig_coverage_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, problem):
+    from simrig.cli import main
+
+    status = main(["coverage", "--store", str(tmp_path / "empty"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and problem in err[0]
+
+
+def test_simrig_coverage_on_a_store_without_coverage_is_exit_2(tmp_path, capsys):
+    from simrig.cli import main
+    from simrig.report.history import append_run
+
+    append_run(tmp_path, {"command": "replay", "suite": "replay x", "vllm_version": "0.33.0",
+                          "exit_status": 0}, None)
+    status = main(["coverage", "--store", str(tmp_path)])
+    assert status == 2 and "no run with coverage" in capsys.readouterr().err
