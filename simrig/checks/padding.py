@@ -142,11 +142,12 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
     sizes = config.graph_capture_sizes
     # a decode batch: every row runs as a decode (PCP included: a rank-local decode
     # batch is replicated or sharded decode rows, "tokens" is the largest rank's)
-    # Varlen decode graphs need max_query_len, which "the runner passes None for any batch
-    # with a prefill" (BatchExecutionDescriptor): only prefill-free batches (PCP 1) fit
-    # them; a uniform decode graph takes any batch whose rows all run as decodes.
+    # With varlen_decode the decode graphs are varlen ones (no uniform ones), and they need
+    # max_query_len, which "the runner passes None for any batch with a prefill"
+    # (BatchExecutionDescriptor): only prefill-free batches (PCP 1) fit them. Otherwise a
+    # uniform decode graph takes any batch whose rows all run as decodes.
     dql = config.decode_query_len
-    uniform = (decodes_only or not has_prefill) and bool((q == dql).all())
+    uniform = not config.varlen_decode and (decodes_only or not has_prefill) and bool((q == dql).all())
     varlen = config.varlen_decode and not has_prefill and config.pcp_size == 1 and int(q.max()) <= dql
     fits_decode = bool(sizes) and separate and (
         (uniform and any(t >= tokens for t, _ in graph_sizes(config, "uniform", dql)))
