@@ -74,7 +74,7 @@ def fuzz_until_new(result: ChildResult, baseline: set[tuple[str, ...]], budget_s
         if collect_all:
             for cls in campaign.classes.values():
                 sig = list(cls.key[:4])
-                if sig not in result.signatures:
+                if sig not in result.signatures and not cls.first.known:  # see child.py
                     result.signatures.append(sig)
                 result.new_findings += int(cls.failing)
             continue
