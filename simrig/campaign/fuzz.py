@@ -67,8 +67,8 @@ class Campaign:
         self.class_table: Any = None
         from simrig.coverage.session import CoverageRun
 
-        self.coverage = CoverageRun(options.coverage,
-                                    fail_on_unexplained=options.fail_on_unexplained_coverage)
+        self.coverage = CoverageRun(options.coverage, fail_on_unexplained=options.fail_on_unexplained_coverage,
+                                    reasons_path=options.unreached)
         self.unexplained_lines = 0  # set when the report is written
         self.coverage_timeline: list[dict[str, Any]] = []  # per example: cumulative MRV2 arcs
         self._seen_arcs: set[tuple[str, int, int]] = set()

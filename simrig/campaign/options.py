@@ -51,6 +51,7 @@ class CampaignOptions:
     # never-reached lines fail the run (exit 1) only with fail_on_unexplained_coverage
     coverage: bool = False
     fail_on_unexplained_coverage: bool = False
+    unreached: Path | None = None  # the reasons list (default: the shipped one, or SIMRIG_UNREACHED)
     # steering (needs coverage): hypothesis.target() on the MRV2 arcs an example reaches,
     # and examples that reached new arcs kept as traces in corpus_dir, replayed first next time
     steer: bool = False

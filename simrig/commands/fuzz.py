@@ -147,6 +147,7 @@ def options_from_args(args: argparse.Namespace):
         steps_per_example=args.steps_per_example, progress=progress_mode(args),
         coverage=steer or CoverageRun.begin(args).enabled,  # a malformed reasons file: exit 2 here
         fail_on_unexplained_coverage=args.fail_on_unexplained_coverage, steer=steer,
+        unreached=Path(args.unreached) if args.unreached else None,
         corpus_dir=None if str(args.corpus).lower() == "none" else Path(args.corpus))
 
 

@@ -204,8 +204,8 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
     from simrig.coverage.collect import from_jsonable
     from simrig.coverage.session import CoverageRun, coverage_line, without_coverage_data
 
-    coverage = CoverageRun(bool(getattr(args, "coverage", False)) and not args.skip_baseline,
-                           fail_on_unexplained=getattr(args, "fail_on_unexplained_coverage", False))
+    coverage = CoverageRun.begin(args)  # read once already, before the children: cannot fail now
+    coverage.enabled = coverage.enabled and not args.skip_baseline
     for r in results:  # the baseline's (the unmutated release): mutants are never measured
         if r.mutant == "baseline" and r.coverage:
             coverage.add(from_jsonable(r.coverage))

@@ -19,7 +19,6 @@ does not depend on where vLLM is installed on a shard's machine.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -138,8 +137,3 @@ def to_jsonable(data: Mapping[str, Iterable[Arc]]) -> dict[str, list[list[int]]]
 
 def from_jsonable(raw: Mapping[str, Iterable[Iterable[int]]]) -> CoverageData:
     return {str(path): {(int(a), int(b)) for a, b in arcs} for path, arcs in raw.items()}
-
-
-def enabled_by_env() -> bool:
-    """``SIMRIG_COVERAGE=1``: child processes and Ray workers collect too."""
-    return os.environ.get("SIMRIG_COVERAGE", "") not in ("", "0")

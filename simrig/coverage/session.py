@@ -10,13 +10,13 @@ of its run, and ``report_parts(data)`` for the report: the tables
 (``coverage_files``, ``coverage_functions``, ``coverage_unreached``,
 ``coverage_branches``; parquet, CSV, and a section of ``report.html``) and
 ``summary["coverage"]``. Ray workers and child processes collect their own data
-(``SIMRIG_COVERAGE=1``); the driver merges it (``collect.merge``).
+(told by their task's arguments); the driver merges it (``collect.merge``) and
+analyses it with its reasons list.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 from simrig.coverage.collect import Collector, CoverageData, merge
@@ -43,22 +43,23 @@ def add_coverage_flags(p: argparse.ArgumentParser, *, default: bool) -> None:
 class CoverageRun:
     """What one command does about coverage; inert when coverage is off."""
 
-    def __init__(self, enabled: bool, reasons: Reasons | None = None, fail_on_unexplained: bool = False):
+    def __init__(self, enabled: bool, reasons: Reasons | None = None, fail_on_unexplained: bool = False,
+                 reasons_path: Any = None):
         self.enabled = enabled
         self.reasons = reasons
+        self.reasons_path = reasons_path  # read when the report is made (a shard never reads it)
         self.fail_on_unexplained = fail_on_unexplained
         self.collector: Collector | None = None
         self.parts: list[CoverageData] = []  # data from shards / children
 
     @classmethod
     def begin(cls, args: argparse.Namespace) -> CoverageRun:
+        """From a command's flags; the reasons list is read now (a malformed one is
+        exit 2 before the run). Nothing is put in the environment: shards and
+        children only send arcs back, the driver analyses them with this list."""
         enabled = bool(getattr(args, "coverage", False))
         path = getattr(args, "unreached", None)
-        if path:
-            os.environ["SIMRIG_UNREACHED"] = str(path)  # children and workers read the same list
-        reasons = load_reasons(path) if enabled or path else None  # bad file: exit 2, before the run
-        if enabled:
-            os.environ["SIMRIG_COVERAGE"] = "1"
+        reasons = load_reasons(path) if enabled or path else None
         return cls(enabled, reasons, bool(getattr(args, "fail_on_unexplained_coverage", False)))
 
     def start(self) -> None:
@@ -84,7 +85,8 @@ class CoverageRun:
         """(extra report tables, summary entries); both empty when coverage is off."""
         if not self.enabled:
             return {}, {}
-        return coverage_report_parts(self.data(), self.reasons)
+        reasons = self.reasons if self.reasons is not None else load_reasons(self.reasons_path)
+        return coverage_report_parts(self.data(), reasons)
 
     def exit_status(self, status: int, summary: dict[str, Any]) -> int:
         """``status`` raised to 1 when asked to fail on unexplained lines and there are some."""
