@@ -166,3 +166,18 @@ def test_simrig_coverage_on_a_store_without_coverage_is_exit_2(tmp_path, capsys)
                           "exit_status": 0}, None)
     status = main(["coverage", "--store", str(tmp_path)])
     assert status == 2 and "no run with coverage" in capsys.readouterr().err
+
+
+def test_begin_reads_the_list_and_leaves_the_environment_alone(tmp_path, monkeypatch):
+    import argparse
+
+    from simrig.coverage.session import CoverageRun
+
+    monkeypatch.delenv("SIMRIG_UNREACHED", raising=False)
+    good = tmp_path / "r.toml"
+    good.write_text('[[reason]]\nfile="vllm/v1/worker/gpu/x.py"\nfunction="f"\ncategory="feature-off"\n'
+                    'reason="r"\n')
+    run = CoverageRun.begin(argparse.Namespace(coverage=True, unreached=str(good),
+                                               fail_on_unexplained_coverage=False))
+    assert run.enabled and len(run.reasons.entries) == 1
+    assert "SIMRIG_UNREACHED" not in __import__("os").environ  # a later run reads its own list
