@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         branches = g.drop_duplicates(["file", "function", "line", "to_line"])
         missing = never[never["vllm_version"] == version]
         versions.append({"vllm_version": version, "runs": int(g["run_id"].nunique()),
-                         "branches": int(len(branches)), "never_reached": int(len(missing))})
+                         "branches": len(branches), "never_reached": len(missing)})
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_source(never) -> None:  # noqa: ANN001 -- a pandas frame
+def _add_source(never) -> None:
     """The branch line's source, where the installed vLLM has the file (same version)."""
     from simrig.coverage.collect import vllm_root
 

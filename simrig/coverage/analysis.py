@@ -108,15 +108,15 @@ class CoverageTables:
         branches, breached = int(f["branches"].sum()), int(f["branches_reached"].sum())
         files = self.files
         return {
-            "driven_functions": int(len(f)),
+            "driven_functions": len(f),
             "lines": lines, "lines_reached": reached,
             "lines_pct": round(100.0 * reached / lines, 2) if lines else None,
             "branches": branches, "branches_reached": breached,
             "branches_pct": round(100.0 * breached / branches, 2) if branches else None,
-            "files": int(len(files)),
+            "files": len(files),
             "file_lines": int(files["lines"].sum()) if len(files) else 0,
             "file_lines_reached": int(files["lines_reached"].sum()) if len(files) else 0,
-            "unreached_lines": int(len(self.unreached)),
+            "unreached_lines": len(self.unreached),
             "unexplained_lines": int((~self.unreached["explained"]).sum()) if len(self.unreached) else 0,
         }
 

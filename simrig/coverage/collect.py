@@ -35,7 +35,7 @@ def vllm_root() -> Path | None:
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
 
 
 def scope_dir() -> Path | None:

@@ -125,6 +125,6 @@ def load_reasons(path: str | Path | None = None) -> Reasons:
             raise UsageError(f"{where}: match: must be a non-empty string")
         unknown = set(item) - {"file", "function", "match", "category", "reason"}
         if unknown:
-            raise UsageError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+            raise UsageError(f"{where}: unknown key {min(unknown)!r}")
         entries.append(Reason(item["file"], item["function"], match, item["category"], item["reason"], i))
     return Reasons(entries, str(path))

@@ -195,14 +195,14 @@ def coverage_section(cov: dict[str, Any], tables: dict[str, pd.DataFrame]) -> st
 
     unexplained = int(cov.get("unexplained_lines", 0) or 0)
     parts = ["<h2>Coverage of the MRV2 code</h2>",
-             f"<p class='banner {'bad' if unexplained else 'good'}'>"
-             f"{e(pct(cov.get('lines_pct')))} of lines ({cov.get('lines_reached', 0):,} of "
-             f"{cov.get('lines', 0):,}) and {e(pct(cov.get('branches_pct')))} of branches "
-             f"({cov.get('branches_reached', 0):,} of {cov.get('branches', 0):,}) in "
-             f"{cov.get('driven_functions', 0)} driven functions; {cov.get('unreached_lines', 0)} "
-             f"never-reached lines, {unexplained} without a reason (unexplained_coverage)</p>",
-             "<p class='note'>A function is driven when the run reached a line of it. Reasons come "
-             f"from {e(str(cov.get('reasons_file', '')))}; tracer: {e(str(cov.get('tracer', '')))}.</p>"]
+             (f"<p class='banner {'bad' if unexplained else 'good'}'>"
+              f"{e(pct(cov.get('lines_pct')))} of lines ({cov.get('lines_reached', 0):,} of "
+              f"{cov.get('lines', 0):,}) and {e(pct(cov.get('branches_pct')))} of branches "
+              f"({cov.get('branches_reached', 0):,} of {cov.get('branches', 0):,}) in "
+              f"{cov.get('driven_functions', 0)} driven functions; {cov.get('unreached_lines', 0)} "
+              f"never-reached lines, {unexplained} without a reason (unexplained_coverage)</p>"),
+             ("<p class='note'>A function is driven when the run reached a line of it. Reasons come "
+              f"from {e(str(cov.get('reasons_file', '')))}; tracer: {e(str(cov.get('tracer', '')))}.</p>")]
     unreached = tables.get("coverage_unreached")
     if unreached is not None and len(unreached):
         shown = unreached.sort_values(["explained", "file", "line"])
