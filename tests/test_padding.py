@@ -233,3 +233,22 @@ def test_full_and_piecewise_decode_sent_to_piecewise_is_flagged(pcp, shard):
     assert check_dispatch(1, config, full, q, decode, np.array([True, True])) == []
     prefill = check_dispatch(1, config, piecewise, np.array([3]), np.array([True]), np.array([False]))
     assert prefill == []
+
+
+def test_capture_request_count_follows_the_descriptor_meaning_not_a_formula():
+    """FULL: exactly desc.num_reqs requests; PIECEWISE (num_reqs None): any non-empty split the
+    runner admits, so a change in how vLLM splits its capture dummy is not a finding."""
+    from simrig.checks.padding import check_capture
+
+    config, _, _ = _graph_step()
+
+    def capture(mode, n_req, q):
+        return _stage("capture", **{"desc.cg_mode": mode, "desc.num_tokens": 4, "desc.num_reqs": n_req,
+                                    "desc.uniform_token_count": None, "desc.max_query_len": None,
+                                    "num_tokens_after_padding": 4,
+                                    "num_scheduled_tokens": np.array(q, dtype=np.int32)})
+
+    assert check_capture(0, config, capture("PIECEWISE", None, [4])) == []
+    assert check_capture(0, config, capture("PIECEWISE", None, [1, 1, 2])) == []
+    assert [f.field for f in check_capture(0, config, capture("FULL", 4, [2, 2]))] == ["num_reqs"]
+    assert check_capture(0, config, capture("FULL", 2, [2, 2])) == []

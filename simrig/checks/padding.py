@@ -198,13 +198,22 @@ def check_capture(index: int, config: RunnerConfig, stage: StageObs) -> list[Fin
     if n_tok is None or q is None:
         return out
     q = np.asarray(q, dtype=np.int64)
-    want_reqs = n_req if n_req is not None else min(int(n_tok), config.max_num_reqs)
+    # A FULL graph replays exactly desc.num_reqs (padded) requests, so its dummy has that
+    # many; "num_reqs None means no request padding is needed (PIECEWISE graphs)": the
+    # dummy may then hold any count of non-empty requests the runner admits (make_dummy:
+    # "0 < num_reqs <= num_tokens"), never a formula of vLLM's capture code.
     if field_value(stage, "num_tokens_after_padding") != n_tok or int(q.sum()) != n_tok:
         add("num_tokens", n_tok, int(q.sum()), f"the {mode} graph for {n_tok} tokens is captured "
             f"on a dummy of {int(q.sum())}")
-    if len(q) != want_reqs:
-        add("num_reqs", want_reqs, len(q), f"the {mode} graph for {want_reqs} requests is captured "
+    if n_req is not None and len(q) != int(n_req):
+        add("num_reqs", n_req, len(q), f"the {mode} graph for {n_req} requests is captured "
             f"on a dummy of {len(q)}")
+    elif n_req is None and not 0 < len(q) <= min(int(n_tok), config.max_num_reqs):
+        add("num_reqs", f"1..{min(int(n_tok), config.max_num_reqs)}", len(q),
+            f"the {mode} graph is captured on a dummy of {len(q)} requests")
+    if (q < 1).any():
+        add("num_scheduled_tokens", "every dummy request >= 1 token", q.tolist(),
+            "a capture dummy holds an empty request")
     if u is not None and (q != u).any():
         add("num_scheduled_tokens", f"every query {u} tokens", q.tolist(),
             f"a uniform-decode graph (u={u}) is captured on a non-uniform dummy batch")
