@@ -41,6 +41,10 @@ from simrig.report.classes import ClassTally, Where
 from simrig.step import Step
 
 IDLE_CHUNKS = 3  # Hypothesis runs in a row without one step: the campaign stops ("idle")
+# A steered campaign's Hypothesis runs are this long at least: Hypothesis runs its target
+# phase (hill-climbing on target()) once, half-way through a run of fewer than 1,000
+# examples, so a 10-example run leaves it no examples to climb with.
+STEER_CHUNK_EXAMPLES = 40
 
 
 class Campaign:
@@ -357,7 +361,8 @@ class Campaign:
             phases = [Phase.generate, Phase.target, Phase.shrink]
             if chunk == 0 and database is not None:
                 phases.insert(0, Phase.reuse)  # earlier campaigns' failures first
-            hyp = settings(max_examples=o.chunk_examples, deadline=None, database=database,
+            chunk_examples = max(o.chunk_examples, STEER_CHUNK_EXAMPLES) if o.steer else o.chunk_examples
+            hyp = settings(max_examples=chunk_examples, deadline=None, database=database,
                            phases=phases, stateful_step_count=o.steps_per_example,
                            suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet,
                            report_multiple_bugs=False, print_blob=False)
