@@ -18,7 +18,7 @@ from simrig.campaign.fuzz import Campaign, CampaignOptions
 pytestmark = [pytest.mark.bench, pytest.mark.vllm]
 
 ROUNDS = int(os.environ.get("SIMRIG_BENCH_ROUNDS", "5"))
-EXAMPLES = int(os.environ.get("SIMRIG_BENCH_STEER_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("SIMRIG_BENCH_STEER_EXAMPLES", "60"))  # > 40: the target phase acts
 
 
 def _campaign(tmp_path, seed: int, steer: bool) -> dict:
