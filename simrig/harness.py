@@ -113,7 +113,9 @@ class Harness:
             held = runner.req_states.req_id_to_index  # the runner's live set and slots (checks/fields.py)
             ids = sorted(held)
             return {"runner.live_ids": ids, "runner.live_slots": [held[r] for r in ids],
-                    "runner.free_slots": list(runner.req_states.free_indices)}
+                    "runner.free_slots": list(runner.req_states.free_indices),
+                    # the PCP world actually driven (1 where the release cannot drive the config)
+                    "runner.pcp_size": len(self.pcp_managers) or 1}
 
         return self._timed(result, obs.LIFECYCLE, None, step, apply) is not None
 

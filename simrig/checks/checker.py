@@ -24,6 +24,7 @@ marked ``known=True``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -131,8 +132,19 @@ class Checker:
             found = check_batch_semantics(index, capture) + check_capture(index, self.config, capture)
             findings.extend(_label_capture(found, capture))
 
+    def driven(self, obs: StepObs) -> RunnerConfig:
+        """The configuration the runner actually ran: without PCP where the harness
+        could not drive the trace's PCP configuration on this release (lifecycle's
+        ``runner.pcp_size`` is 1; the replay lists it as unavailable)."""
+        life = obs.get("lifecycle")
+        size = life.fields.get("runner.pcp_size") if life is not None else None
+        if self.config.pcp_size > 1 and size is not None and size.values == 1:
+            return dataclasses.replace(self.config, pcp_size=1, dcp_size=1, shard_decode_requests=False)
+        return self.config
+
     def _semantic_checks(self, index: int, step: Step, obs: StepObs,
                          skip: frozenset[str] = frozenset()) -> list[Finding]:
+        config = self.driven(obs)
         out = self.reference.compare(index, step, obs, skip)
         real, dummy = obs.get(PREPARE), obs.get(DUMMY)
         desc = descriptor(obs)
@@ -148,7 +160,7 @@ class Checker:
             out.extend(check_pcp(index, self.config, real, partitions, expected, desc))
         out.extend(check_dcp_peers(index, obs))
         pred = self.reference.predict(step, self.reference.observed_order(obs))
-        out.extend(check_model_fields(index, self.config, step, obs, pred, skip))
+        out.extend(check_model_fields(index, config, step, obs, pred, skip))
         if pred is not None:
             # rows that run as decodes: decodes, and (without PCP, which partitions
             # prefill rows) prefills of one new token over context (fields.runs_as_decode)
@@ -157,10 +169,10 @@ class Checker:
             gather = obs.get(GATHER)
             knows = gather is None or gather.declared is None or "decode_graph_eligible" in gather.declared
             as_decode = ~pred.is_prefilling
-            if self.config.pcp_size == 1 and knows:
+            if config.pcp_size == 1 and knows:
                 as_decode = as_decode | runs_as_decode(pred.is_prefilling, pred.num_scheduled,
                                                        pred.num_drafts, pred.num_computed)
-            out.extend(check_dispatch(index, self.config, desc, pred.num_scheduled,
+            out.extend(check_dispatch(index, config, desc, pred.num_scheduled,
                                       pred.is_prefilling, as_decode, tuple(pred.req_ids)))
         return out
 

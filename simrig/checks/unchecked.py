@@ -94,6 +94,8 @@ UNCHECKED: dict[tuple[str, str], str] = {
                                  "(attention metadata, past the input path)",
     ("partition", "pcp.dcp_local_seq_lens_cpu_upper_bound"): "DCP interleave layout; only dtype and "
                                                              "None without DCP",
+    ("lifecycle", "runner.pcp_size"): "the PCP world the harness drove (1 where the release cannot drive "
+                                      "the configuration); it selects what the checks expect",
     ("gather", "uniform_decode_token_count"): "judged through the descriptor it dispatches (dispatch)",
     ("partition", "cu_num_logits_np"): "rank-local logits are never sampled (vLLM's comment); "
                                        "cu_num_logits itself is related to the rows",
