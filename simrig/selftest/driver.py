@@ -82,12 +82,13 @@ def baseline_cache(root: Path) -> Path:
 
 def bundled_traces(root: Path) -> list[Path]:
     """Regressions first, then samples and the recorded corpus."""
+    from simrig.sources.trace import trace_files_in
+
     out: list[Path] = []
     for sub in ("regressions", "samples", "recorded"):
         folder = root / "traces" / sub
         if folder.is_dir():
-            out += sorted(p for p in folder.iterdir()
-                          if p.name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")))
+            out += trace_files_in(folder)  # a killed writer's .tmp-* leftovers are not traces
     return out
 
 
