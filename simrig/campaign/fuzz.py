@@ -290,17 +290,23 @@ class Campaign:
                                                   self.options.stages, stop=lambda: self.interrupted)
             self.stats.regression_traces += 1
             self.stats.regression_steps += num_steps
-            where = Where(str(path), elapsed_s=self._elapsed())  # before any example
-            for f in found:
-                self.tally.add(f, where)
-                key = class_key(f)
-                cls = self.classes.get(key)
-                if cls is None:
-                    cls = self.classes[key] = FindingClass(key, f, source=str(path),
-                                                           trace_path=str(path), reproduced=True)
-                    self._notify(cls)
-                cls.count += 1
-                self.tolerated.add(key)  # already has a minimal trace: do not shrink it again
+            self._record_trace_findings(path, found)  # before any example
+
+    def _record_trace_findings(self, path: Path, found: list[Finding]) -> None:
+        """Findings of a whole trace replayed before the examples (a regression or
+        a corpus trace): that trace is each new class's reproducer, so the class
+        is tolerated (it already has a minimal trace: never shrunk again)."""
+        where = Where(str(path), elapsed_s=self._elapsed())
+        for f in found:
+            self.tally.add(f, where)
+            key = class_key(f)
+            cls = self.classes.get(key)
+            if cls is None:
+                cls = self.classes[key] = FindingClass(key, f, source=str(path),
+                                                       trace_path=str(path), reproduced=True)
+                self._notify(cls)
+            cls.count += 1
+            self.tolerated.add(key)
 
     def replay_corpus(self) -> None:
         """Examples earlier steered campaigns kept for reaching new arcs, first
@@ -319,17 +325,7 @@ class Campaign:
                 continue  # a corpus file this release or format cannot take: skipped
             self.corpus_replayed += 1
             self.stats.regression_steps += num_steps
-            where = Where(str(path), elapsed_s=self._elapsed())
-            for f in found:
-                self.tally.add(f, where)
-                key = class_key(f)
-                cls = self.classes.get(key)
-                if cls is None:
-                    cls = self.classes[key] = FindingClass(key, f, source=str(path),
-                                                           trace_path=str(path), reproduced=True)
-                    self._notify(cls)
-                cls.count += 1
-                self.tolerated.add(key)
+            self._record_trace_findings(path, found)
         if self.coverage.collector is not None:
             fresh = self.coverage.collector.take()
             self._seen_arcs |= {(p, a, b) for p, pairs in fresh.items() for a, b in pairs}

@@ -64,3 +64,25 @@ def record_history(summary: dict[str, Any], classes: Any) -> None:
             " ".join(str(exc).split()) or type(exc).__name__
         where = root if root is not None else "the history store"
         print(f"simrig: warning: history not recorded in {where}: {why}", file=sys.stderr)
+
+
+def open_history_store(args: argparse.Namespace) -> Any:
+    """The store ``--store`` (or $SIMRIG_HISTORY) names, checked before reading:
+    recording on, ``--since`` an ISO date/time, ``runs/`` present (UsageError)."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from simrig.errors import UsageError
+    from simrig.report.history import history_dir
+
+    store = Path(args.store) if args.store else history_dir()
+    if store is None:
+        raise UsageError("--store: history recording is off (SIMRIG_HISTORY=none); name a store")
+    if args.since:
+        try:
+            datetime.fromisoformat(args.since)
+        except ValueError:
+            raise UsageError(f"--since: not an ISO date/time: {args.since!r}") from None
+    if not (store / "runs").is_dir():
+        raise UsageError(f"--store: {store} holds no history yet (runs/ is missing)")
+    return store

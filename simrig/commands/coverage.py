@@ -31,24 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from datetime import datetime
 
-    from simrig.commands.common import emit_json
+    from simrig.commands.common import emit_json, open_history_store
     from simrig.errors import UsageError
-    from simrig.report.history import history_dir, load_coverage, load_history, never_reached_branches
+    from simrig.report.history import load_coverage, load_history, never_reached_branches
 
-    store = Path(args.store) if args.store else history_dir()
-    if store is None:
-        raise UsageError("--store: history recording is off (SIMRIG_HISTORY=none); name a store")
-    if args.since:
-        try:
-            datetime.fromisoformat(args.since)
-        except ValueError:
-            raise UsageError(f"--since: not an ISO date/time: {args.since!r}") from None
     if args.out and not str(args.out).endswith((".csv", ".parquet")):
         raise UsageError(f"--out: {args.out}: name a .csv or .parquet file")
-    if not (store / "runs").is_dir():
-        raise UsageError(f"--store: {store} holds no history yet (runs/ is missing)")
+    store = open_history_store(args)
     runs, _ = load_history(store, args.since)
     if args.vllm:
         runs = runs[runs["vllm_version"] == args.vllm]

@@ -33,23 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from datetime import datetime
 
-    from simrig.commands.common import emit_json
-    from simrig.errors import UsageError
-    from simrig.report.history import StoreListing, history_dir, load_history
+    from simrig.commands.common import emit_json, open_history_store
+    from simrig.report.history import StoreListing, load_history
     from simrig.report.history_page import history_summary, render_history
 
-    store = Path(args.store) if args.store else history_dir()
-    if store is None:
-        raise UsageError("--store: history recording is off (SIMRIG_HISTORY=none); name a store")
-    if args.since:
-        try:
-            datetime.fromisoformat(args.since)
-        except ValueError:
-            raise UsageError(f"--since: not an ISO date/time: {args.since!r}") from None
-    if not (store / "runs").is_dir():
-        raise UsageError(f"--store: {store} holds no history yet (runs/ is missing)")
+    store = open_history_store(args)
     listing = StoreListing()
     runs, classes = load_history(store, args.since, listing)  # a bad file: a warning, skipped
     if getattr(args, "verbose", False):
