@@ -1,22 +1,28 @@
 """The runner harness: applies Steps through the real MRV2 code.
 
-One step, in the order GPUModelRunner.execute_model runs it:
+Each step is one call of the installed ``GPUModelRunner.execute_model``:
+vLLM's own wiring decides every argument. The harness observes by wrapping
+the runner's methods on the instance (each wrapper calls the class's current
+function, so a mutated vLLM is what runs) and never changes an argument or a
+result:
 
-    Step --vllm_api--> SchedulerOutput
-      lifecycle   finish_requests / add_requests / update_requests (real)
-                  drafter stand-in writes draft token ids into req_states
+    Step --vllm_api--> SchedulerOutput --> runner.execute_model(so)
+      lifecycle   finish_requests ... update_requests (real); the drafter
+                  stand-in then writes draft token ids into req_states
       gather      gather_batch_req_state                    -> BatchReqState
-      dispatch    dispatch_cg_and_sync_dp (vLLM's CudaGraphManager, see
-                  adapters/cudagraph.py)                    -> BatchExecutionDescriptor
-      prepare     prepare_inputs(..., descriptor)           -> global InputBatch, padded
-      partition   PCPManager.partition_batch(batch, descriptor), every PCP rank
-                  (and every DCP rank under DCP > 1)        -> rank-local InputBatch
-      postprocess sampler stand-in + postprocess_sampled    (advances GPU state)
+      dispatch    CudaGraphManager.dispatch, as dispatch_cg_and_sync_dp calls it
+                                                            -> BatchExecutionDescriptor
+      prepare     prepare_inputs (the global batch: what PCP rank 0's
+                  partition_batch receives under PCP), plus prepare_attn's
+                  block tables and slot mappings, and dcp_local_seq_lens
+      partition   rank 0: inside prepare_inputs; ranks past 0 (and DCP peers)
+                  partition the same global batch as the release does
+      postprocess sampler stand-in + the real postprocess_sampled
       dummy       InputBatch.make_dummy for the same descriptor, as cudagraph
                   capture builds it (PCP: prepare_inputs_for_capture_or_profile)
       capture     first step only: make_dummy at every descriptor vLLM captures
 
-An exception stops the step where the real runner would stop (dummy still
+An exception stops the step where the real runner stops (the dummy still
 runs: cudagraph capture builds it independently). Nothing is raised out of
 ``run_step``: every exception becomes part of the observation.
 """
@@ -36,6 +42,10 @@ from simrig.checks.findings import Finding, rig_error
 from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 
+class _StopStep(Exception):
+    """Raised by a probe when the stages the user asked for are done."""
+
+
 class Harness:
     """A model-less runner built from the installed vLLM, fed one Step at a time."""
 
@@ -50,74 +60,193 @@ class Harness:
         self.config = config
         self.stages = stages
         self.api = api or load()
-        self.runner = self.api.build_runner(config)
         self.pcp_managers = self.api.build_pcp_managers(config)
         self.dcp_peers = self.api.build_dcp_peer_managers(config)
         self.dispatcher = self.api.build_dispatcher(config)
+        self.runner = self.api.build_runner(
+            config, self.dispatcher, self.pcp_managers[0] if self.pcp_managers else None)
         self.dummy_buffers = self.api.dummy_buffers(config)
         self.num_steps = 0
+        self._step: Step | None = None
+        self._result: obs.StepObs | None = None
+        self._global_batch: Any = None
+        self._desc: Any = None
+        self._lifecycle_start = 0.0
+        self._install_probes()
 
-    # The hot path: keep it to the real calls and their observations.
+    # The hot path: one real execute_model, then the ranks it does not drive.
     def run_step(self, step: Step) -> obs.StepObs:
         result = obs.StepObs(index=self.num_steps)
         self.num_steps += 1
         so = self.api.scheduler_output(step)
-        if not self._lifecycle(step, so, result):
-            return self._dummy(step, result)
-        if not step.num_scheduled_tokens or obs.GATHER not in self.stages:
-            return self._dummy(step, result)
-        batch_state = self._timed(result, obs.GATHER, None, step, self._gather, so)
-        if batch_state is None:
-            return self._dummy(step, result)
-        desc = self._timed(result, obs.DISPATCH, None, step, self._dispatch, step, *batch_state,
-                           observe=False)
-        if desc is None:
-            return self._dummy(step, result)
-        result.stages[-1].fields = {k: obs.observe_value(v) for k, v in cudagraph.describe(desc).items()}
-        if obs.PREPARE in self.stages:
-            self._prepare_partition_postprocess(step, so, batch_state[0], desc, result)
+        self._step, self._result, self._global_batch, self._desc = step, result, None, None
+        try:
+            self.runner.execute_model(so)
+        except _StopStep:
+            pass
+        except Exception as exc:  # vLLM's exceptions are observations
+            self._unclaimed_error(exc, step, result)
+        else:
+            self._observe_dcp_local_seq_lens(result)
+        finally:
+            self.runner.execute_model_state = None
+        batch, desc = self._global_batch, self._desc
+        if batch is not None and desc is not None and obs.PREPARE in self.stages and not _failed(result):
+            self._other_ranks(step, batch, desc, result)
+            self._timed(result, obs.POSTPROCESS, None, step, self._sample, step, batch)
         return self._dummy(step, result, desc)
 
-    def _gather(self, so: Any) -> Any:
-        """gather_batch_req_state as the runner runs it: under PCP with its PCP
-        manager set (prefill rows never run as decodes there). The manager is
-        unset again for prepare_inputs, whose global batch the harness then
-        partitions for every rank itself."""
-        self.runner.pcp_manager = self.pcp_managers[0] if self.pcp_managers else None
-        try:
-            return self.runner.gather_batch_req_state(so, False)
-        finally:
-            self.runner.pcp_manager = None
-
-    def _dispatch(self, step: Step, batch_state: Any, uniform_token_count: int | None) -> Any:
-        """The descriptor execute_model picks: token count from the batch (the
-        largest rank-local one under PCP), no max query length with a prefill."""
-        num_tokens = batch_state.num_tokens
-        max_query_len = None if batch_state.has_prefill else max(step.num_scheduled_tokens.values())
-        if self.pcp_managers:
-            num_tokens = self.pcp_managers[0].get_num_tokens_for_dispatch(
-                batch_state.num_scheduled_tokens, batch_state.is_prefilling_np)
-        return cudagraph.dispatch(self.dispatcher, num_reqs=len(step.num_scheduled_tokens),
-                                  num_tokens=num_tokens, uniform_token_count=uniform_token_count,
-                                  max_query_len=max_query_len,
-                                  decode_query_len=self.config.decode_query_len)
-
-    def _lifecycle(self, step: Step, so: Any, result: obs.StepObs) -> bool:
+    # ---------------------------------------------------------------- probes
+    def _install_probes(self) -> None:
         runner = self.runner
+        _wrap(runner, "finish_requests", self._probe_lifecycle_start)
+        _wrap(runner, "update_requests", self._probe_lifecycle_end)
+        _wrap(runner, "gather_batch_req_state", self._probe_gather)
+        _wrap(runner.cudagraph_manager, "dispatch", self._probe_dispatch)
+        _wrap(runner, "prepare_inputs", self._probe_prepare)
+        _wrap(runner, "prepare_attn", self._probe_attn)
+        if runner.pcp_manager is not None:
+            _wrap(runner.pcp_manager, "partition_batch", self._probe_partition)
 
-        def apply() -> dict[str, Any]:
-            runner.finish_requests(so)
-            runner.add_requests(so)
-            runner.update_requests(so)
-            self._write_drafts(step)
-            held = runner.req_states.req_id_to_index  # the runner's live set and slots (checks/fields.py)
-            ids = sorted(held)
-            return {"runner.live_ids": ids, "runner.live_slots": [held[r] for r in ids],
-                    "runner.free_slots": list(runner.req_states.free_indices),
-                    # the PCP world actually driven (1 where the release cannot drive the config)
-                    "runner.pcp_size": len(self.pcp_managers) or 1}
+    def _probe_lifecycle_start(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        record = obs.StageObs(stage=obs.LIFECYCLE)
+        self._result.stages.append(record)
+        self._lifecycle_start = time.perf_counter()
+        try:
+            return self._claim(record, call, *args, **kwargs)
+        except Exception:
+            record.duration_s = time.perf_counter() - self._lifecycle_start
+            raise
 
-        return self._timed(result, obs.LIFECYCLE, None, step, apply) is not None
+    def _probe_lifecycle_end(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        record = self._result.stages[-1]
+        try:
+            value = self._claim(record, call, *args, **kwargs)
+        finally:  # lifecycle spans finish_requests .. update_requests
+            record.duration_s = time.perf_counter() - self._lifecycle_start
+        self._write_drafts(self._step)
+        held = self.runner.req_states.req_id_to_index  # the runner's live set and slots (checks/fields.py)
+        ids = sorted(held)
+        record.fields = {k: obs.observe_value(v) for k, v in {
+            "runner.live_ids": ids, "runner.live_slots": [held[r] for r in ids],
+            "runner.free_slots": list(self.runner.req_states.free_indices),
+            # the PCP world actually driven (1 where the release cannot drive the config)
+            "runner.pcp_size": len(self.pcp_managers) or 1}.items()}
+        if obs.GATHER not in self.stages:
+            raise _StopStep
+        return value
+
+    def _probe_gather(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        record = self._open(obs.GATHER)
+        value = self._claim(record, call, *args, **kwargs, timed=True)
+        batch_state, uniform = value
+        if batch_state is not None:
+            record.fields = obs.observe_fields(batch_state)
+            record.fields["uniform_decode_token_count"] = obs.observe_value(uniform)
+            record.declared = obs.declared_fields(batch_state) | {"uniform_decode_token_count"}
+        return value
+
+    def _probe_dispatch(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        record = self._open(obs.DISPATCH)
+        desc = self._claim(record, call, *args, **kwargs, timed=True)
+        record.fields = {k: obs.observe_value(v) for k, v in cudagraph.describe(desc).items()}
+        self._desc = desc
+        if obs.PREPARE not in self.stages:
+            raise _StopStep
+        return desc
+
+    def _probe_prepare(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        record = self._open(obs.PREPARE)
+        batch = self._claim(record, call, *args, **kwargs, timed=True)
+        if self._global_batch is None:  # no PCP: prepare_inputs returns the global batch
+            self._global_batch = batch
+            _observe_batch(record, batch)
+        return batch
+
+    def _probe_partition(self, call: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """PCP rank 0's partition inside prepare_inputs: its input is the global batch."""
+        self._global_batch = input_batch
+        prepare = self._result.get(obs.PREPARE)
+        if prepare is not None:
+            _observe_batch(prepare, input_batch)
+        if obs.PARTITION not in self.stages:
+            return call(input_batch, *args, **kwargs)
+        record = self._open(obs.PARTITION, rank=0)
+        value = self._claim(record, call, input_batch, *args, **kwargs, timed=True)
+        _observe_batch(record, value)
+        record.fields.update(_pcp_private_view(self.runner.pcp_manager))
+        record.declared = (record.declared or frozenset()) | {"manager"}
+        return value
+
+    def _probe_attn(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """prepare_attn's block tables and slot mappings, on the batch they
+        describe (the rank-local one under PCP)."""
+        stage, rank = (obs.PARTITION, 0) if self.runner.pcp_manager is not None else (obs.PREPARE, None)
+        record = self._result.get(stage, rank)
+        if record is None:
+            return call(*args, **kwargs)
+        value = self._claim(record, call, *args, **kwargs)
+        tables, slots = value
+        for group, table in enumerate(tables):
+            record.fields[f"attn.block_tables.{group}"] = obs.observe_value(table)
+        record.fields["attn.slot_mappings"] = obs.observe_value(slots)
+        if record.declared is not None:
+            record.declared |= {"attn"}
+        return value
+
+    def _open(self, stage: str, rank: int | None = None) -> obs.StageObs:
+        record = obs.StageObs(stage=stage, rank=rank)
+        self._result.stages.append(record)
+        return record
+
+    def _claim(self, record: obs.StageObs, call: Any, *args: Any, timed: bool = False,
+               **kwargs: Any) -> Any:
+        """Run the real call; an exception is recorded on ``record`` and re-raised
+        (execute_model stops there, as it would in vLLM)."""
+        start = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        except _StopStep:
+            raise
+        except Exception as exc:
+            if record.error is None and not getattr(exc, "__simrig_claimed__", False):
+                record.error = _error_obs(exc, self._step)
+            exc.__simrig_claimed__ = True  # type: ignore[attr-defined]
+            raise
+        finally:
+            if timed:
+                record.duration_s = time.perf_counter() - start
+
+    def _unclaimed_error(self, exc: Exception, step: Step, result: obs.StepObs) -> None:
+        """An exception from execute_model's own code between the probed calls:
+        recorded on the stage that ran last."""
+        if getattr(exc, "__simrig_claimed__", False):
+            return
+        stage = result.stages[-1].stage if result.stages else obs.LIFECYCLE
+        result.stages.append(obs.StageObs(stage=stage, rank=None, error=_error_obs(exc, step)))
+
+    def _observe_dcp_local_seq_lens(self, result: obs.StepObs) -> None:
+        """execute_model fills dcp_local_seq_lens after prepare_attn, on the
+        batch the forward runs (rank-local under PCP)."""
+        state = self.runner.execute_model_state
+        if state is None or getattr(state.input_batch, "dcp_local_seq_lens", None) is None:
+            return
+        stage, rank = (obs.PARTITION, 0) if self.runner.pcp_manager is not None else (obs.PREPARE, None)
+        record = result.get(stage, rank)
+        if record is not None:
+            record.fields["dcp_local_seq_lens"] = obs.observe_value(state.input_batch.dcp_local_seq_lens)
+
+    def _other_ranks(self, step: Step, batch: Any, desc: Any, result: obs.StepObs) -> None:
+        """PCP ranks past 0 and every DCP peer partition the same global batch."""
+        if obs.PARTITION not in self.stages:
+            return
+        for rank, manager in enumerate(self.pcp_managers[1:], start=1):
+            self._timed(result, obs.PARTITION, rank, step, self.api.partition_for_rank,
+                        manager, batch, desc, extra=lambda _fn, m=manager: _pcp_private_view(m))
+        for rank, dcp_rank, manager in self.dcp_peers:
+            self._timed(result, obs.PARTITION, rank, step, self.api.partition_for_rank,
+                        manager, batch, desc, extra=lambda _fn, m=manager: _pcp_private_view(m))
+            result.stages[-1].dcp_rank = dcp_rank
 
     def _write_drafts(self, step: Step) -> None:
         """Drafter stand-in: draft j of a request at position n proposes position
@@ -135,23 +264,6 @@ class Harness:
             first_rejected = rejected_from(step, req_id)
             ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
             states.draft_tokens[idx, :k] = self.api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
-
-    def _prepare_partition_postprocess(self, step: Step, so: Any, batch_state: Any, desc: Any,
-                                       result: obs.StepObs) -> None:
-        runner = self.runner
-        batch = self._timed(result, obs.PREPARE, None, step,
-                            runner.prepare_inputs, so, batch_state, desc, 0)
-        if batch is None:
-            return
-        if obs.PARTITION in self.stages:
-            for rank, manager in enumerate(self.pcp_managers):
-                self._timed(result, obs.PARTITION, rank, step,
-                            manager.partition_batch, batch, desc, extra=_pcp_private_view)
-            for rank, dcp_rank, manager in self.dcp_peers:
-                self._timed(result, obs.PARTITION, rank, step, manager.partition_batch, batch, desc,
-                            extra=_pcp_private_view)
-                result.stages[-1].dcp_rank = dcp_rank
-        self._timed(result, obs.POSTPROCESS, None, step, self._sample, step, batch)
 
     def _sample(self, step: Step, batch: Any) -> dict[str, Any]:
         """Sampler stand-in, then the real postprocess_sampled.
@@ -261,9 +373,28 @@ def run_step_guarded(harness: Harness, step: Step, trace: str = "") -> tuple[obs
         return obs.StepObs(index=index), [rig_error(exc, step=index, check="harness", trace=trace)]
 
 
-def _pcp_private_view(bound_partition: Any) -> dict[str, obs.FieldObs]:
+def _wrap(obj: Any, name: str, probe: Any) -> None:
+    """Shadow ``obj.name`` on the instance with ``probe(call, *args)``; ``call``
+    looks the class's function up at call time, so a mutated vLLM runs."""
+    owner = type(obj)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(owner, name)(obj, *args, **kwargs)
+
+    setattr(obj, name, lambda *args, **kwargs: probe(call, *args, **kwargs))
+
+
+def _observe_batch(record: obs.StageObs, batch: Any) -> None:
+    record.fields = obs.observe_fields(batch)
+    record.declared = obs.declared_fields(batch)
+
+
+def _failed(result: obs.StepObs) -> bool:
+    return any(stage.error is not None for stage in result.stages)
+
+
+def _pcp_private_view(manager: Any) -> dict[str, obs.FieldObs]:
     """The manager's restore/gather index arrays (global = gathered[restore])."""
-    manager = bound_partition.__self__
     out = {}
     for name in ("_hidden_restore_idx", "_padded_gather_idx", "_gathered_kv_write_mask"):
         # None is observed too: the contract decides whether it may be None.

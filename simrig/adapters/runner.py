@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from simrig.adapters import cudagraph, platform, versions
+from simrig.adapters import cudagraph, platform, versions, wiring
 from simrig.adapters.entry_points import (  # noqa: F401 -- the adapter's public names
     ENTRY_POINTS,
     EntryPoint,
@@ -169,11 +169,13 @@ class VllmApi:
         return manager.prepare_inputs_for_capture_or_profile(batch)
 
     # ------------------------------------------------------------------- runner
-    def build_runner(self, config: RunnerConfig) -> Any:
-        """A GPUModelRunner without a model: real request state and buffers.
+    def build_runner(self, config: RunnerConfig, dispatcher: Any = None,
+                     pcp_manager: Any = None) -> Any:
+        """A GPUModelRunner without a model whose own execute_model runs.
 
         ``__init__`` needs CUDA streams and a model, so the runner is created
-        with ``__new__`` and given exactly the attributes the input path reads.
+        with ``__new__`` and given the attributes execute_model reads
+        (``simrig.adapters.wiring``); ``pcp_manager`` is PCP rank 0's.
         Collaborators off the boundary are stand-ins (see README).
         """
         runner = self.GPUModelRunner.__new__(self.GPUModelRunner)
@@ -181,7 +183,6 @@ class VllmApi:
         runner.max_num_reqs = config.max_num_reqs
         runner.decode_query_len = config.decode_query_len
         runner.use_pp = False
-        runner.is_last_pp_rank = False  # no sampler state to maintain
         runner.pcp_manager = None
         runner.adaptive_verification = None
         runner.fast_prefill = None
@@ -189,12 +190,11 @@ class VllmApi:
         runner.pp_handler = None
         runner.encoder_cache = None
         runner.prompt_logprobs_worker = None
-        runner.sampler = None
         runner.kv_block_zeroer = None
+        runner.routed_experts_capturer = None
+        runner.lora_manager = None
+        runner.vocab_size = SYNTH_VOCAB_SIZE
         runner.model_config = SimpleNamespace(rswa_window=None)
-        runner.model_state = ModelStateStandIn()
-        runner.block_tables = BlockTablesStandIn()
-        runner.lora_state = LoraStateStandIn()
         runner.req_states = self.RequestState(
             max_num_reqs=config.max_num_reqs,
             max_model_len=config.max_model_len,
@@ -208,7 +208,9 @@ class VllmApi:
             max_num_tokens=config.max_num_batched_tokens,
             device=self.device,
         )
-        return versions.adapt_runner(self.shape, runner)
+        return wiring.equip(runner, config, self.device,
+                            dispatcher if dispatcher is not None else self.build_dispatcher(config),
+                            pcp_manager)
 
     def build_pcp_managers(self, config: RunnerConfig) -> list[Any]:
         """One real PCPManager per PCP rank (empty when pcp_size == 1, or when
@@ -228,7 +230,7 @@ class VllmApi:
                 for rank in range(config.pcp_size) for dcp_rank in range(1, config.dcp_size)]
 
     def _pcp_manager(self, config: RunnerConfig, pcp_rank: int, dcp_rank: int) -> Any:
-        return versions.adapt_pcp_manager(self.shape, self.PCPManager(
+        return self.PCPManager(
             pcp_world_size=config.pcp_size,
             pcp_rank=pcp_rank,
             device=self.device,
@@ -237,7 +239,11 @@ class VllmApi:
             dcp_world_size=config.dcp_size,
             dcp_rank=dcp_rank,
             **versions.pcp_kwargs(self.shape, config.shard_decode_requests),
-        ))
+        )
+
+    def partition_for_rank(self, manager: Any, input_batch: Any, batch_desc: Any) -> Any:
+        """A PCP rank past 0 partitions the global batch as the release does."""
+        return versions.partition_for_rank(self.shape, manager, input_batch, batch_desc)
 
     def unavailable(self, config: RunnerConfig) -> list[versions.Unavailable]:
         """Stages this release cannot drive for ``config`` (the rest still run)."""
@@ -250,50 +256,6 @@ class VllmApi:
             max_num_tokens=config.max_num_batched_tokens,
             device=self.device,
         )
-
-
-class ModelStateStandIn:
-    """Stands in for the model-specific state (M-RoPE, Mamba …): plain text
-    models keep nothing here that the input path reads."""
-
-    num_new_sampled_tokens_per_step = 1
-
-    def add_request(self, req_index: int, new_req_data: Any) -> None:
-        pass
-
-    def remove_request(self, req_id: str) -> None:
-        pass
-
-    def apply_staged_writes(self) -> None:
-        pass
-
-    def postprocess_state(self, idx_mapping: Any, num_sampled: Any, num_computed: Any) -> None:
-        pass
-
-
-class BlockTablesStandIn:
-    """Stands in for the KV block tables: records block ids per slot. The input
-    path's outputs (idx_mapping, positions, …) never read them."""
-
-    def __init__(self) -> None:
-        self.block_ids: dict[int, list[int]] = {}
-
-    def append_block_ids(self, req_index: int, block_ids: Any, overwrite: bool) -> None:
-        ids = [b for group in block_ids for b in group] if block_ids else []
-        if overwrite:
-            self.block_ids[req_index] = ids
-        else:
-            self.block_ids.setdefault(req_index, []).extend(ids)
-
-
-class LoraStateStandIn:
-    """Stands in for LoRA bookkeeping: traces carry no adapters."""
-
-    def add_request(self, req_id: str, req_index: int, lora_request: Any) -> None:
-        pass
-
-    def remove_request(self, req_id: str) -> None:
-        pass
 
 
 _api: VllmApi | None = None

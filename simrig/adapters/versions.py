@@ -7,9 +7,10 @@ newer vLLM is handled by what it offers:
 
     difference (module.attribute)                   0.30 0.31 0.32 0.33   simrig does
     ──────────────────────────────────────────────  ──── ──── ──── ────   ──────────────────────────
-    GPUModelRunner.prepare_inputs(num_active_loras)   -    +    +    +    passes 0 where present
-    PCPManager.partition_batch(input, batch_desc)     -    +    +    +    else (input, padded_num_tokens,
-                                                                           padded_num_reqs) from the desc
+    GPUModelRunner.prepare_inputs(num_active_loras)   -    +    +    +    nothing: execute_model calls it
+    PCPManager.partition_batch(input, batch_desc)     -    +    +    +    ranks past 0: as the release's
+                                                                           prepare_inputs does (0.30: the
+                                                                           module's maybe_partition_pcp_batch)
     PCPManager(shard_decode_requests)                 -    -    +    +    capability: without it the
                                                                            partition stage of a sharding
                                                                            trace is *unavailable*
@@ -21,16 +22,16 @@ newer vLLM is handled by what it offers:
 
 A capability the installed release lacks is an ``Unavailable`` (stage,
 capability, reason): doctor lists it, a replay reports it per trace and runs
-every other stage. Call-shape differences are absorbed by instance-level
-shims bound to the real objects (``types.MethodType``), so the harness calls
-one shape and mutations of the class functions still take effect.
+every other stage. Call-shape differences never reach the runner: each release's own
+``execute_model`` calls its own functions with its own arguments; the harness
+only partitions the ranks past 0 the way that release does
+(``partition_for_rank``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -224,35 +225,16 @@ def pcp_kwargs(shape: ApiShape, shard_decode_requests: bool) -> dict[str, Any]:
     return {"shard_decode_requests": shard_decode_requests} if shape.pcp_shard_decode else {}
 
 
-# ------------------------------------------------------------- call shims
-def _prepare_without_loras(runner: Any, scheduler_output: Any, batch_req_state: Any,
-                           batch_desc: Any, num_active_loras: int = 0) -> Any:
-    """0.30: prepare_inputs has no LoRA count (simrig always passes 0)."""
-    return type(runner).prepare_inputs(runner, scheduler_output, batch_req_state, batch_desc)
+# ------------------------------------------------------------- rank calls
+def partition_for_rank(shape: ApiShape, manager: Any, input_batch: Any, batch_desc: Any) -> Any:
+    """Partition the global batch for a PCP rank the runner does not drive, the
+    way the installed release's prepare_inputs partitions rank 0's: 0.31+
+    ``manager.partition_batch(input_batch, batch_desc)``, 0.30 the module's own
+    ``maybe_partition_pcp_batch(manager, input_batch, batch_desc)`` (which
+    derives the padded sizes from the descriptor)."""
+    if shape.partition_takes_batch_desc:
+        return manager.partition_batch(input_batch, batch_desc)
+    import importlib
 
-
-def _partition_with_padding(manager: Any, input_batch: Any, batch_desc: Any) -> Any:
-    """0.30: partition_batch takes the padded sizes the descriptor carries.
-
-    The descriptor's meaning (cudagraph_utils.BatchExecutionDescriptor): no
-    cudagraph -> no padding; a piecewise graph pads tokens; a full graph also
-    pads requests.
-    """
-    mode = getattr(batch_desc.cg_mode, "name", str(batch_desc.cg_mode))
-    padded_tokens = None if mode == "NONE" else batch_desc.num_tokens
-    padded_reqs = batch_desc.num_reqs if mode == "FULL" else None
-    return type(manager).partition_batch(manager, input_batch, padded_tokens, padded_reqs)
-
-
-def adapt_runner(shape: ApiShape, runner: Any) -> Any:
-    """Give the runner the one prepare_inputs call shape the harness uses."""
-    if not shape.prepare_takes_num_active_loras:
-        runner.prepare_inputs = types.MethodType(_prepare_without_loras, runner)
-    return runner
-
-
-def adapt_pcp_manager(shape: ApiShape, manager: Any) -> Any:
-    """Give a PCP manager the one partition_batch call shape the harness uses."""
-    if not shape.partition_takes_batch_desc:
-        manager.partition_batch = types.MethodType(_partition_with_padding, manager)
-    return manager
+    return importlib.import_module(PCP_MANAGER).maybe_partition_pcp_batch(
+        manager, input_batch, batch_desc)

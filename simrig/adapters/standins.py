@@ -1,0 +1,102 @@
+"""Stand-ins for the runner's collaborators that need a model or a GPU.
+
+``GPUModelRunner.execute_model`` runs for real; these objects take the place
+of what it calls that has no CPU form without a loaded model. Each is listed
+in the README's stand-ins table with its reason. None of them computes an
+argument for vLLM: they accept what the real code hands them and return
+correctly shaped outputs.
+
+    stand-in               replaces                          why
+    ────────               ────────                          ───
+    ModelStandIn           the model forward (and FULL       needs weights and a GPU attention
+                           graph replay's output)            backend; returns zero hidden states
+    ModelStateStandIn      model_state (attention metadata   the metadata builders call GPU
+                           builders, M-RoPE, Mamba)          libraries and need the model's layers;
+                                                             records the batch it is handed
+    LoraStateStandIn       LoRA bookkeeping                  traces carry no adapters
+    FullGraphReplay        CudaGraphManager.run_fullgraph    graph replay needs CUDA; returns the
+                                                             hidden states a replay of that
+                                                             descriptor's graph would
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HIDDEN_SIZE = 8  # the stand-in model's hidden size: any positive width works
+
+
+class ModelStandIn:
+    """The model forward: records what it was called with, returns zeros
+    of shape [num_tokens, HIDDEN_SIZE] (num_tokens = the padded batch)."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self._torch = torch
+        self._device = device
+        self.last_inputs: dict[str, Any] | None = None
+
+    def __call__(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
+        self.last_inputs = {"input_ids": input_ids, "positions": positions}
+        num_tokens = positions.shape[-1] if positions is not None else input_ids.shape[0]
+        return self._torch.zeros(num_tokens, HIDDEN_SIZE, device=self._device)
+
+
+class FullGraphReplay:
+    """CudaGraphManager.run_fullgraph without CUDA: a FULL graph replays the
+    model on the runner's input buffers at the descriptor's token count."""
+
+    def __init__(self, torch: Any, device: Any) -> None:
+        self._torch = torch
+        self._device = device
+        self.replayed: list[Any] = []
+
+    def __call__(self, desc: Any) -> Any:
+        self.replayed.append(desc)
+        return self._torch.zeros(desc.num_tokens, HIDDEN_SIZE, device=self._device)
+
+
+class ModelStateStandIn:
+    """The model-specific state: plain text models keep nothing here that the
+    input path reads. ``prepare_attn`` stands in for the attention metadata
+    builders and records the batch, block tables and slot mappings it gets."""
+
+    num_new_sampled_tokens_per_step = 1
+
+    def __init__(self) -> None:
+        self.last_attn: tuple[Any, Any, Any] | None = None
+
+    def add_request(self, req_index: int, new_req_data: Any) -> None:
+        pass
+
+    def remove_request(self, req_id: str) -> None:
+        pass
+
+    def apply_staged_writes(self) -> None:
+        pass
+
+    def postprocess_state(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def preprocess_state(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def prepare_attn(self, input_batch: Any, cg_mode: Any, block_tables: Any, slot_mappings: Any,
+                     *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.last_attn = (input_batch, block_tables, slot_mappings)
+        return {}
+
+    def prepare_inputs(self, input_batch: Any, req_states: Any) -> dict[str, Any]:
+        return {}
+
+    def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
+        return {}
+
+
+class LoraStateStandIn:
+    """LoRA bookkeeping: traces carry no adapters."""
+
+    def add_request(self, req_id: str, req_index: int, lora_request: Any) -> None:
+        pass
+
+    def remove_request(self, req_id: str) -> None:
+        pass
