@@ -29,6 +29,7 @@ runs: cudagraph capture builds it independently). Nothing is raised out of
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -60,11 +61,13 @@ class Harness:
         self.config = config
         self.stages = stages
         self.api = api or load()
-        self.pcp_managers = self.api.build_pcp_managers(config)
-        self.dcp_peers = self.api.build_dcp_peer_managers(config)
+        block_tables = self.api.build_block_tables(config)
+        self.pcp_managers = self.api.build_pcp_managers(config, block_tables)
+        self.dcp_peers = self.api.build_dcp_peer_managers(config, block_tables)
         self.dispatcher = self.api.build_dispatcher(config)
         self.runner = self.api.build_runner(
-            config, self.dispatcher, self.pcp_managers[0] if self.pcp_managers else None)
+            config, self.dispatcher, self.pcp_managers[0] if self.pcp_managers else None,
+            block_tables)
         self.dummy_buffers = self.api.dummy_buffers(config)
         self.num_steps = 0
         self._step: Step | None = None
@@ -223,7 +226,12 @@ class Harness:
         if getattr(exc, "__simrig_claimed__", False):
             return
         stage = result.stages[-1].stage if result.stages else obs.LIFECYCLE
-        result.stages.append(obs.StageObs(stage=stage, rank=None, error=_error_obs(exc, step)))
+        error = _error_obs(exc, step)
+        if os.environ.get("SIMRIG_DEBUG_UNCLAIMED"):
+            import traceback
+
+            traceback.print_exception(exc)
+        result.stages.append(obs.StageObs(stage=stage, rank=None, error=error))
 
     def _observe_dcp_local_seq_lens(self, result: obs.StepObs) -> None:
         """execute_model fills dcp_local_seq_lens after prepare_attn, on the

@@ -170,7 +170,7 @@ class VllmApi:
 
     # ------------------------------------------------------------------- runner
     def build_runner(self, config: RunnerConfig, dispatcher: Any = None,
-                     pcp_manager: Any = None) -> Any:
+                     pcp_manager: Any = None, block_tables: Any = None) -> Any:
         """A GPUModelRunner without a model whose own execute_model runs.
 
         ``__init__`` needs CUDA streams and a model, so the runner is created
@@ -210,26 +210,34 @@ class VllmApi:
         )
         return wiring.equip(runner, config, self.device,
                             dispatcher if dispatcher is not None else self.build_dispatcher(config),
-                            pcp_manager)
+                            pcp_manager, block_tables)
 
-    def build_pcp_managers(self, config: RunnerConfig) -> list[Any]:
+    def build_block_tables(self, config: RunnerConfig) -> Any:
+        """vLLM's BlockTables for the trace config's one KV cache group."""
+        return wiring.block_tables(config, self.device)
+
+    def build_pcp_managers(self, config: RunnerConfig, block_tables: Any = None) -> list[Any]:
         """One real PCPManager per PCP rank (empty when pcp_size == 1, or when
         the installed release cannot drive this PCP configuration: see
         ``unavailable``)."""
         if config.pcp_size <= 1 or self.unavailable(config):
             return []
-        return [self._pcp_manager(config, rank, 0) for rank in range(config.pcp_size)]
+        return [self._pcp_manager(config, rank, 0, block_tables) for rank in range(config.pcp_size)]
 
-    def build_dcp_peer_managers(self, config: RunnerConfig) -> list[tuple[int, int, Any]]:
+    def build_dcp_peer_managers(self, config: RunnerConfig, block_tables: Any = None
+                                ) -> list[tuple[int, int, Any]]:
         """``(pcp_rank, dcp_rank, manager)`` for every DCP rank past 0: DCP
         shards the KV cache, not the queries, so each must partition the batch
         exactly as DCP rank 0 of its PCP rank does."""
         if config.pcp_size <= 1 or config.dcp_size <= 1 or self.unavailable(config):
             return []
-        return [(rank, dcp_rank, self._pcp_manager(config, rank, dcp_rank))
+        return [(rank, dcp_rank, self._pcp_manager(config, rank, dcp_rank, block_tables))
                 for rank in range(config.pcp_size) for dcp_rank in range(1, config.dcp_size)]
 
-    def _pcp_manager(self, config: RunnerConfig, pcp_rank: int, dcp_rank: int) -> Any:
+    def _pcp_manager(self, config: RunnerConfig, pcp_rank: int, dcp_rank: int,
+                     block_tables: Any = None) -> Any:
+        """One rank's PCPManager; built with the runner's block tables, as
+        initialize_kv_cache builds it (0.30-0.32; 0.33 also sets them later)."""
         return self.PCPManager(
             pcp_world_size=config.pcp_size,
             pcp_rank=pcp_rank,
@@ -239,6 +247,7 @@ class VllmApi:
             dcp_world_size=config.dcp_size,
             dcp_rank=dcp_rank,
             **versions.pcp_kwargs(self.shape, config.shard_decode_requests),
+            **({"block_tables": block_tables} if block_tables is not None else {}),
         )
 
     def partition_for_rank(self, manager: Any, input_batch: Any, batch_desc: Any) -> Any:

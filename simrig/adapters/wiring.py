@@ -99,7 +99,7 @@ def block_tables(config: RunnerConfig, device: Any, dcp_rank: int = 0) -> Any:
 
 
 def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
-          pcp_manager: Any | None) -> Any:
+          pcp_manager: Any | None, tables: Any | None = None) -> Any:
     """Give ``runner`` what its execute_model reads (see the module docstring)."""
     import torch
     from vllm.config import VllmConfig
@@ -123,6 +123,9 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.num_speculative_steps = config.num_speculative_tokens
     runner.max_model_len = config.max_model_len
     runner.max_num_tokens = config.max_num_batched_tokens
+    for name, value in (("dp_size", 1), ("dp_rank", 0)):  # properties from 0.33
+        if not isinstance(getattr(type(runner), name, None), property):
+            setattr(runner, name, value)
     runner.dcp_size = config.dcp_size
     runner.use_dcp = config.dcp_size > 1
     runner.dcp_rank = 0
@@ -132,7 +135,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.eplb = _eplb(vllm_config, device)
     runner.step_timing = _step_timing()
     runner.kv_cache_config = kv_cache_config(config)
-    runner.block_tables = block_tables(config, device)
+    runner.block_tables = tables if tables is not None else block_tables(config, device)
     runner.attn_groups = [[]]
     runner.model = standins.ModelStandIn(torch, device)
     runner.model_state = standins.ModelStateStandIn()
@@ -145,8 +148,8 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     dispatcher.run_fullgraph = standins.FullGraphReplay(torch, device)
     runner.cudagraph_manager = dispatcher
     runner.pcp_manager = pcp_manager
-    if pcp_manager is not None and hasattr(pcp_manager, "set_block_tables"):
-        pcp_manager.set_block_tables(runner.block_tables)
+    if pcp_manager is not None and getattr(pcp_manager, "_block_tables", None) is None:
+        pcp_manager.set_block_tables(runner.block_tables)  # 0.33: attached at KV init
     return runner
 
 
