@@ -90,8 +90,11 @@ UNCHECKED: dict[tuple[str, str], str] = {
     ("*", "fast_prefill"): "KV-sharing fast prefill, never enabled; None is its documented value",
     ("*", "num_admitted_draft_tokens"): "adaptive verification, never enabled; None is its documented value",
     ("*", "has_structured_output_reqs"): "traces carry no structured output",
-    ("*", "dcp_local_seq_lens"): "never filled: the harness does not call prepare_dcp_local_seq_lens "
-                                 "(attention metadata, past the input path)",
+    ("*", "dcp_local_seq_lens"): "filled by execute_model under DCP > 1 (prepare_dcp_local_seq_lens); "
+                                 "only dtype is checked so far",
+    ("*", "attn.block_tables.0"): "prepare_attn's block table of the one KV group; only dtype is "
+                                  "checked so far",
+    ("*", "attn.slot_mappings"): "prepare_attn's slot mapping; only dtype is checked so far",
     ("partition", "pcp.dcp_local_seq_lens_cpu_upper_bound"): "DCP interleave layout; only dtype and "
                                                              "None without DCP",
     ("lifecycle", "runner.pcp_size"): "the PCP world the harness drove (1 where the release cannot drive "
