@@ -83,7 +83,10 @@ def apply(mutant: Mutant) -> None:
     source = mutated_source(mutant)
     namespace: dict[str, Any] = {}
     code = compile(source, f"<mutant {mutant.name}: {inspect.getsourcefile(raw)}>", "exec")
-    exec(code, raw.__globals__, namespace)  # noqa: S102 - the point of a mutation engine
+    # A decorated function (execute_model's @torch.inference_mode()) is a
+    # wrapper from another module: its source runs in the module it was
+    # written in, the innermost function's.
+    exec(code, inspect.unwrap(raw).__globals__, namespace)  # noqa: S102 - a mutation engine
     new_fn = namespace[raw.__name__]
     if wrapper is not None and not isinstance(new_fn, wrapper):
         new_fn = wrapper(new_fn)

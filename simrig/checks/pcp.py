@@ -249,6 +249,11 @@ def _check_coverage(index: int, config: RunnerConfig, prepare: StageObs, q: np.n
                 message=f"request {ids[g]}: tokens held by {short(counts)} ranks"))
 
 
+# What execute_model adds to the batch it runs, after partition: prepare_attn's
+# block tables and slot mappings, and dcp_local_seq_lens (each DCP rank's own).
+RUNNER_ONLY_PREFIXES = ("attn.", "dcp_local_seq_lens")
+
+
 @guarded("pcp")
 def check_dcp_peers(index: int, obs: StepObs) -> list[Finding]:
     """Every DCP rank of a PCP rank partitions the batch as DCP rank 0 does:
@@ -270,6 +275,8 @@ def check_dcp_peers(index: int, obs: StepObs) -> list[Finding]:
                         "from DCP rank 0"))
             continue
         for name in sorted(set(ref.fields) | set(peer.fields)):
+            if name.startswith(RUNNER_ONLY_PREFIXES):
+                continue  # observed only on the rank the runner drives; per-DCP-rank by meaning
             a, b = ref.fields.get(name), peer.fields.get(name)
             same = (a is not None and b is not None
                     and (a.kind, a.dtype, a.shape) == (b.kind, b.dtype, b.shape)

@@ -171,6 +171,18 @@ CATALOGUE: tuple[Mutant, ...] = (
            "self.free_indices.append(req_idx)  # control mutant: the same statement",
            "control: a source edit that changes nothing; it must survive, or the scoring is broken",
            control=True),
+    # execute_model's own wiring: simrig calls execute_model, so a change to the
+    # arguments it computes for dispatch reaches the oracle.
+    Mutant("execute-model-prefill-keeps-max-query-len", _MR, "GPUModelRunner.execute_model",
+           "max_query_len = None",
+           "max_query_len = max_query_len",
+           "execute_model keeps the longest query as the dispatch bound for a batch with a "
+           "prefill: a short prefill replays a varlen FULL decode graph"),
+    Mutant("execute-model-pcp-dispatches-global-tokens", _MR, "GPUModelRunner.execute_model",
+           "num_toks = self.pcp_manager.get_num_tokens_for_dispatch(",
+           "num_toks = num_toks or self.pcp_manager.get_num_tokens_for_dispatch(",
+           "under PCP execute_model dispatches the global token count instead of the largest "
+           "rank-local one: every rank pads to a graph far larger than its batch"),
 )
 
 BY_NAME = {m.name: m for m in CATALOGUE}
