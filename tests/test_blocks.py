@@ -263,3 +263,58 @@ def test_dcp_is_drawn_without_pcp():
 @given(runner_configs())
 def test_shard_decode_requests_only_with_pcp_and_without_dcp(config):
     assert not config.shard_decode_requests or (config.pcp_size > 1 and config.dcp_size == 1)
+
+
+# ------------------------------------------------------------------ real vLLM agrees
+def _real_configs(dcp: int):
+    return runner_configs(max_num_reqs=st.integers(1, 3), max_num_batched_tokens=st.just(16),
+                          max_model_len=st.just(48), block_size=st.just(4), pcp_sizes=st.just(1),
+                          dcp_sizes=st.just(dcp), num_speculative_tokens=st.integers(0, 2))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("dcp, rank", [(1, 0), (2, 0), (2, 1)])
+@settings(max_examples=4, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_real_block_tables_agree_with_the_oracle(vllm_api, dcp, rank, data):
+    """The installed BlockTables (append_block_ids, apply_staged_writes, then
+    gather_block_tables / compute_slot_mappings, as prepare_attn calls them) on
+    generated block ids: the oracle finds nothing, so the field meanings hold."""
+    import torch
+    from vllm.v1.worker.gpu.block_table import BlockTables
+
+    config, steps = data.draw(scheduled_runs(config=_real_configs(dcp), min_steps=3, max_steps=8))
+    width = -(-config.max_model_len // (config.block_size * config.dcp_size))
+    padded_tokens = config.max_num_batched_tokens
+    tables = BlockTables([config.block_size], max_num_reqs=config.max_num_reqs + 1,
+                         max_num_batched_tokens=padded_tokens, max_num_blocks_per_group=[width],
+                         device=torch.device("cpu"), cp_size=config.dcp_size, cp_rank=rank,
+                         cp_interleave=1, dcp_sharded=[config.dcp_size > 1])
+    tracker, slots, free = BlockTracker(), {}, list(range(config.max_num_reqs + 1))
+    computed: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        tracker.apply(step)
+        for r in (*step.finished, *step.preempted):
+            free.append(slots.pop(r))
+        for req in step.new_requests:
+            slots[req.req_id] = free.pop(0)
+            computed[req.req_id] = req.num_computed_tokens
+            tables.append_block_ids(slots[req.req_id], (list(req.block_ids),), overwrite=True)
+        for upd in step.cached:
+            computed[upd.req_id] = upd.num_computed_tokens
+            if upd.new_block_ids is not None:
+                tables.append_block_ids(slots[upd.req_id], (list(upd.new_block_ids),), overwrite=False)
+        tables.apply_staged_writes()
+        rows = [(r, computed[r], n) for r, n in step.num_scheduled_tokens.items()]
+        batch = _batch(rows)
+        idx = torch.tensor([slots[r] for r, _, _ in rows], dtype=torch.int32)
+        gathered = tables.gather_block_tables(idx, num_reqs_padded=len(rows) + 1)
+        positions = torch.zeros(padded_tokens, dtype=torch.int64)
+        positions[:len(batch.positions)] = torch.from_numpy(batch.positions)
+        mapping = tables.compute_slot_mappings(idx, torch.from_numpy(batch.query_start_loc).to(torch.int32),
+                                               positions, num_tokens_padded=padded_tokens)
+        stage = _stage(gathered[0].numpy(), mapping.numpy(), dcp_rank=rank)
+        assert check_attn_blocks(config, tracker, index, stage, batch) == [], (index, step)
+        for r, _, _ in rows:
+            computed[r] += step.num_accepted(r)
