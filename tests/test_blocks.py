@@ -145,7 +145,8 @@ def test_a_request_without_blocks_in_its_trace_has_its_slots_unjudged():
 
 def test_tracker_overwrites_appends_replaces_and_drops():
     tracker = BlockTracker()
-    tracker.apply(Step(new_requests=[NewRequest("a", 8, block_ids=[1, 2]), NewRequest("b", 8, block_ids=[3])]))
+    tracker.apply(Step(new_requests=[NewRequest("a", 8, block_ids=[1, 2]),
+                                     NewRequest("b", 8, block_ids=[3])]))
     tracker.apply(Step(cached=[CachedUpdate("a", 8, new_block_ids=[4]), CachedUpdate("b", 8)]))
     assert (tracker.of("a"), tracker.of("b")) == ([1, 2, 4], [3])
     tracker.apply(Step(cached=[CachedUpdate("b", 0, new_block_ids=[9], resumed=True)], finished=["a"]))
