@@ -9,6 +9,7 @@ Importable by any test suite (vLLM's own included)::
     def test_runner_accepts(run): ...
 """
 
+from strategies.blocks import BlockPool
 from strategies.configs import (
     CUDAGRAPH_MODES,
     CudagraphDescriptor,
@@ -22,7 +23,7 @@ from strategies.requests import new_requests, prefix_cache_hits, prompt_lengths,
 from strategies.steps import scheduled_runs, scheduler_step, scheduler_steps
 
 __all__ = [
-    "CUDAGRAPH_MODES", "CudagraphDescriptor", "capture_size_lists", "MODES", "MachineSettings", "NewFinding",
+    "BlockPool", "CUDAGRAPH_MODES", "CudagraphDescriptor", "capture_size_lists", "MODES", "MachineSettings", "NewFinding",
     "SchedulerContractMachine", "SchedulerModel", "VIOLATIONS", "cudagraph_descriptors",
     "new_requests", "prefix_cache_hits", "prompt_lengths", "request_ids", "runner_configs",
     "scheduled_runs", "scheduler_step", "scheduler_steps",

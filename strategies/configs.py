@@ -52,7 +52,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
 
     ``max_num_batched_tokens`` is raised to at least ``max_num_reqs`` (a
     scheduler budget below one token per request slot is not a configuration
-    vLLM accepts); ``dcp_size`` only appears with PCP > 1, and
+    vLLM accepts); ``dcp_size`` is drawn with or without PCP (vLLM's
+    ``ParallelConfig``: with PCP 1, "DCP reuses the TP ranks"), and
     ``shard_decode_requests`` only with PCP > 1 and DCP 1 (vLLM's
     ``ParallelConfig.pcp_shard_decode_requests``: DCP needs every decode on
     every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
@@ -72,7 +73,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     def build(draw) -> RunnerConfig:
         reqs = draw(max_num_reqs)
         pcp = draw(pcp_sizes)
-        dcp = draw(dcp_sizes) if pcp > 1 else 1
+        dcp = draw(dcp_sizes)
         budget = max(draw(max_num_batched_tokens), reqs)
         mode = draw(cudagraph_modes)
         if mode not in CUDAGRAPH_MODES:

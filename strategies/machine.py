@@ -49,6 +49,7 @@ from simrig.checks.lifecycle import (  # noqa: F401  (re-exported)
 from simrig.observe import OPTIONAL_STAGES, StepObs
 from simrig.step import CachedUpdate, RunnerConfig, Step
 from strategies._validate import check_choice
+from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import Plan, Row, SchedulerModel
 from strategies.requests import prefix_cache_hits, prompt_lengths
@@ -144,7 +145,7 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         if len(self.model.waiting()) >= 2 * cfg.max_num_reqs:
             return
         prompt_len = data.draw(prompt_lengths(max_model_len=cfg.max_model_len), label="prompt_len")
-        hit = data.draw(prefix_cache_hits(prompt_len, block_size=cfg.block_size), label="prefix_hit")
+        hit = data.draw(prefix_cache_hits(prompt_len, block_size=tokens_per_block(cfg)), label="prefix_hit")
         max_tokens = data.draw(st.integers(1, self.machine_settings.max_new_tokens), label="max_tokens")
         self.model.arrive(prompt_len, max_tokens, hit)
 
@@ -162,8 +163,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def resume(self, data: st.DataObject) -> None:
         req = data.draw(st.sampled_from(self.model.preempted()))
-        self.model.resume(req.req_id, data.draw(prefix_cache_hits(req.num_tokens,
-                                                                  block_size=self.config.block_size)))
+        hit = prefix_cache_hits(req.num_tokens, block_size=tokens_per_block(self.config))
+        self.model.resume(req.req_id, data.draw(hit))
 
     @rule(data=st.data())
     def schedule(self, data: st.DataObject) -> None:

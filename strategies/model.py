@@ -17,6 +17,12 @@ and the model turns one scheduling decision (a ``Plan``) into one
     sum(scheduled) <= max_num_batched_tokens, held requests <= max_num_reqs
     num_computed + scheduled <= max_model_len
 
+Each step also carries block ids from a ``strategies.blocks.BlockPool``:
+a request sent as new gets its full block list (``NewRequest.block_ids``), a
+cached one the blocks it newly needs (``CachedUpdate.new_block_ids``), enough
+to hold the KV of every token up to the end of this step's query; finished and
+preempted requests give theirs back before the step allocates.
+
 It is plain Python (no Hypothesis) so strategies, the stateful machine and
 tests share one definition of "valid".
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from strategies.blocks import BlockPool
 
 WAITING = "waiting"  # not held by the runner; sent as new when scheduled
 RUNNING = "running"  # held by the runner
@@ -79,6 +86,7 @@ class SchedulerModel:
         self.pending_finished: list[str] = []  # told to the runner in the next step
         self.pending_preempted: list[str] = []  # released in the next step
         self.steps: list[Step] = []
+        self.pool = BlockPool(config)
         self._next_id = 0
 
     # ------------------------------------------------------------ events
@@ -167,6 +175,8 @@ class SchedulerModel:
             if req.state == RUNNING:  # an abort between preempt and this step wins
                 req.state = PREEMPTED
             req.num_computed, req.prefix_hit = 0, 0
+        for req_id in (*self.pending_finished, *self.pending_preempted):
+            self.pool.release(req_id)  # the runner drops them before this step's rows
         self.pending_finished, self.pending_preempted = [], []
         total = 0
         for row in plan.rows:
@@ -176,13 +186,22 @@ class SchedulerModel:
                 assert row.drafts == 0
                 assert len(self.held()) < cfg.max_num_reqs, "no free request slot"
                 req.state, req.num_computed, req.prefill_len = RUNNING, req.prefix_hit, req.num_tokens
+                kv_tokens = req.num_computed + row.num_tokens
+                if req.req_id in self.pool.held:  # adversarial resend: the blocks it holds
+                    self.pool.grow(req.req_id, kv_tokens)
+                    block_ids = self.pool.blocks_of(req.req_id)
+                else:
+                    block_ids = self.pool.admit(req.req_id, kv_tokens, req.prefix_hit)
                 step.new_requests.append(NewRequest(
                     req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.prefix_hit,
                     max_tokens=req.max_tokens,
-                    prefill_len=req.num_tokens if req.num_tokens > req.prompt_len else None))
+                    prefill_len=req.num_tokens if req.num_tokens > req.prompt_len else None,
+                    block_ids=block_ids))
             else:
                 assert req.state == RUNNING, f"{row.req_id} is {req.state}"
-                step.cached.append(CachedUpdate(req.req_id, req.num_computed))
+                new_blocks = self.pool.grow(req.req_id, req.num_computed + row.num_tokens)
+                step.cached.append(CachedUpdate(req.req_id, req.num_computed,
+                                                new_block_ids=new_blocks or None))
             limit, max_drafts = self.max_rows(req, cfg.max_num_batched_tokens - total)
             assert 1 <= row.num_tokens <= limit and 0 <= row.rejected <= row.drafts <= max_drafts
             if row.drafts:

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from simrig.step import RunnerConfig, Step
 from strategies._validate import check_int
+from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import WAITING, Plan, Row, SchedulerModel
 from strategies.requests import prefix_cache_hits, prompt_lengths
@@ -78,7 +79,7 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
     kind = draw(st.sampled_from(("none", "arrive", "abort", "preempt", "resume")))
     if kind == "arrive" or not model.reqs:
         prompt_len = draw(prompt_lengths(max_model_len=cfg.max_model_len))
-        hit = draw(prefix_cache_hits(prompt_len, block_size=cfg.block_size))
+        hit = draw(prefix_cache_hits(prompt_len, block_size=tokens_per_block(cfg)))
         model.arrive(prompt_len, draw(st.integers(1, max_new_tokens)), hit)
     elif kind == "abort" and model.held():
         model.abort(draw(st.sampled_from([r.req_id for r in model.held()])))
@@ -86,7 +87,7 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
         model.preempt(draw(st.sampled_from([r.req_id for r in model.preemptable()])))
     elif kind == "resume" and model.preempted():
         req = draw(st.sampled_from(model.preempted()))
-        model.resume(req.req_id, draw(prefix_cache_hits(req.num_tokens, block_size=cfg.block_size)))
+        model.resume(req.req_id, draw(prefix_cache_hits(req.num_tokens, block_size=tokens_per_block(cfg))))
 
 
 @st.composite

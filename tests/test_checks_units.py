@@ -13,7 +13,7 @@ from simrig.checks.contract import DriftTracker, check_contract
 from simrig.checks.known import KnownFindings, load_known_findings, parse_known_findings
 from simrig.checks.lifecycle import SchedulerContract
 from simrig.checks.parity import check_parity
-from simrig.checks.pcp import expected_rows
+from simrig.checks.pcp_layout import dispatch_token_count, rank_rows
 from simrig.errors import UsageError
 from simrig.observe import ErrorObs, FieldObs, StageObs, StepObs
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
@@ -132,21 +132,43 @@ def test_silent_acceptance_when_nothing_raised():
     (2, 0, 8, [(0, 0, 2), (0, 6, 2)]),  # chunks 0 and 3 of 4
     (2, 1, 8, [(0, 2, 2), (0, 4, 2)]),  # chunks 1 and 2
     (4, 3, 8, [(0, 3, 1), (0, 4, 1)]),  # the pcp_manager docstring picture
-    (2, 1, 1, [(0, 0, 0)]),  # a one-token prefill lands on rank 0; rank 1 idles
+    (2, 1, 1, []),  # a one-token prefill lands on rank 0; rank 1 holds nothing (idles)
+    (2, 1, 7, [(0, 2, 2), (0, 4, 2)]),  # chunks of 2: 0-1 | 2-3 | 4-5 | 6
+    (2, 0, 7, [(0, 0, 2), (0, 6, 1)]),
+    (2, 1, 5, [(0, 2, 2), (0, 4, 1)]),  # chunks of 2: 0-1 | 2-3 | 4 | (empty)
+    (2, 0, 5, [(0, 0, 2)]),
 ])
 def test_dual_chunk_swap_rows(p, rank, q, expected):
     cfg = RunnerConfig(pcp_size=p)
-    assert expected_rows(cfg, rank, np.array([q]), np.array([True])) == expected
+    assert rank_rows(cfg, np.array([q]), np.array([True]))[rank] == expected
 
 
 def test_decodes_replicated_or_sharded():
     q, pref = np.array([1, 1, 1, 8]), np.array([False, False, False, True])
     rep = RunnerConfig(pcp_size=2)
-    assert expected_rows(rep, 1, q, pref) == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 2, 2), (3, 4, 2)]
+    assert rank_rows(rep, q, pref)[1] == [(0, 0, 1), (1, 0, 1), (2, 0, 1), (3, 2, 2), (3, 4, 2)]
     shard = RunnerConfig(pcp_size=2, shard_decode_requests=True)
-    assert expected_rows(shard, 1, q, pref) == [(1, 0, 1), (3, 2, 2), (3, 4, 2)]
+    assert rank_rows(shard, q, pref) == [[(0, 0, 1), (2, 0, 1), (3, 0, 2), (3, 6, 2)],
+                                         [(1, 0, 1), (3, 2, 2), (3, 4, 2)]]
+    assert dispatch_token_count(shard, q, pref) == 6  # rank 0: two decodes and 4 prefill tokens
     dcp = RunnerConfig(pcp_size=2, dcp_size=2)  # 3-token prefill cannot fill 4 chunks: replicated
-    assert expected_rows(dcp, 1, np.array([3]), np.array([True])) == [(0, 0, 3)]
+    assert rank_rows(dcp, np.array([3]), np.array([True])) == [[(0, 0, 3)], [(0, 0, 3)]]
+
+
+def test_decodes_go_first_in_each_rank():
+    """A prefill before a decode in the batch: the rank lists the decode first."""
+    cfg = RunnerConfig(pcp_size=2)
+    assert rank_rows(cfg, np.array([4, 1]), np.array([True, False])) == [[(1, 0, 1), (0, 0, 1), (0, 3, 1)],
+                                                                        [(1, 0, 1), (0, 1, 1), (0, 2, 1)]]
+
+
+def test_largest_dcp_shard_counts_every_shard():
+    from simrig.checks.pcp_layout import dcp_largest_shard
+
+    # token i on DCP rank i % 2 (interleave 1): 5 tokens -> shards of 3 and 2
+    assert dcp_largest_shard(np.array([5, 4, 0, 1]), 2).tolist() == [3, 2, 0, 1]
+    # interleave 2 over 2 ranks: tokens 0-1, 4-5 | 2-3, 6 -> 4 and 3
+    assert dcp_largest_shard(np.array([7]), 2, interleave=2).tolist() == [4]
 
 
 def test_known_findings_file_for_0_33_0_is_valid_and_applies():

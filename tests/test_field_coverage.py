@@ -8,6 +8,7 @@ capture dummies of a graph mode) and holds each observed (stage, field) to
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -104,3 +105,55 @@ def test_a_checked_field_that_changes_is_a_finding(vllm_api, stage, field, step)
     found = [f for f in check_all(config, steps, mutated(observations, step, change))
              if not f.known and f.step == step and f.kind != fk.RIG_ERROR]
     assert (stage, field) in {(f.stage, f.field) for f in found}, [f.one_line() for f in found]
+
+
+def _pcp_run(vllm_api, name: str):
+    config = CONFIGS[name]
+    harness = Harness(config, api=vllm_api)
+    steps = clean_steps()
+    return config, steps, [harness.run_step(s) for s in steps]
+
+
+def _new(config, steps, observations, step):
+    return {(f.stage, f.field, f.rank) for f in check_all(config, steps, observations)
+            if not f.known and f.step == step and f.kind != fk.RIG_ERROR}
+
+
+@pytest.mark.vllm
+def test_every_dcp_peer_is_held_to_the_largest_shard(vllm_api):
+    """pcp.dcp_local_seq_lens_cpu_upper_bound is value-checked on each DCP peer on its own
+    (check_dcp_peers alone cannot fail on 0.33.0: partition_batch never reads dcp_rank)."""
+    config, steps, observations = _pcp_run(vllm_api, "pcp2-dcp2")
+    name = "pcp.dcp_local_seq_lens_cpu_upper_bound"
+    assert _new(config, steps, observations, 0) == set()
+
+    def change_peer(o: StepObs) -> None:  # DCP rank 1 of PCP rank 1, and only it
+        peer = next(s for s in o.stages if s.stage == "partition" and s.rank == 1 and s.dcp_rank == 1)
+        peer.fields[name] = dataclasses.replace(peer.fields[name], values=_corrupt(peer.fields[name].values))
+
+    assert ("partition", name, 1) in _new(config, steps, mutated(observations, 0, change_peer), 0)
+
+
+@pytest.mark.vllm
+def test_is_padding_is_judged_in_the_moe_gathered_shape_too(vllm_api):
+    """vLLM's default (moe_gathers_tokens) makes a rank's is_padding the P x width mask over
+    every rank's rows, rank-major: accepted when each rank's section is its own tail."""
+    config, steps, observations = _pcp_run(vllm_api, "pcp2")
+    step = 0
+    ranks = [observations[step].get("partition", r) for r in range(2)]
+    local = [np.asarray(r.fields["is_padding"].values) for r in ranks]
+    gathered = np.concatenate(local)
+
+    def gather_on_rank0(values):
+        def change(o: StepObs) -> None:
+            f = o.get("partition", 0).fields["is_padding"]
+            o.get("partition", 0).fields["is_padding"] = dataclasses.replace(
+                f, values=values, shape=values.shape)
+        return change
+
+    assert ("partition", "is_padding", 0) not in _new(
+        config, steps, mutated(observations, step, gather_on_rank0(gathered)), step)
+    wrong = gathered.copy()
+    wrong[len(local[0])] = ~wrong[len(local[0])]  # rank 1's first row, seen from rank 0
+    assert ("partition", "is_padding", 0) in _new(
+        config, steps, mutated(observations, step, gather_on_rank0(wrong)), step)

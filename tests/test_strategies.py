@@ -63,6 +63,17 @@ def test_generated_steps_obey_the_contract(run):
 
 
 @FAST
+@given(scheduled_runs(max_steps=6))
+def test_every_request_sent_as_new_carries_blocks_for_its_tokens(run):
+    config, steps = run
+    span = config.block_size * config.dcp_size  # one scheduler block under DCP
+    for step in steps:
+        for req in step.new_requests:
+            needed = req.num_computed_tokens + step.num_scheduled_tokens[req.req_id]
+            assert len(req.block_ids) == -(-needed // span) and 0 not in req.block_ids
+
+
+@FAST
 @given(st.data())
 def test_runner_configs_respect_arguments(data):
     config = data.draw(runner_configs(pcp_sizes=st.sampled_from((2, 4)), max_num_reqs=st.integers(1, 3)))

@@ -31,6 +31,15 @@ modes, never to vLLM's candidate lists:
       captured size of its kind that holds it    cudagraph descriptor from priority-ordered
       (uniform decode graphs: sizes rounded up   candidates" (padding beyond it is wasted work);
       to u, u tokens per request)                uniform decode graphs hold num_tokens / u requests
+    PCP TOKEN COUNT: the batch a PCP step       get_num_tokens_for_dispatch: "Return the largest
+      dispatches is its largest rank-local       real rank-local batch before graph padding"; the
+      batch, counted on the oracle's own         rank-local batches are pcp_layout's, never
+      DualChunkSwap layout (pcp_layout)          PCPManager's
+
+Which graphs the config captures (``captured_graphs``) is derived from the
+capture sizes' and descriptors' documented meaning, never from vLLM's
+candidate lists or ``_init_candidates``; its docstring cites each rule and says
+where vLLM documents nothing.
 
 Padded batches (prepare_inputs, partition_batch, make_dummy) are judged by the
 reference model, the PCP check and ``check_capture``:
@@ -59,7 +68,7 @@ from simrig.checks import findings as fk
 from simrig.checks.contract import stage_req_ids
 from simrig.checks.descriptor import descriptor, padded_counts  # noqa: F401 -- re-exported
 from simrig.checks.findings import Finding, guarded
-from simrig.checks.pcp import expected_rows
+from simrig.checks.pcp_layout import dispatch_token_count
 from simrig.checks.semantics import field_value
 from simrig.observe import CAPTURE, DISPATCH, StageObs
 from simrig.step import SEPARATE_DECODE_MODES, RunnerConfig
@@ -76,25 +85,39 @@ ALLOWED_MODES = {
 MIXED_GRAPH_MODES = ("PIECEWISE", "FULL", "FULL_AND_PIECEWISE")
 
 
-def _round_up(n: int, m: int) -> int:
-    return -(-n // m) * m
+def captured_graphs(config: RunnerConfig, kind: str, u: int | None = None) -> list[tuple[int, int | None]]:
+    """(num_tokens, num_reqs) of the graphs of one kind the config captures, in
+    increasing size, from what the capture sizes and descriptors mean:
 
-
-def graph_sizes(config: RunnerConfig, kind: str, u: int | None = None) -> list[tuple[int, int | None]]:
-    """(num_tokens, num_reqs) of the graphs of one kind the config captures:
-    "uniform" (u tokens per request), "varlen" (up to decode_query_len each),
-    "mixed" (any batch; requests padded only by FULL)."""
-    sizes = config.graph_capture_sizes
+    - "mixed" (any batch): one graph per capture size s ("cudagraph_capture_sizes:
+      Sizes to capture cudagraph"). PIECEWISE pads no requests ("num_reqs None
+      means no request padding is needed (PIECEWISE graphs)"); a FULL graph
+      replays every batch of up to s tokens, so it holds as many requests as
+      such a batch can have: one token each, at most max_num_reqs.
+    - "varlen" (decodes of 1..decode_query_len tokens): "Varlen decode graphs take
+      any mix of 1..decode_query_len tokens per request, worst case 1 token per
+      request (or max_num_reqs)". Not documented: which sizes get one. A decode
+      batch never exceeds max_num_reqs x decode_query_len tokens, so we expect
+      the capture sizes up to that and no larger one.
+    - "uniform" (every request u tokens): a uniform batch of r requests has r*u
+      tokens, so the graph for capture size s holds the fewest whole requests
+      that cover s (adjust_cudagraph_sizes_for_spec_decode rounds sizes up to
+      "multiple of ... (num_speculative_tokens + 1)" the same way). Written per
+      request count: r requests get a graph when a capture size lies in
+      ((r-1)*u, r*u], r <= max_num_reqs, and r*u stays within the largest
+      capture size ("max_cudagraph_capture_size: The maximum cudagraph capture
+      size").
+    """
+    sizes = sorted(config.graph_capture_sizes or ())
     if not sizes:
         return []
-    dql, max_reqs, largest = config.decode_query_len, config.max_num_reqs, max(sizes)
+    max_reqs = config.max_num_reqs
     if kind == "uniform":
-        out = {(_round_up(s, u), _round_up(s, u) // u) for s in sizes}
-        return sorted((t, r) for t, r in out if t <= max_reqs * dql and t <= largest and r <= max_reqs)
+        return [(r * u, r) for r in range(1, max_reqs + 1)
+                if r * u <= sizes[-1] and any((r - 1) * u < s <= r * u for s in sizes)]
     if kind == "varlen":
-        return [(s, min(s, max_reqs)) for s in sizes if s <= max_reqs * dql]
-    full = config.cudagraph_mode == "FULL"
-    return [(s, min(s, max_reqs) if full else None) for s in sizes]
+        return [(s, min(s, max_reqs)) for s in sizes if s <= max_reqs * config.decode_query_len]
+    return [(s, min(s, max_reqs) if config.cudagraph_mode == "FULL" else None) for s in sizes]
 
 
 @guarded("dispatch")
@@ -116,9 +139,8 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
     q = np.asarray(q, dtype=np.int64)
     num_reqs, has_prefill = len(q), bool(np.asarray(prefilling).any())
     tokens = int(q.sum())
-    if config.pcp_size > 1:  # execute_model dispatches the largest rank-local batch
-        tokens = max(sum(n for _, _, n in expected_rows(config, r, q, prefilling))
-                     for r in range(config.pcp_size))
+    if config.pcp_size > 1:  # the largest rank-local batch, from the oracle's own layout
+        tokens = dispatch_token_count(config, q, np.asarray(prefilling))
     mode, n_tok, n_req = desc["cg_mode"], int(desc["num_tokens"]), desc["num_reqs"]
     u, mql = desc.get("uniform_token_count"), desc.get("max_query_len")
     if n_tok < tokens:
@@ -150,8 +172,8 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
     uniform = not config.varlen_decode and (decodes_only or not has_prefill) and bool((q == dql).all())
     varlen = config.varlen_decode and not has_prefill and config.pcp_size == 1 and int(q.max()) <= dql
     fits_decode = bool(sizes) and separate and (
-        (uniform and any(t >= tokens for t, _ in graph_sizes(config, "uniform", dql)))
-        or (varlen and any(t >= tokens for t, _ in graph_sizes(config, "varlen"))))
+        (uniform and any(t >= tokens for t, _ in captured_graphs(config, "uniform", dql)))
+        or (varlen and any(t >= tokens for t, _ in captured_graphs(config, "varlen"))))
     if fits_decode and mode == "PIECEWISE":
         add("cg_mode", "FULL", mode, f"{config.cudagraph_mode}: a decode batch of {tokens} tokens "
             "fits a FULL decode graph but ran PIECEWISE")
@@ -162,7 +184,7 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
                 f"a batch of {tokens} tokens fits a captured graph but ran eager")
     elif mode != "NONE":
         kind = "uniform" if u is not None else "varlen" if mql is not None else "mixed"
-        fitting = [(t, r) for t, r in graph_sizes(config, kind, u) if t >= tokens]
+        fitting = [(t, r) for t, r in captured_graphs(config, kind, u) if t >= tokens]
         if fitting:
             best_t, best_r = min(fitting)
             if n_tok != best_t:

@@ -56,7 +56,7 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("prepare", "prefill_len_np"): _FIELDS, ("prepare", "num_computed_prefill_tokens_np"): _FIELDS,
     ("prepare", "pcp"): _FIELDS + ": None on the global batch",
     ("prepare", "has_prefill"): _SEM, ("prepare", "num_reqs"): _SEM,
-    ("prepare", "expanded_local_pos"): _SEM, ("prepare", "max_query_len"): _SEM,
+    ("prepare", "expanded_local_pos"): _SEM,
     # -- rank-local batches (partition) --
     ("partition", "req_ids"): "pcp: the rows each rank holds", ("partition", "num_scheduled_tokens"): "pcp",
     ("partition", "idx_mapping"): "pcp", ("partition", "idx_mapping_np"): "pcp",
@@ -69,6 +69,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("partition", "pcp.global_num_tokens"): _FIELDS,
     ("partition", "pcp.global_query_lens_np"): _FIELDS,
     ("partition", "pcp.global_seq_lens_cpu_upper_bound_np"): _FIELDS,
+    ("partition", "pcp.dcp_local_seq_lens_cpu_upper_bound"): "pcp: None without DCP; with DCP the largest "
+                                                             "DCP shard of each row's request, every peer",
     # -- every batch, real and dummy: relations among its own fields --
     **{(s, f): _SEM for s in ("*",) for f in (
         "query_start_loc_np", "query_start_loc", "seq_lens", "positions", "is_prefilling_np",
@@ -76,7 +78,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
         "decode_graph_eligible", "expanded_idx_mapping", "expanded_local_pos", "logits_indices",
         "cu_num_logits", "num_reqs", "num_tokens", "num_reqs_after_padding",
         "num_tokens_after_padding", "num_draft_tokens", "seq_lens_cpu_upper_bound",
-        "max_query_len", "num_scheduled_tokens")},
+        "num_scheduled_tokens")},
+    ("capture", "max_query_len"): _SEM + "; capture: no dummy query is longer",
     ("capture", "desc.num_tokens"): "capture: the dummy holds exactly these tokens",
     ("capture", "desc.num_reqs"): "capture: the dummy has these requests",
     ("capture", "desc.uniform_token_count"): "capture: every dummy query has this length",
@@ -95,8 +98,13 @@ UNCHECKED: dict[tuple[str, str], str] = {
     ("*", "attn.block_tables.0"): "prepare_attn's block table of the one KV group; only dtype is "
                                   "checked so far",
     ("*", "attn.slot_mappings"): "prepare_attn's slot mapping; only dtype is checked so far",
-    ("partition", "pcp.dcp_local_seq_lens_cpu_upper_bound"): "DCP interleave layout; only dtype and "
-                                                             "None without DCP",
+    ("prepare", "max_query_len"): "always None on 0.33.0: prepare_inputs sets it only under adaptive "
+                                  "verification, which the rig never enables; the reference and semantics "
+                                  "checks compare it only when set, so here they cannot fail",
+    ("partition", "max_query_len"): "always None: partition_batch keeps the global batch's (None, see "
+                                    "prepare); semantics compares it only when set",
+    ("dummy", "max_query_len"): "always None: the eager dummy is built without a promised query length "
+                                "(only capture dummies get one, and those are checked)",
     ("lifecycle", "runner.pcp_size"): "the PCP world the harness drove (1 where the release cannot drive "
                                       "the configuration); it selects what the checks expect",
     ("gather", "uniform_decode_token_count"): "judged through the descriptor it dispatches (dispatch)",

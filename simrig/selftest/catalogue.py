@@ -54,6 +54,16 @@ CATALOGUE: tuple[Mutant, ...] = (
            "chunk_indices = (rank, num_chunks - 1 - rank)",
            "chunk_indices = (rank, num_chunks - 2 - rank)",
            "DualChunkSwap gives a rank the wrong mirror chunk: one chunk twice, one never"),
+    Mutant("pcp-prefill-rows-first", _PCP, "PCPManager._reorder_segments",
+           "bool(is_prefilling[req_idx]),",
+           "not bool(is_prefilling[req_idx]),",
+           "a PCP rank lists its prefill chunks before its decodes (documented: \"decodes-first, "
+           "then prefills\"), so split_decodes_and_prefills misreads every mixed rank-local batch"),
+    Mutant("pcp-sharded-decodes-one-owner", _PCP, "PCPManager._iter_rank_chunks",
+           "owner_rank = decode_ordinal % self.pcp_world_size",
+           "owner_rank = 0 * decode_ordinal",
+           "with shard_decode_requests every decode is owned by PCP rank 0 instead of one rank in "
+           "turn: each decode still runs once, but the ranks are no longer balanced"),
     Mutant("finish-forgets-free-slot", _ST, "RequestState.remove_request",
            "self.free_indices.append(req_idx)",
            "pass",

@@ -1,0 +1,143 @@
+"""Which tokens of the global batch each PCP rank holds, from what DualChunkSwap means.
+
+Written token by token from vLLM 0.33.0's documentation, never from
+PCPManager's code (``_iter_rank_chunks``, ``replicated_requests``,
+``_reorder_segments``, ``get_num_tokens_for_dispatch`` are what it judges):
+
+    rule (P = PCP world size)                   source
+    ─────────────────────────                   ──────
+    SPLIT: token t of a prefill of q tokens     PCPManager._iter_rank_chunks docstring: "PCP=4
+      lies in chunk t // ceil(q / 2P); chunk     partitions each prefill into eight chunks" and its
+      c belongs to rank min(c, 2P-1-c)           picture (rank r holds chunks r and 2P-1-r). The
+                                                 chunk size is not documented: we take ceil(q / 2P),
+                                                 so the last chunks are the short or empty ones
+                                                 ("prefills too short to fill all eight")
+    WHOLE: decodes are held whole; so are       the same docstring: "Decodes, and prefills too short
+      prefills that leave one of the 2P chunks   to fill all eight, are replicated instead". vLLM's
+      empty, but only with DCP > 1               "# DCP requires decode queries on every
+                                                 participating rank" and pcp_shard_decode_requests
+                                                 ("DCP shards the KV cache and therefore requires
+                                                 every decode request to run on every participating
+                                                 DCP rank") give the reason; without DCP the KV
+                                                 cache is replicated and a short prefill simply
+                                                 leaves some ranks without a chunk. The docstring's
+                                                 wording omits the DCP condition: we state it
+    REPLICATED or SHARDED: a whole request is   ParallelConfig.pcp_shard_decode_requests: "PCP-only
+      on every rank, or (shard_decode_requests)  execution replicates the KV cache, so each decode
+      on one owner: the n-th decode of the       request can have a single PCP owner"; "Use a
+      batch (batch order, decodes only) is       compact decode-only ordinal to keep each step
+      owned by rank n mod P                      exactly balanced even when prefills and zero-token
+                                                 rows are present". Which rank ordinal n maps to is
+                                                 not documented: we choose round robin from rank 0
+    ROWS: one row per (request, chunk) a rank   PCPBatchMetadata.global_query_lens_np: "aligned with
+      holds, so a request may repeat             local request segments; requests may repeat"; the
+                                                 picture draws rank P-1's adjacent chunks P-1 and P
+                                                 apart
+    ORDER: decodes first, then prefills; each   _reorder_segments: "Order this rank's rows
+      group in the global batch's token order    decodes-first, then prefills, canonically". What
+                                                 "canonically" means is not documented: we read it
+                                                 as the global batch's order
+    WIDTH: every rank is padded to the largest  get_num_tokens_for_dispatch: "Return the largest
+      rank's token count (or the graph's)        real rank-local batch before graph padding"; the
+                                                 "padded gathered: [A B G _ | C D E F]" example
+    IDLE RANK: a rank that holds no token       not documented: we require one row with no tokens
+      keeps one empty row                        naming a request of this step's batch (check_pcp)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simrig.step import RunnerConfig
+
+Row = tuple[int, int, int]  # (global batch index, first query token, number of tokens)
+
+
+def _chunk_len(query_len: int, pcp_size: int) -> int:
+    """Tokens per DualChunkSwap chunk: 2P chunks, the last ones short or empty."""
+    return -(-query_len // (2 * pcp_size))
+
+
+def is_replicated(config: RunnerConfig, query_len: int, is_prefilling: bool) -> bool:
+    """Is this request held whole (replicated, or sharded to one owner) rather than split?
+
+    Decodes always are. With DCP > 1 so is a prefill whose 2P chunks are not
+    all non-empty (the module docstring's WHOLE rule).
+    """
+    if not is_prefilling:
+        return True
+    if config.dcp_size <= 1:
+        return False
+    size = _chunk_len(query_len, config.pcp_size)
+    non_empty_chunks = -(-query_len // size)
+    return non_empty_chunks < 2 * config.pcp_size
+
+
+def chunk_owner(token: np.ndarray, query_len: int, pcp_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk, rank) of each token offset of a split prefill of ``query_len`` tokens."""
+    chunk = token // _chunk_len(query_len, pcp_size)
+    return chunk, np.minimum(chunk, 2 * pcp_size - 1 - chunk)
+
+
+def rank_rows(config: RunnerConfig, query_lens: np.ndarray, is_prefilling: np.ndarray) -> list[list[Row]]:
+    """Every rank's rows in its local order (the module docstring's rules); a
+    rank that holds no token gets an empty list (see IDLE RANK)."""
+    p = config.pcp_size
+    # per rank: one record per held token, (is_prefilling, global index, offset, chunk)
+    held: list[list[np.ndarray]] = [[] for _ in range(p)]
+    decode_ordinal = 0
+    for g, q in enumerate(int(x) for x in query_lens):
+        if q == 0:
+            continue
+        offsets = np.arange(q)
+        prefilling = bool(is_prefilling[g])
+        if is_replicated(config, q, prefilling):
+            chunk, owners = np.zeros(q, dtype=np.int64), None
+            if config.shard_decode_requests and not prefilling:
+                owners = np.full(q, decode_ordinal % p)
+                decode_ordinal += 1
+        else:
+            chunk, owners = chunk_owner(offsets, q, p)
+        record = np.stack([np.full(q, int(prefilling)), np.full(q, g), offsets, chunk], axis=1)
+        for rank in range(p):
+            mine = record if owners is None else record[owners == rank]
+            if len(mine):
+                held[rank].append(mine)
+    return [_rows_of(tokens) for tokens in held]
+
+
+def _rows_of(tokens: list[np.ndarray]) -> list[Row]:
+    """Group a rank's held tokens, in ORDER, into one row per (request, chunk)."""
+    if not tokens:
+        return []
+    t = np.concatenate(tokens)
+    t = t[np.lexsort((t[:, 2], t[:, 1], t[:, 0]))]  # decodes first, then batch and token order
+    starts = np.flatnonzero(np.r_[True, (t[1:, 1] != t[:-1, 1]) | (t[1:, 3] != t[:-1, 3])])
+    ends = np.r_[starts[1:], len(t)]
+    return [(int(t[s, 1]), int(t[s, 2]), int(e - s)) for s, e in zip(starts, ends)]
+
+
+def rank_token_counts(config: RunnerConfig, query_lens: np.ndarray, is_prefilling: np.ndarray) -> list[int]:
+    """How many tokens each rank holds."""
+    return [sum(n for _, _, n in rows) for rows in rank_rows(config, query_lens, is_prefilling)]
+
+
+def dispatch_token_count(config: RunnerConfig, query_lens: np.ndarray, is_prefilling: np.ndarray) -> int:
+    """The token count a PCP step dispatches: the largest rank-local batch
+    (get_num_tokens_for_dispatch: "Return the largest real rank-local batch
+    before graph padding"), from this module's layout."""
+    return max(rank_token_counts(config, query_lens, is_prefilling))
+
+
+def dcp_largest_shard(seq_lens: np.ndarray, dcp_size: int, interleave: int = 1) -> np.ndarray:
+    """The largest DCP shard of each sequence. ParallelConfig.cp_kv_cache_interleave_size:
+    "Store interleave_size tokens on dcp_rank i, then store next interleave_size
+    tokens on dcp_rank i+1"; "Interleave_size=1: token-level alignment, where
+    token `i` is stored on dcp_rank `i % dcp_world_size`". So shard d holds the
+    tokens t with (t // interleave) % dcp_size == d; every shard is counted and
+    the largest taken (not assumed to be rank 0's)."""
+    out = np.zeros(len(seq_lens), dtype=np.int64)
+    for i, n in enumerate(int(x) for x in seq_lens):
+        shard = (np.arange(n) // interleave) % dcp_size
+        out[i] = np.bincount(shard, minlength=dcp_size).max() if n else 0
+    return out
