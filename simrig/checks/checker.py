@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from simrig.checks import findings as fk
+from simrig.checks.blocks import BlockTracker, check_attn_blocks
 from simrig.checks.contract import DriftTracker, check_contract
 from simrig.checks.fields import check_model_fields, check_runner_state, runs_as_decode
 from simrig.checks.findings import Finding
@@ -57,6 +58,7 @@ class Checker:
         self.known = known if known is not None else load_known_findings(installed_vllm_version())
         self.lifecycle = SchedulerContract(config, adversarial=adversarial)
         self.reference = ReferenceModel(config)
+        self.blocks = BlockTracker()
         self.drift = DriftTracker()
         self.identity_ids: set[str] = set()  # ids the last step's identity violations name
         # the run configuration a known finding's ``when`` conditions read
@@ -78,6 +80,7 @@ class Checker:
         self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
                     findings)
         self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
+        self._guard(findings, index, "blocks", self.blocks.apply, step)
         # A crashed lifecycle check leaves the contract state unknown: no
         # semantic check has a defined expectation. Otherwise the requests a
         # violation names (and those whose cursor it desynced) are set aside:
@@ -159,6 +162,7 @@ class Checker:
             expected = self.reference.global_batch(step, self.reference.observed_order(obs))
             out.extend(check_pcp(index, self.config, real, partitions, expected, desc))
         out.extend(check_dcp_peers(index, obs))
+        out.extend(self._block_checks(index, step, obs, config))
         pred = self.reference.predict(step, self.reference.observed_order(obs))
         out.extend(check_model_fields(index, config, step, obs, pred, skip))
         if pred is not None:
@@ -175,6 +179,26 @@ class Checker:
             out.extend(check_dispatch(index, config, desc, pred.num_scheduled,
                                       pred.is_prefilling, as_decode, tuple(pred.req_ids)))
         return out
+
+
+    def _block_checks(self, index: int, step: Step, obs: StepObs, config: RunnerConfig
+                      ) -> list[Finding]:
+        """prepare_attn's block tables and slot mappings, on the batch the runner
+        ran: the global one, or PCP rank 0's rank-local one."""
+        order = self.reference.observed_order(obs)
+        if not order:
+            return []
+        batch = self.reference.global_batch(step, order)
+        if config.pcp_size > 1:
+            local = obs.get(PARTITION, 0)
+            if local is None or local.error is not None or "req_ids" not in local.fields:
+                return []
+            return check_attn_blocks(config, self.blocks, index, local, batch,
+                                     list(local.fields["req_ids"].values))
+        real = obs.get(PREPARE)
+        if real is None or real.error is not None:
+            return []
+        return check_attn_blocks(config, self.blocks, index, real, batch)
 
 
 def _label_capture(found: list[Finding], capture: Any) -> list[Finding]:

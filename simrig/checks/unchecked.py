@@ -18,6 +18,11 @@ _SEM = "semantics (relation among the batch's own fields, every batch)"
 _FIELDS = "fields (model prediction, fields.py)"
 
 VALUE_CHECKED: dict[tuple[str, str], str] = {
+    # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
+    ("prepare", "attn.block_tables.0"): "blocks", ("prepare", "attn.slot_mappings"): "blocks",
+    ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise)",
+    ("partition", "attn.block_tables.0"): "blocks (PCP rank 0, the rank the runner drives)",
+    ("partition", "attn.slot_mappings"): "blocks (PCP: the gathered mapping)",
     ("lifecycle", "runner.live_ids"): "runner_state: the model's live set",
     ("lifecycle", "runner.live_slots"): "runner_state: with the free slots, every slot once",
     ("lifecycle", "runner.free_slots"): "runner_state: with the live slots, every slot once",
@@ -87,17 +92,16 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
 }
 
 UNCHECKED: dict[tuple[str, str], str] = {
+    ("partition", "dcp_local_seq_lens"): "PCP with DCP: each DCP rank's share of the rank-local batch; "
+                                         "only dtype (blocks.py judges it without PCP)",
+    ("dummy", "dcp_local_seq_lens"): "None: the dummy stage does not run execute_model's DCP step",
+    ("capture", "dcp_local_seq_lens"): "None: the capture stage does not run execute_model's DCP step",
     ("*", "prompt_lens"): "R-SWA only, never enabled; None is its documented value",
     ("*", "max_seq_len_np"): "pipeline parallel only, never enabled; None is its documented value",
     ("gather", "max_seq_len_np"): "pipeline parallel only, never enabled; None is its documented value",
     ("*", "fast_prefill"): "KV-sharing fast prefill, never enabled; None is its documented value",
     ("*", "num_admitted_draft_tokens"): "adaptive verification, never enabled; None is its documented value",
     ("*", "has_structured_output_reqs"): "traces carry no structured output",
-    ("*", "dcp_local_seq_lens"): "filled by execute_model under DCP > 1 (prepare_dcp_local_seq_lens); "
-                                 "only dtype is checked so far",
-    ("*", "attn.block_tables.0"): "prepare_attn's block table of the one KV group; only dtype is "
-                                  "checked so far",
-    ("*", "attn.slot_mappings"): "prepare_attn's slot mapping; only dtype is checked so far",
     ("prepare", "max_query_len"): "always None on 0.33.0: prepare_inputs sets it only under adaptive "
                                   "verification, which the rig never enables; the reference and semantics "
                                   "checks compare it only when set, so here they cannot fail",
