@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from simrig import observe as obs
-from simrig.adapters import cudagraph
+from simrig.adapters import cudagraph, platform
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
 from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
@@ -75,6 +75,14 @@ class Harness:
         self._global_batch: Any = None
         self._desc: Any = None
         self._lifecycle_start = 0.0
+        # "step": probes record; "dummy" / "capture": vLLM's dummy paths run and
+        # only the batch they build is observed
+        self._mode = "step"
+        self._captured = False
+        self._captures: dict[tuple, tuple[Any, tuple]] = {}
+        self._capture_desc: Any = None
+        self._dummy_record: obs.StageObs | None = None
+        self.runner.model_state.observer = self._on_attn
         self._install_probes()
 
     # The hot path: one real execute_model, then the ranks it does not drive.
@@ -83,6 +91,8 @@ class Harness:
         self.num_steps += 1
         so = self.api.scheduler_output(step)
         self._step, self._result, self._global_batch, self._desc = step, result, None, None
+        if not self._captured:
+            self._capture_at_startup(result)
         try:
             self.runner.execute_model(so)
         except _StopStep:
@@ -97,19 +107,34 @@ class Harness:
         if batch is not None and desc is not None and obs.PREPARE in self.stages and not _failed(result):
             self._other_ranks(step, batch, desc, result)
             self._timed(result, obs.POSTPROCESS, None, step, self._sample, step, batch)
-        return self._dummy(step, result, desc)
+        return self._dummy_run(step, result, desc)
 
     # ---------------------------------------------------------------- probes
     def _install_probes(self) -> None:
         runner = self.runner
-        _wrap(runner, "finish_requests", self._probe_lifecycle_start)
-        _wrap(runner, "update_requests", self._probe_lifecycle_end)
-        _wrap(runner, "gather_batch_req_state", self._probe_gather)
-        _wrap(runner.cudagraph_manager, "dispatch", self._probe_dispatch)
-        _wrap(runner, "prepare_inputs", self._probe_prepare)
-        _wrap(runner, "prepare_attn", self._probe_attn)
-        if runner.pcp_manager is not None:
-            _wrap(runner.pcp_manager, "partition_batch", self._probe_partition)
+        for owner, name, probe in (
+                (runner, "finish_requests", self._probe_lifecycle_start),
+                (runner, "update_requests", self._probe_lifecycle_end),
+                (runner, "gather_batch_req_state", self._probe_gather),
+                (runner.cudagraph_manager, "dispatch", self._probe_dispatch),
+                (runner, "prepare_inputs", self._probe_prepare),
+                (runner, "prepare_attn", self._probe_attn),
+                (runner.pcp_manager, "partition_batch", self._probe_partition)):
+            if owner is not None:
+                _wrap(owner, name, self._gated(probe))
+
+    def _gated(self, probe: Any) -> Any:
+        """Probes record real steps only; in vLLM's dummy paths they pass through
+        (the dummy run's descriptor is kept on its record)."""
+        def run(call: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._mode == "step":
+                return probe(call, *args, **kwargs)
+            value = call(*args, **kwargs)
+            if probe == self._probe_dispatch and self._dummy_record is not None:
+                self._dummy_record.fields.update(
+                    {"desc." + k: obs.observe_value(v) for k, v in cudagraph.describe(value).items()})
+            return value
+        return run
 
     def _probe_lifecycle_start(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         record = obs.StageObs(stage=obs.LIFECYCLE)
@@ -302,38 +327,77 @@ class Harness:
             num_rejected_t, batch.query_start_loc)
         return {"num_sampled": num_sampled_t, "num_rejected": num_rejected_t}
 
-    def _dummy(self, step: Step, result: obs.StepObs, desc: Any = None) -> obs.StepObs:
+    # ------------------------------------------------- vLLM's own dummy paths
+    def _capture_at_startup(self, result: obs.StepObs) -> None:
+        """GPUModelRunner.capture_model, once, before the first step (as the
+        worker captures at startup): vLLM's CudaGraphManager builds each
+        descriptor's dummy in the runner's own buffers and records the stand-in
+        forward; each captured dummy is observed as a capture stage."""
+        self._captured = True
+        manager = self.runner.cudagraph_manager
+        if not manager.needs_capture():
+            return
+        manager._graphs_captured = False
+        self._mode, self._captures, self._capture_desc = "capture", {}, None
+        record = obs.StageObs(stage=obs.CAPTURE)
+        start = time.perf_counter()
+        try:
+            with _tap_capture_descriptors(manager, self._on_capture_desc), \
+                    platform.graph_capture_without_cuda():
+                self.runner.capture_model()
+        except Exception as exc:  # a failed capture is an observation (vLLM would not start)
+            record.error = _error_obs(exc, self._step)
+        finally:
+            self._mode = "step"
+            platform.unlock_workspace()
+        record.duration_s = time.perf_counter() - start
+        if record.error is not None:
+            result.stages.append(record)
+            return
         if obs.DUMMY not in self.stages:
-            return result
-        num_reqs = len(step.num_scheduled_tokens)
-        num_tokens = step.total_num_scheduled_tokens
-        if desc is not None and cudagraph.mode_name(desc) != "NONE":
-            # the batch this descriptor's graph was captured with
-            self._timed(result, obs.DUMMY, None, step, self._capture_dummy, desc)
-        elif 0 < num_reqs <= num_tokens:
-            self._timed(result, obs.DUMMY, None, step, self.api.InputBatch.make_dummy,
-                        num_reqs, num_tokens, self.dummy_buffers)
-        if result.index == 0:
-            for capture in cudagraph.capture_descriptors(self.dispatcher):
-                self._timed(result, obs.CAPTURE, None, step, self._capture_dummy, capture)
-                result.stages[-1].fields.update(
-                    {"desc." + k: obs.observe_value(v) for k, v in cudagraph.describe(capture).items()})
-        return result
+            return
+        for desc, fields in self._captures.values():
+            stage = obs.StageObs(stage=obs.CAPTURE, fields=dict(fields[0]), declared=fields[1])
+            stage.fields.update({"desc." + k: obs.observe_value(v)
+                                 for k, v in cudagraph.describe(desc).items()})
+            stage.duration_s = record.duration_s / max(len(self._captures), 1)
+            result.stages.append(stage)
 
-    def _capture_dummy(self, desc: Any) -> Any:
-        """InputBatch.make_dummy with the arguments cudagraph capture derives
-        from a descriptor (CudaGraphManager.capture -> prepare_inputs_to_capture),
-        then PCP's staging of it."""
-        num_tokens = desc.num_tokens
-        num_reqs = desc.num_reqs or min(num_tokens, self.config.max_num_reqs)
-        max_query_len = desc.max_query_len or desc.uniform_token_count
-        if max_query_len is None and cudagraph.mode_name(desc) == "FULL":
-            max_query_len = num_tokens
-        batch = self.api.InputBatch.make_dummy(num_reqs, num_tokens, self.dummy_buffers,
-                                               max_query_len=max_query_len)
-        if self.pcp_managers:
-            batch = self.api.prepare_for_capture(self.pcp_managers[0], batch)
-        return batch
+    def _on_capture_desc(self, desc: Any) -> None:
+        self._capture_desc = desc
+
+    def _on_attn(self, input_batch: Any, *args: Any, **kwargs: Any) -> None:
+        """The model-state stand-in's prepare_attn: the batch the forward runs."""
+        if self._mode == "capture" and self._capture_desc is not None:
+            # FULL descriptors are prepared twice (warmup, then capture): the last is kept
+            self._captures[_desc_key(self._capture_desc)] = (
+                self._capture_desc, (obs.observe_fields(input_batch), obs.declared_fields(input_batch)))
+        elif self._mode == "dummy" and self._dummy_record is not None:
+            self._dummy_record.fields.update(obs.observe_fields(input_batch))
+            self._dummy_record.declared = obs.declared_fields(input_batch) | {"desc"}
+
+    def _dummy_run(self, step: Step, result: obs.StepObs, desc: Any) -> obs.StepObs:
+        """GPUModelRunner._dummy_run for this step's token count, after the step,
+        in the runner's own buffers (what an idle data-parallel rank runs while
+        its peers run this batch); uniform when the step dispatched as a uniform
+        decode."""
+        num_tokens = step.total_num_scheduled_tokens
+        if obs.DUMMY not in self.stages or num_tokens <= 0:
+            return result
+        uniform = desc is not None and desc.uniform_token_count is not None
+        record = self._dummy_record = obs.StageObs(stage=obs.DUMMY)
+        result.stages.append(record)
+        self._mode = "dummy"
+        start = time.perf_counter()
+        try:
+            self.runner._dummy_run(num_tokens, uniform_decode=uniform)
+        except Exception as exc:  # vLLM's exceptions are observations
+            record.error = _error_obs(exc, step)
+        finally:
+            self._mode, self._dummy_record = "step", None
+            self.runner.execute_model_state = None
+        record.duration_s = time.perf_counter() - start
+        return result
 
     def _timed(self, result: obs.StepObs, stage: str, rank: int | None, step: Step,
                fn: Any, *args: Any, observe: bool = True, extra: Any = None) -> Any:
@@ -390,6 +454,38 @@ def _wrap(obj: Any, name: str, probe: Any) -> None:
         return getattr(owner, name)(obj, *args, **kwargs)
 
     setattr(obj, name, lambda *args, **kwargs: probe(call, *args, **kwargs))
+
+
+def _tap_capture_descriptors(manager: Any, on_desc: Any) -> Any:
+    """For one capture: tell ``on_desc`` which descriptor each dummy is built
+    for. CudaGraphManager.capture calls ``create_forward_fn(desc, ...)`` per
+    descriptor; a class inserted between the manager's class and the base
+    wraps that factory and calls the base's current capture unchanged."""
+    import contextlib
+
+    cls = type(manager)
+    base = next(k for k in cls.__mro__[1:] if "capture" in vars(k))
+
+    class Tap(base):  # type: ignore[misc, valid-type]
+        def capture(self, create_forward_fn: Any, *args: Any, **kwargs: Any) -> Any:
+            def tapped(desc: Any, *a: Any, **kw: Any) -> Any:
+                on_desc(desc)
+                return create_forward_fn(desc, *a, **kw)
+            return super().capture(tapped, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def tapped_class() -> Any:
+        manager.__class__ = type(cls.__name__, (cls, Tap), {})
+        try:
+            yield
+        finally:
+            manager.__class__ = cls
+
+    return tapped_class()
+
+
+def _desc_key(desc: Any) -> tuple:
+    return tuple(sorted(cudagraph.describe(desc).items()))
 
 
 def _observe_batch(record: obs.StageObs, batch: Any) -> None:

@@ -39,14 +39,14 @@ def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: i
                      varlen_decode: bool = False) -> Any:
     """A ``CudaGraphManager`` whose candidates are vLLM's own, ready to ``dispatch``."""
     from vllm.config import CUDAGraphMode
-    from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
     if mode not in MODES:
         raise ValueError(f"cudagraph mode: {mode!r}; choose from {', '.join(MODES)}")
     sizes = sorted({int(s) for s in capture_sizes})
     if mode != "NONE" and (not sizes or sizes[0] < 1):
         raise ValueError(f"capture sizes: positive integers required, got {list(capture_sizes)}")
-    manager = CudaGraphManager.__new__(CudaGraphManager)
+    manager = ModelCudaGraphManager.__new__(ModelCudaGraphManager)
     manager.vllm_config = SimpleNamespace(
         speculative_config=None, num_speculative_tokens=num_speculative_tokens,
         cache_config=SimpleNamespace(use_kda_recoverssm=False),
@@ -64,7 +64,22 @@ def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: i
     manager._candidates = {}
     manager._capture_descs = {}
     manager._init_candidates()
-    manager._graphs_captured = True  # dispatch as after capture
+    # what capture (ModelCudaGraphManager.capture) reads and writes
+    manager.device = None
+    for name, value in (("dp_size", 1), ("tp_size", 1)):  # properties on some releases
+        if not isinstance(getattr(type(manager), name, None), property):
+            setattr(manager, name, value)
+    manager.is_first_pp_rank = manager.is_last_pp_rank = True
+    manager.pool = None
+    manager._max_full_descs_to_capture = None
+    manager._capture_mem_samples = None
+    manager.use_breakable_cg = False
+    manager.breakable_cg_runner = None
+    manager.hidden_states = None
+    manager.aux_hidden_states = []
+    manager.use_aux_hidden_state_outputs = False
+    manager.intermediate_tensors = None
+    manager._graphs_captured = True  # dispatch as after capture (the harness captures first)
     return manager
 
 

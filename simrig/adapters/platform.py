@@ -14,10 +14,13 @@ explicit-copy buffer class instead of the pinned-memory one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CPU_MODE = "cpu-interpreter"
 CUDA_MODE = "cuda"
@@ -86,3 +89,60 @@ def apply_after_import() -> None:
 
     buffer_utils.is_uva_available = lambda: False
 
+
+
+@contextlib.contextmanager
+def graph_capture_without_cuda() -> Iterator[None]:
+    """CUDA graph capture's device plumbing as no-ops, for the length of one
+    capture: the graph and its pool, the capture stream, the TP group's
+    capture context and the accelerator's memory queries.
+
+    What capture decides (which descriptors, the dummy batch each is captured
+    with, its block tables and slot mappings, the forward it records) is
+    vLLM's own code and runs unchanged; a "captured" graph replays nothing, so
+    a FULL replay returns the hidden states stored at capture, as on a GPU.
+    """
+    import torch
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    class _Graph:  # torch.cuda.CUDAGraph
+        def replay(self) -> None:
+            pass
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def patch(owner: Any, name: str, value: Any) -> None:
+        if hasattr(owner, name):
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, value)
+
+    nothing = contextlib.nullcontext
+    from vllm.v1.worker import workspace
+
+    if not workspace.is_workspace_manager_initialized():  # the worker makes it at startup
+        workspace.init_workspace_manager(torch.device(_choice.device if _choice else "cpu"))
+    patch(cudagraph_utils, "graph_capture", lambda device=None: nothing())
+    patch(cudagraph_utils, "capture_pool", lambda pool, vllm_config: nothing(pool))
+    patch(cudagraph_utils, "current_stream", lambda: None)
+    patch(cudagraph_utils, "is_global_first_rank", lambda: False)  # no progress bar
+    patch(torch.cuda, "CUDAGraph", _Graph)
+    patch(torch.cuda, "graph", lambda graph, pool=None, stream=None, **kw: nothing())
+    if hasattr(torch, "accelerator"):
+        patch(torch.accelerator, "empty_cache", lambda: None)
+        patch(torch.accelerator, "synchronize", lambda *a: None)
+        patch(torch.accelerator, "get_memory_info", lambda *a: (0, 0))
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+def unlock_workspace() -> None:
+    """After a capture: vLLM locks its workspace once the worker's graphs are
+    captured; each simrig runner in this process captures its own, so the next
+    one must be able to size it again."""
+    from vllm.v1.worker import workspace
+
+    if workspace.is_workspace_manager_initialized():
+        workspace.unlock_workspace()

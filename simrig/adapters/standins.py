@@ -35,6 +35,16 @@ class ModelStandIn:
         self._device = device
         self.last_inputs: dict[str, Any] | None = None
 
+    def modules(self) -> list[Any]:
+        """A torch-compiled model, as PIECEWISE graphs require
+        (cudagraph_utils.has_compiled_submodule): one active compiled module."""
+        from vllm.v1.worker.gpu import cudagraph_utils
+
+        wrapper = cudagraph_utils.TorchCompileWithNoGuardsWrapper
+        compiled = wrapper.__new__(wrapper)
+        compiled.__dict__["do_not_compile"] = False
+        return [self, compiled]
+
     def __call__(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
         self.last_inputs = {"input_ids": input_ids, "positions": positions}
         num_tokens = positions.shape[-1] if positions is not None else input_ids.shape[0]
@@ -61,9 +71,11 @@ class ModelStateStandIn:
     builders and records the batch, block tables and slot mappings it gets."""
 
     num_new_sampled_tokens_per_step = 1
+    supports_mm_inputs = False
 
     def __init__(self) -> None:
-        self.last_attn: tuple[Any, Any, Any] | None = None
+        # called with (input_batch, cg_mode, block_tables, slot_mappings, ...)
+        self.observer: Any = None
 
     def add_request(self, req_index: int, new_req_data: Any) -> None:
         pass
@@ -82,7 +94,8 @@ class ModelStateStandIn:
 
     def prepare_attn(self, input_batch: Any, cg_mode: Any, block_tables: Any, slot_mappings: Any,
                      *args: Any, **kwargs: Any) -> dict[str, Any]:
-        self.last_attn = (input_batch, block_tables, slot_mappings)
+        if self.observer is not None:
+            self.observer(input_batch, cg_mode, block_tables, slot_mappings, *args, **kwargs)
         return {}
 
     def prepare_inputs(self, input_batch: Any, req_states: Any) -> dict[str, Any]:
@@ -90,6 +103,9 @@ class ModelStateStandIn:
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
         return {}
+
+    def capture_inner_cudagraphs(self, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 class LoraStateStandIn:

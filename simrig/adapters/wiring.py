@@ -143,9 +143,9 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.sampler = SamplerStandIn()
     runner.prompt_logprobs_worker = PromptLogprobsStandIn()
     runner.execute_model_state = None
-    dispatcher.use_breakable_cg = False
-    dispatcher.breakable_cg_runner = None
-    dispatcher.run_fullgraph = standins.FullGraphReplay(torch, device)
+    # Candidates are built; capture's forward context reads the full config.
+    dispatcher.vllm_config = vllm_config
+    dispatcher.device = device
     runner.cudagraph_manager = dispatcher
     runner.pcp_manager = pcp_manager
     if pcp_manager is not None and getattr(pcp_manager, "_block_tables", None) is None:

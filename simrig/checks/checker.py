@@ -38,7 +38,7 @@ from simrig.checks.lifecycle import (
     DUPLICATE_NEW, IDENTITY_RULES, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract,
 )
 from simrig.checks.padding import check_capture, check_dispatch, descriptor
-from simrig.checks.parity import check_parity
+from simrig.checks.parity import check_parity, desc_key
 from simrig.checks.pcp import check_dcp_peers, check_pcp
 from simrig.checks.reference import ReferenceModel
 from simrig.checks.semantics import check_batch_semantics
@@ -59,6 +59,8 @@ class Checker:
         self.lifecycle = SchedulerContract(config, adversarial=adversarial)
         self.reference = ReferenceModel(config)
         self.blocks = BlockTracker()
+        # the capture dummy of every captured descriptor (observed before step 0)
+        self.captured: dict[tuple, Any] = {}
         self.drift = DriftTracker()
         self.identity_ids: set[str] = set()  # ids the last step's identity violations name
         # the run configuration a known finding's ``when`` conditions read
@@ -128,6 +130,9 @@ class Checker:
             findings.extend(self.drift.check(index, stage))
 
     def _dummy_semantics(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
+        for capture in observation.all(CAPTURE):
+            if capture.error is None:
+                self.captured[desc_key(capture.fields, "desc.")] = capture
         dummy = observation.get(DUMMY)
         if dummy is not None:  # built from (num_reqs, num_tokens) alone: always defined
             findings.extend(check_batch_semantics(index, dummy))
@@ -155,7 +160,8 @@ class Checker:
         if real is not None:
             out.extend(check_batch_semantics(index, real))
         if real is not None and dummy is not None:
-            out.extend(check_parity(index, real, dummy, desc, partitions or None))
+            captured = self.captured.get(desc_key(desc, "")) if desc else None
+            out.extend(check_parity(index, real, dummy, desc, partitions or None, captured))
         for part in partitions:  # rank-local batches keep the same field meanings
             out.extend(check_batch_semantics(index, part))
         if real is not None and partitions and self.config.pcp_size > 1:

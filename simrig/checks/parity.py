@@ -24,6 +24,8 @@ graph was captured with), so both are comparable field by field:
 
 from __future__ import annotations
 
+from typing import Any
+
 from simrig.checks import findings as fk
 from simrig.checks.contract import ARRAY_KINDS, stage_req_ids
 from simrig.checks.findings import Finding, guarded
@@ -42,20 +44,36 @@ ATTN_PREFIX = "attn."
 REQUEST_SHAPED = ("query_start_loc", "query_start_loc_np", "seq_lens", "seq_lens_cpu_upper_bound")
 
 
+DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count", "max_query_len")
+
+
+def desc_key(fields: dict, prefix: str) -> tuple:
+    """A descriptor's identity from observed ``prefix + name`` fields (FieldObs)
+    or from a plain dict of values (prefix "")."""
+    def value(name: str) -> Any:
+        v = fields.get(prefix + name)
+        return getattr(v, "values", v)
+    return tuple(value(name) for name in DESC_FIELDS)
+
+
 @guarded("parity")
 def check_parity(index: int, real: StageObs, dummy: StageObs, desc: dict | None = None,
-                 graph_batches: list[StageObs] | None = None) -> list[Finding]:
+                 graph_batches: list[StageObs] | None = None,
+                 captured: StageObs | None = None) -> list[Finding]:
     """``desc``: the step's descriptor as the dispatch stage observed it;
-    ``graph_batches``: what the graph runs (PCP rank-local batches), default ``[real]``."""
+    ``graph_batches``: what the graph runs (PCP rank-local batches), default ``[real]``;
+    ``dummy``: the dummy run of this step (its own descriptor in ``desc.*``);
+    ``captured``: the capture dummy of the step's graph (graph steps)."""
     if real.error is not None or dummy.error is not None:
         return []
     drafts = real.fields.get("num_draft_tokens")
     has_drafts = drafts is not None and bool(drafts.values)
     graph = desc is not None and desc.get("cg_mode") not in (None, "NONE")
+    same_desc = desc is not None and desc_key(desc, "") == desc_key(dummy.fields, "desc.")
+    shaped: set[str] = set()
     if graph:
-        shaped: set[str] = set()
         padded = set(TOKEN_SHAPED) | (set(REQUEST_SHAPED) if desc.get("cg_mode") == "FULL" else set())
-    else:
+    elif same_desc:  # the dummy ran eagerly at the real batch's shape: field for field
         shaped = set(SHAPED_FIELDS) | (set() if has_drafts else set(SHAPED_UNLESS_DRAFTS))
     ids = stage_req_ids(real)
     out = []
@@ -89,7 +107,9 @@ def check_parity(index: int, real: StageObs, dummy: StageObs, desc: dict | None 
                 kind=fk.VALUE_MISMATCH, step=index, stage=DUMMY, check="parity", req_ids=ids,
                 field=name, expected=f"shape {r.shape}", actual=f"shape {d.shape}",
                 message=f"real batch shape {r.shape}, dummy batch shape {d.shape}"))
-    if graph:
+    graph_dummy = captured if captured is not None else (dummy if same_desc else None)
+    if graph and graph_dummy is not None:
+        dummy = graph_dummy
         for batch in graph_batches if graph_batches is not None else [real]:
             if batch.error is not None:
                 continue
