@@ -73,7 +73,8 @@ class ModelStateStandIn:
     num_new_sampled_tokens_per_step = 1
     supports_mm_inputs = False
 
-    def __init__(self) -> None:
+    def __init__(self, max_model_len: int = 0) -> None:
+        self.max_model_len = max_model_len  # DCP capture context reads it
         # called with (input_batch, cg_mode, block_tables, slot_mappings, ...)
         self.observer: Any = None
 

@@ -138,7 +138,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.block_tables = tables if tables is not None else block_tables(config, device)
     runner.attn_groups = [[]]
     runner.model = standins.ModelStandIn(torch, device)
-    runner.model_state = standins.ModelStateStandIn()
+    runner.model_state = standins.ModelStateStandIn(config.max_model_len)
     runner.lora_state = standins.LoraStateStandIn()
     runner.sampler = SamplerStandIn()
     runner.prompt_logprobs_worker = PromptLogprobsStandIn()

@@ -78,8 +78,10 @@ def check_parity(index: int, real: StageObs, dummy: StageObs, desc: dict | None 
     ids = stage_req_ids(real)
     out = []
     for name in list(real.fields) + [n for n in dummy.fields if n not in real.fields]:
-        if name.startswith(ATTN_PREFIX):
-            continue  # prepare_attn's outputs, not InputBatch fields (checks/blocks.py)
+        if name.startswith(ATTN_PREFIX) or name == "dcp_local_seq_lens":
+            # prepare_attn's outputs and execute_model's DCP lengths are added to
+            # the batch the forward runs, not built with it (checks/blocks.py)
+            continue
         r, d = real.fields.get(name), dummy.fields.get(name)
         r_array = r is not None and r.kind in ARRAY_KINDS
         d_array = d is not None and d.kind in ARRAY_KINDS
