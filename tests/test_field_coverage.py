@@ -59,7 +59,7 @@ def test_every_unchecked_entry_has_a_reason_and_no_checked_twin():
 def test_the_readme_table_is_generated_from_the_list():
     text = README.read_text(encoding="utf-8")
     assert readme_table() in text, "README's unchecked-fields table differs from readme_table()"
-    rows = re.findall(r"^\| (?:every batch|[a-z]+) \| `[^`]+` \|", text, flags=re.M)
+    rows = re.findall(r"^\| (?:every batch|[a-z]+) \| `[^`]+` \|", text, flags=re.MULTILINE)
     assert len(rows) == len(UNCHECKED)
 
 

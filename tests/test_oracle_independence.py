@@ -67,8 +67,7 @@ def test_expanded_local_pos_relation_agrees_with_its_comment(drafts, data):
     q = [1 + n for n in drafts]
     want = []
     for n in drafts:
-        for j in range(1 + n):
-            want.append(j)
+        want.extend(range(1 + n))
     assert check_batch_semantics(0, _stage(q, drafts, want)) == []
     if len(want) > 1:  # any other sequence of the same length breaks the relation
         other = data.draw(st.lists(st.integers(0, 4), min_size=len(want), max_size=len(want)))

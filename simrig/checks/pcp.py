@@ -54,7 +54,7 @@ import numpy as np
 from simrig.checks import findings as fk
 from simrig.checks.contract import stage_req_ids
 from simrig.checks.findings import Finding, guarded
-from simrig.checks.pcp_layout import Row, dcp_largest_shard, is_replicated, rank_rows  # noqa: F401
+from simrig.checks.pcp_layout import Row, dcp_largest_shard, is_replicated, rank_rows
 from simrig.checks.reference import GlobalBatch, short
 from simrig.checks.semantics import field_value
 from simrig.observe import PARTITION, StageObs, StepObs
@@ -158,13 +158,13 @@ def _check_idx_dtype(o: _Out, prepare: StageObs) -> None:
 def _global_view(prepare: StageObs, expected: GlobalBatch | None) -> dict[str, Any] | None:
     """The global batch the ranks partition: the model's, else prepare's own output."""
     if expected is not None:
-        return dict(ids=tuple(expected.req_ids), q=expected.query_lens, pref=expected.is_prefilling,
-                    qsl=expected.query_start_loc, pos=expected.positions, tok=expected.input_ids,
-                    idx=expected.slots, nc=expected.num_computed)
-    view = dict(ids=stage_req_ids(prepare), q=_arr(prepare, "num_scheduled_tokens"),
-                pref=_arr(prepare, "is_prefilling_np"), qsl=_arr(prepare, "query_start_loc_np"),
-                pos=_arr(prepare, "positions"), tok=_arr(prepare, "input_ids"),
-                idx=_arr(prepare, "idx_mapping_np"), nc=_arr(prepare, "num_computed_tokens_np"))
+        return {"ids": tuple(expected.req_ids), "q": expected.query_lens, "pref": expected.is_prefilling,
+                "qsl": expected.query_start_loc, "pos": expected.positions, "tok": expected.input_ids,
+                "idx": expected.slots, "nc": expected.num_computed}
+    view = {"ids": stage_req_ids(prepare), "q": _arr(prepare, "num_scheduled_tokens"),
+            "pref": _arr(prepare, "is_prefilling_np"), "qsl": _arr(prepare, "query_start_loc_np"),
+            "pos": _arr(prepare, "positions"), "tok": _arr(prepare, "input_ids"),
+            "idx": _arr(prepare, "idx_mapping_np"), "nc": _arr(prepare, "num_computed_tokens_np")}
     return None if any(v is None for v in view.values()) else view
 
 
