@@ -105,6 +105,9 @@ class VllmApi:
         self.CUDAGraphMode = CUDAGraphMode
         self.SamplingParams = SamplingParams
         self.shape = _detect_shape(self.version, resolved, self.GPUModelRunner)
+        from vllm.config import ParallelConfig
+
+        self.parallel_config = ParallelConfig()  # vLLM's defaults (no expert parallelism)
         self._fill_so = versions.filled(self.shape, "SchedulerOutput")
 
     # ------------------------------------------------------------------ mapping
@@ -246,7 +249,8 @@ class VllmApi:
             max_num_tokens=config.max_num_batched_tokens,
             dcp_world_size=config.dcp_size,
             dcp_rank=dcp_rank,
-            **versions.pcp_kwargs(self.shape, config.shard_decode_requests),
+            **versions.pcp_kwargs(self.shape, config.shard_decode_requests, self.PCPManager,
+                                  self.parallel_config),
             **({"block_tables": block_tables} if block_tables is not None else {}),
         )
 

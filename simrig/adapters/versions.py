@@ -220,9 +220,20 @@ def filled(shape: ApiShape, cls_name: str) -> dict[str, Any]:
     return {name: make() for name, make in shape.fillers.get(cls_name, {}).items()}
 
 
-def pcp_kwargs(shape: ApiShape, shard_decode_requests: bool) -> dict[str, Any]:
-    """The PCPManager keyword arguments that exist only on some releases."""
-    return {"shard_decode_requests": shard_decode_requests} if shape.pcp_shard_decode else {}
+def pcp_kwargs(shape: ApiShape, shard_decode_requests: bool, pcp_cls: Any = None,
+               parallel_config: Any = None) -> dict[str, Any]:
+    """The PCPManager keyword arguments that exist only on some releases.
+
+    ``moe_gathers_tokens`` (0.33) is what vLLM's own builder passes
+    (pcp_manager.maybe_build_pcp_manager: "Without EP all2all kernels,
+    MoERunner all-gathers PCP tokens to route"), read off the parallel config.
+    """
+    kwargs: dict[str, Any] = {}
+    if shape.pcp_shard_decode:
+        kwargs["shard_decode_requests"] = shard_decode_requests
+    if pcp_cls is not None and parallel_config is not None and "moe_gathers_tokens" in _params(pcp_cls):
+        kwargs["moe_gathers_tokens"] = not parallel_config.enable_expert_parallel
+    return kwargs
 
 
 # ------------------------------------------------------------- rank calls

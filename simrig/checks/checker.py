@@ -161,7 +161,10 @@ class Checker:
             out.extend(check_batch_semantics(index, real))
         if real is not None and dummy is not None:
             captured = self.captured.get(desc_key(desc, "")) if desc else None
-            out.extend(check_parity(index, real, dummy, desc, partitions or None, captured))
+            # under PCP the dummy is staged for a rank (prepare_inputs_for_capture_or_profile):
+            # it is compared with the rank-local batch the forward runs
+            runs = obs.get(PARTITION, 0) if config.pcp_size > 1 and partitions else real
+            out.extend(check_parity(index, runs or real, dummy, desc, partitions or None, captured))
         for part in partitions:  # rank-local batches keep the same field meanings
             out.extend(check_batch_semantics(index, part))
         if real is not None and partitions and self.config.pcp_size > 1:

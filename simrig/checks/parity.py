@@ -39,8 +39,13 @@ SHAPED_FIELDS = (
 )
 SHAPED_UNLESS_DRAFTS = ("logits_indices", "expanded_idx_mapping", "expanded_local_pos")
 TOKEN_SHAPED = ("input_ids", "positions", "is_padding")
-# prepare_attn's block tables and slot mappings, observed beside the batch
-ATTN_PREFIX = "attn."
+# Observed beside a batch, not built with it: prepare_attn's block tables and
+# slot mappings and execute_model's DCP lengths (checks/blocks.py), the PCP
+# manager's own index arrays (simrig's view of the manager), and the PCP batch
+# metadata only partition_batch builds: a dummy under PCP is staged by
+# prepare_inputs_for_capture_or_profile, "Stage a capture or dummy batch in
+# persistent PCP input buffers" (buffers only; checks/pcp.py judges the metadata).
+NOT_BUILT_WITH_THE_BATCH = ("attn.", "manager.", "pcp.")
 REQUEST_SHAPED = ("query_start_loc", "query_start_loc_np", "seq_lens", "seq_lens_cpu_upper_bound")
 
 
@@ -78,9 +83,7 @@ def check_parity(index: int, real: StageObs, dummy: StageObs, desc: dict | None 
     ids = stage_req_ids(real)
     out = []
     for name in list(real.fields) + [n for n in dummy.fields if n not in real.fields]:
-        if name.startswith(ATTN_PREFIX) or name == "dcp_local_seq_lens":
-            # prepare_attn's outputs and execute_model's DCP lengths are added to
-            # the batch the forward runs, not built with it (checks/blocks.py)
+        if name.startswith(NOT_BUILT_WITH_THE_BATCH) or name == "dcp_local_seq_lens":
             continue
         r, d = real.fields.get(name), dummy.fields.get(name)
         r_array = r is not None and r.kind in ARRAY_KINDS
