@@ -95,7 +95,7 @@ def apply_after_import() -> None:
 def graph_capture_without_cuda() -> Iterator[None]:
     """CUDA graph capture's device plumbing as no-ops, for the length of one
     capture: the graph and its pool, the capture stream, the TP group's
-    capture context and the accelerator's memory queries.
+    capture context, the accelerator's memory queries and the gc freeze.
 
     What capture decides (which descriptors, the dummy batch each is captured
     with, its block tables and slot mappings, the forward it records) is
@@ -121,6 +121,11 @@ def graph_capture_without_cuda() -> Iterator[None]:
 
     if not workspace.is_workspace_manager_initialized():  # the worker makes it at startup
         workspace.init_workspace_manager(torch.device(_choice.device if _choice else "cpu"))
+    from vllm.v1.worker.gpu import model_runner
+
+    # a full gc.collect() twice per capture: it keeps graph memory from being
+    # collected on a GPU, and costs half a second per runner here
+    patch(model_runner, "freeze_gc_for_cudagraph_capture", lambda *a, **kw: nothing())
     patch(cudagraph_utils, "graph_capture", lambda device=None: nothing())
     patch(cudagraph_utils, "capture_pool", lambda pool, vllm_config: nothing(pool))
     patch(cudagraph_utils, "current_stream", lambda: None)

@@ -15,6 +15,7 @@ _IB = "vllm.v1.worker.gpu.input_batch"
 _PCP = "vllm.v1.worker.gpu.pcp_manager"
 _ST = "vllm.v1.worker.gpu.states"
 _CG = "vllm.v1.worker.gpu.cudagraph_utils"
+_BT = "vllm.v1.worker.gpu.block_table"
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant("idx-mapping-host-int32", _MR, "GPUModelRunner.gather_batch_req_state",
@@ -193,6 +194,21 @@ CATALOGUE: tuple[Mutant, ...] = (
            "num_toks = num_toks or self.pcp_manager.get_num_tokens_for_dispatch(",
            "under PCP execute_model dispatches the global token count instead of the largest "
            "rank-local one: every rank pads to a graph far larger than its batch"),
+    # the block tables, slot mappings and dummy runs execute_model drives
+    Mutant("block-table-stale-padded-rows", _BT, "BlockTables.gather_block_tables",
+           "_gather_block_tables_kernel[(self.num_kv_cache_groups, num_rows)](",
+           "_gather_block_tables_kernel[(self.num_kv_cache_groups, num_reqs)](",
+           "the gather stops clearing rows past the batch: a padded FULL-graph row keeps a "
+           "previous batch's block ids (stale block-table row)"),
+    Mutant("slot-mapping-offset-off-by-one", _BT, "BlockTables.compute_slot_mappings",
+           "query_start_loc,\n        positions,\n",
+           "query_start_loc,\n        positions + 1,\n",
+           "every token's KV slot is computed one position late (wrong slot offset)"),
+    Mutant("dummy-keeps-stale-positions", _IB, "InputBatch.make_dummy",
+           "positions = input_buffers.positions[:num_tokens].zero_()",
+           "positions = input_buffers.positions[:num_tokens]",
+           "a dummy run no longer resets the shared positions buffer: it runs the previous "
+           "real batch's positions"),
 )
 
 BY_NAME = {m.name: m for m in CATALOGUE}
