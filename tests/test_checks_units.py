@@ -87,9 +87,21 @@ def test_drift_reports_each_change_once():
 def test_parity_dtype_and_shape():
     real = StageObs("prepare", fields={"seq_lens": arr([3, 4], np.int32), "logits_indices": arr([2, 6], np.int64),
                                        "num_draft_tokens": FieldObs("scalar", "int", (), 0)})
-    dummy = StageObs("dummy", fields={"seq_lens": arr([3], np.int32), "logits_indices": arr([2, 6], np.int32)})
-    got = {(f.kind, f.field) for f in check_parity(0, real, dummy)}
+    eager = {"cg_mode": "NONE", "num_tokens": 8, "num_reqs": 2, "uniform_token_count": None,
+             "max_query_len": None}
+
+    def dummy_at(desc: dict) -> StageObs:
+        fields = {"seq_lens": arr([3], np.int32), "logits_indices": arr([2, 6], np.int32)}
+        fields.update({"desc." + k: FieldObs("scalar", "", (), v) for k, v in desc.items()})
+        return StageObs("dummy", fields=fields)
+
+    # the dummy run dispatched to the real batch's descriptor: field for field
+    got = {(f.kind, f.field) for f in check_parity(0, real, dummy_at(eager), eager)}
     assert got == {(fk.VALUE_MISMATCH, "seq_lens"), (fk.DTYPE_DRIFT, "logits_indices")}
+    # at another descriptor (another request count) shapes differ by design: dtype only
+    other = dict(eager, num_reqs=1)
+    got = {(f.kind, f.field) for f in check_parity(0, real, dummy_at(other), eager)}
+    assert got == {(fk.DTYPE_DRIFT, "logits_indices")}
 
 
 def test_lifecycle_rules():

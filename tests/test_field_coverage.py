@@ -136,13 +136,16 @@ def test_every_dcp_peer_is_held_to_the_largest_shard(vllm_api):
 
 @pytest.mark.vllm
 def test_is_padding_is_judged_in_the_moe_gathered_shape_too(vllm_api):
-    """vLLM's default (moe_gathers_tokens) makes a rank's is_padding the P x width mask over
-    every rank's rows, rank-major: accepted when each rank's section is its own tail."""
+    """vLLM's default (moe_gathers_tokens, which the harness builds its managers with)
+    makes a rank's is_padding the P x width mask over every rank's rows, rank-major:
+    accepted when each rank's section is its own tail; the rank's own tail alone
+    (expert parallelism) is accepted too."""
     config, steps, observations = _pcp_run(vllm_api, "pcp2")
     step = 0
-    ranks = [observations[step].get("partition", r) for r in range(2)]
-    local = [np.asarray(r.fields["is_padding"].values) for r in ranks]
-    gathered = np.concatenate(local)
+    rank0 = observations[step].get("partition", 0)
+    gathered = np.asarray(rank0.fields["is_padding"].values)
+    width = int(rank0.fields["num_tokens_after_padding"].values)
+    assert gathered.shape == (2 * width,)  # observed in vLLM's default, gathered shape
 
     def gather_on_rank0(values):
         def change(o: StepObs) -> None:
@@ -153,7 +156,9 @@ def test_is_padding_is_judged_in_the_moe_gathered_shape_too(vllm_api):
 
     assert ("partition", "is_padding", 0) not in _new(
         config, steps, mutated(observations, step, gather_on_rank0(gathered)), step)
+    assert ("partition", "is_padding", 0) not in _new(
+        config, steps, mutated(observations, step, gather_on_rank0(gathered[:width].copy())), step)
     wrong = gathered.copy()
-    wrong[len(local[0])] = ~wrong[len(local[0])]  # rank 1's first row, seen from rank 0
+    wrong[width] = ~wrong[width]  # rank 1's first row, seen from rank 0
     assert ("partition", "is_padding", 0) in _new(
         config, steps, mutated(observations, step, gather_on_rank0(wrong)), step)

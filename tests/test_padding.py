@@ -142,12 +142,19 @@ def test_parity_compares_graph_shapes_with_the_capture_dummy():
 
     real = _stage("prepare", query_start_loc=np.zeros(5, dtype=np.int32), input_ids=np.zeros(4, dtype=np.int32),
                   num_draft_tokens=0)
-    dummy = _stage("dummy", query_start_loc=np.zeros(3, dtype=np.int32), input_ids=np.zeros(4, dtype=np.int32))
-    full = dict(cg_mode="FULL", num_tokens=4, num_reqs=2)
-    found = check_parity(1, real, dummy, full)
+    captured = _stage("capture", query_start_loc=np.zeros(3, dtype=np.int32),
+                      input_ids=np.zeros(4, dtype=np.int32))
+    # the step's own dummy run went elsewhere (another descriptor): only dtypes compared
+    dummy_run = _stage("dummy", query_start_loc=np.zeros(9, dtype=np.int32),
+                       input_ids=np.zeros(8, dtype=np.int32))
+    full = dict(cg_mode="FULL", num_tokens=4, num_reqs=2, uniform_token_count=None, max_query_len=None)
+    found = check_parity(1, real, dummy_run, full, None, captured)
     assert [(f.field, f.expected, f.actual) for f in found] == [("query_start_loc", "shape (3,)", "shape (5,)")]
     # a PIECEWISE graph pads no requests: request-shaped fields may differ
-    assert check_parity(1, real, dummy, dict(full, cg_mode="PIECEWISE", num_reqs=None)) == []
+    assert check_parity(1, real, dummy_run, dict(full, cg_mode="PIECEWISE", num_reqs=None), None,
+                        captured) == []
+    # no capture dummy known and the dummy run at another descriptor: nothing to hold shapes to
+    assert check_parity(1, real, dummy_run, full) == []
 
 
 def test_dcp_peer_that_differs_is_a_finding():

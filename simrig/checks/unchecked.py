@@ -92,6 +92,12 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
 }
 
 UNCHECKED: dict[tuple[str, str], str] = {
+    ("dummy", "desc.cg_mode"): "the dummy run's own descriptor: parity compares shapes only when it is "
+                               "the real batch's",
+    ("dummy", "desc.num_tokens"): "the dummy run's own descriptor (see desc.cg_mode)",
+    ("dummy", "desc.num_reqs"): "the dummy run's own descriptor (see desc.cg_mode)",
+    ("dummy", "desc.uniform_token_count"): "the dummy run's own descriptor (see desc.cg_mode)",
+    ("dummy", "desc.max_query_len"): "the dummy run's own descriptor (see desc.cg_mode)",
     ("partition", "dcp_local_seq_lens"): "PCP with DCP: each DCP rank's share of the rank-local batch; "
                                          "only dtype (blocks.py judges it without PCP)",
     ("dummy", "dcp_local_seq_lens"): "None: the dummy stage does not run execute_model's DCP step",
