@@ -128,6 +128,9 @@ def graph_capture_without_cuda() -> Iterator[None]:
     patch(model_runner, "freeze_gc_for_cudagraph_capture", lambda *a, **kw: nothing())
     patch(cudagraph_utils, "graph_capture", lambda device=None: nothing())
     patch(cudagraph_utils, "capture_pool", lambda pool, vllm_config: nothing(pool))
+    # 0.30-0.31 name the pool for NCCL: set_graph_pool_id(platform.graph_pool_handle())
+    patch(cudagraph_utils, "set_graph_pool_id", lambda pool: None)
+    patch(cudagraph_utils.current_platform, "graph_pool_handle", lambda: None)
     patch(cudagraph_utils, "current_stream", lambda: None)
     patch(cudagraph_utils, "is_global_first_rank", lambda: False)  # no progress bar
     patch(torch.cuda, "CUDAGraph", _Graph)

@@ -46,6 +46,8 @@ TOKEN_SHAPED = ("input_ids", "positions", "is_padding")
 # prepare_inputs_for_capture_or_profile, "Stage a capture or dummy batch in
 # persistent PCP input buffers" (buffers only; checks/pcp.py judges the metadata).
 NOT_BUILT_WITH_THE_BATCH = ("attn.", "manager.", "pcp.")
+# dcp_local_seq_lens_cpu_upper_bound is that PCP metadata before 0.33 moved it into ``pcp``
+NOT_BUILT_FIELDS = ("dcp_local_seq_lens", "dcp_local_seq_lens_cpu_upper_bound")
 REQUEST_SHAPED = ("query_start_loc", "query_start_loc_np", "seq_lens", "seq_lens_cpu_upper_bound")
 
 
@@ -83,7 +85,7 @@ def check_parity(index: int, real: StageObs, dummy: StageObs, desc: dict | None 
     ids = stage_req_ids(real)
     out = []
     for name in list(real.fields) + [n for n in dummy.fields if n not in real.fields]:
-        if name.startswith(NOT_BUILT_WITH_THE_BATCH) or name == "dcp_local_seq_lens":
+        if name.startswith(NOT_BUILT_WITH_THE_BATCH) or name in NOT_BUILT_FIELDS:
             continue
         r, d = real.fields.get(name), dummy.fields.get(name)
         r_array = r is not None and r.kind in ARRAY_KINDS
