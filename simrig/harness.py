@@ -29,18 +29,23 @@ runs: cudagraph capture builds it independently). Nothing is raised out of
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from simrig import observe as obs
+from simrig import sampling
 from simrig.adapters import cudagraph, platform
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
-from simrig.step import RunnerConfig, Step, draft_token, rejected_from, synth_token
+from simrig.probes import desc_key as _desc_key
+from simrig.probes import error_obs as _error_obs
+from simrig.probes import failed as _failed
+from simrig.probes import observe_batch as _observe_batch
+from simrig.probes import pcp_private_view as _pcp_private_view
+from simrig.probes import tap_capture_descriptors as _tap_capture_descriptors
+from simrig.probes import wrap as _wrap
+from simrig.step import RunnerConfig, Step
 
 
 class _StopStep(Exception):
@@ -251,12 +256,7 @@ class Harness:
         if getattr(exc, "__simrig_claimed__", False):
             return
         stage = result.stages[-1].stage if result.stages else obs.LIFECYCLE
-        error = _error_obs(exc, step)
-        if os.environ.get("SIMRIG_DEBUG_UNCLAIMED"):
-            import traceback
-
-            traceback.print_exception(exc)
-        result.stages.append(obs.StageObs(stage=stage, rank=None, error=error))
+        result.stages.append(obs.StageObs(stage=stage, rank=None, error=_error_obs(exc, step)))
 
     def _observe_dcp_local_seq_lens(self, result: obs.StepObs) -> None:
         """execute_model fills dcp_local_seq_lens after prepare_attn, on the
@@ -282,50 +282,10 @@ class Harness:
             result.stages[-1].dcp_rank = dcp_rank
 
     def _write_drafts(self, step: Step) -> None:
-        """Drafter stand-in: draft j of a request at position n proposes position
-        n+1+j; drafts the trace says the sampler rejects propose a wrong token
-        (``simrig.step.draft_token``), so acceptance shows in input_ids."""
-        if not step.spec_tokens:
-            return
-        states = self.runner.req_states
-        for req_id, k in step.spec_tokens.items():
-            idx = states.req_id_to_index.get(req_id)
-            if idx is None or k <= 0:
-                continue  # an unknown id fails loudly in gather, where the runner looks it up
-            # drafts fill the last k positions of the request's query
-            first = int(states.num_computed_tokens_np[idx]) + step.num_scheduled_tokens.get(req_id, 0) - k
-            first_rejected = rejected_from(step, req_id)
-            ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
-            states.draft_tokens[idx, :k] = self.api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
+        sampling.write_drafts(self.api, self.runner, step)
 
     def _sample(self, step: Step, batch: Any) -> dict[str, Any]:
-        """Sampler stand-in, then the real postprocess_sampled.
-
-        Row i samples (num_logits_i - rejected_i) tokens; the token sampled
-        from a request's logit that ends at sequence position p is
-        synth_token(req, p + 1), so every position has one well-defined id.
-        """
-        torch = self.api.torch
-        n = batch.num_reqs
-        cu = batch.cu_num_logits_np[: n + 1]
-        num_logits = np.diff(cu).astype(np.int32)
-        seq_lens = batch.seq_lens[:n].cpu().numpy()
-        width = max(int(num_logits.max()), 1)
-        sampled = np.zeros((n, width), dtype=np.int64)
-        num_sampled = num_logits.copy()
-        for i, req_id in enumerate(batch.req_ids):
-            first = int(seq_lens[i]) - int(num_logits[i]) + 1
-            sampled[i, : num_logits[i]] = [synth_token(req_id, first + j)
-                                           for j in range(int(num_logits[i]))]
-            num_sampled[i] -= min(step.rejected.get(req_id, 0), int(num_logits[i]) - 1)
-        device = self.api.device
-        num_sampled_t, num_rejected_t = self.api.get_num_sampled_and_rejected(
-            torch.from_numpy(num_sampled).to(device), batch.seq_lens[:n], batch.cu_num_logits,
-            batch.idx_mapping, self.runner.req_states.prefill_len.gpu)
-        self.runner.postprocess_sampled(
-            batch.idx_mapping, torch.from_numpy(sampled).to(device), num_sampled_t,
-            num_rejected_t, batch.query_start_loc)
-        return {"num_sampled": num_sampled_t, "num_rejected": num_rejected_t}
+        return sampling.sample(self.api, self.runner, step, batch)
 
     # ------------------------------------------------- vLLM's own dummy paths
     def _capture_at_startup(self, result: obs.StepObs) -> None:
@@ -443,72 +403,3 @@ def run_step_guarded(harness: Harness, step: Step, trace: str = "") -> tuple[obs
     except Exception as exc:  # noqa: BLE001 -- the rig's bug is a finding, never a crash
         index = max(harness.num_steps - 1, 0)
         return obs.StepObs(index=index), [rig_error(exc, step=index, check="harness", trace=trace)]
-
-
-def _wrap(obj: Any, name: str, probe: Any) -> None:
-    """Shadow ``obj.name`` on the instance with ``probe(call, *args)``; ``call``
-    looks the class's function up at call time, so a mutated vLLM runs."""
-    owner = type(obj)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(owner, name)(obj, *args, **kwargs)
-
-    setattr(obj, name, lambda *args, **kwargs: probe(call, *args, **kwargs))
-
-
-def _tap_capture_descriptors(manager: Any, on_desc: Any) -> Any:
-    """For one capture: tell ``on_desc`` which descriptor each dummy is built
-    for. CudaGraphManager.capture calls ``create_forward_fn(desc, ...)`` per
-    descriptor; a class inserted between the manager's class and the base
-    wraps that factory and calls the base's current capture unchanged."""
-    import contextlib
-
-    cls = type(manager)
-    base = next(k for k in cls.__mro__[1:] if "capture" in vars(k))
-
-    class Tap(base):  # type: ignore[misc, valid-type]
-        def capture(self, create_forward_fn: Any, *args: Any, **kwargs: Any) -> Any:
-            def tapped(desc: Any, *a: Any, **kw: Any) -> Any:
-                on_desc(desc)
-                return create_forward_fn(desc, *a, **kw)
-            return super().capture(tapped, *args, **kwargs)
-
-    @contextlib.contextmanager
-    def tapped_class() -> Any:
-        manager.__class__ = type(cls.__name__, (cls, Tap), {})
-        try:
-            yield
-        finally:
-            manager.__class__ = cls
-
-    return tapped_class()
-
-
-def _desc_key(desc: Any) -> tuple:
-    return tuple(sorted(cudagraph.describe(desc).items()))
-
-
-def _observe_batch(record: obs.StageObs, batch: Any) -> None:
-    record.fields = obs.observe_fields(batch)
-    record.declared = obs.declared_fields(batch)
-
-
-def _failed(result: obs.StepObs) -> bool:
-    return any(stage.error is not None for stage in result.stages)
-
-
-def _pcp_private_view(manager: Any) -> dict[str, obs.FieldObs]:
-    """The manager's restore/gather index arrays (global = gathered[restore])."""
-    out = {}
-    for name in ("_hidden_restore_idx", "_padded_gather_idx", "_gathered_kv_write_mask"):
-        # None is observed too: the contract decides whether it may be None.
-        out["manager." + name.lstrip("_")] = obs.observe_value(getattr(manager, name, None))
-    return out
-
-
-def _error_obs(exc: Exception, step: Step) -> obs.ErrorObs:
-    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
-        req_ids: tuple[str, ...] = (exc.args[0],)
-    else:
-        req_ids = tuple(step.num_scheduled_tokens)
-    return obs.ErrorObs(type=type(exc).__name__, message=str(exc)[:500], req_ids=req_ids)

@@ -18,12 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from simrig.adapters import cudagraph, platform, versions, wiring
-from simrig.adapters.entry_points import (  # noqa: F401 -- the adapter's public names
-    ENTRY_POINTS,
-    EntryPoint,
-    VllmApiError,
-    VllmUnavailable,
-)
+from simrig.adapters.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 

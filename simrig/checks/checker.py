@@ -35,7 +35,11 @@ from simrig.checks.fields import check_model_fields, check_runner_state, runs_as
 from simrig.checks.findings import Finding
 from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
 from simrig.checks.lifecycle import (
-    DUPLICATE_NEW, IDENTITY_RULES, LOUD_KINDS, UNKNOWN_CACHED, SchedulerContract,
+    DUPLICATE_NEW,
+    IDENTITY_RULES,
+    LOUD_KINDS,
+    UNKNOWN_CACHED,
+    SchedulerContract,
 )
 from simrig.checks.padding import check_capture, check_dispatch, descriptor
 from simrig.checks.parity import check_parity, desc_key

@@ -1,0 +1,85 @@
+"""Observing vLLM by wrapping: the harness's probes and what they record.
+
+A probe shadows one method on one instance (``wrap``); the shadow calls the
+class's current function, so a mutated vLLM is what runs, and passes the
+arguments and the result through unchanged. The capture tap inserts a class
+between the cudagraph manager's class and its base for the length of one
+capture, to learn which descriptor each capture dummy is built for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simrig import observe as obs
+from simrig.adapters import cudagraph
+from simrig.step import Step
+
+
+def wrap(obj: Any, name: str, probe: Any) -> None:
+    """Shadow ``obj.name`` on the instance with ``probe(call, *args)``; ``call``
+    looks the class's function up at call time, so a mutated vLLM runs."""
+    owner = type(obj)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(owner, name)(obj, *args, **kwargs)
+
+    setattr(obj, name, lambda *args, **kwargs: probe(call, *args, **kwargs))
+
+
+def tap_capture_descriptors(manager: Any, on_desc: Any) -> Any:
+    """For one capture: tell ``on_desc`` which descriptor each dummy is built
+    for. CudaGraphManager.capture calls ``create_forward_fn(desc, ...)`` per
+    descriptor; a class inserted between the manager's class and the base
+    wraps that factory and calls the base's current capture unchanged."""
+    import contextlib
+
+    cls = type(manager)
+    base = next(k for k in cls.__mro__[1:] if "capture" in vars(k))
+
+    class Tap(base):  # type: ignore[misc, valid-type]
+        def capture(self, create_forward_fn: Any, *args: Any, **kwargs: Any) -> Any:
+            def tapped(desc: Any, *a: Any, **kw: Any) -> Any:
+                on_desc(desc)
+                return create_forward_fn(desc, *a, **kw)
+            return super().capture(tapped, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def tapped_class() -> Any:
+        manager.__class__ = type(cls.__name__, (cls, Tap), {})
+        try:
+            yield
+        finally:
+            manager.__class__ = cls
+
+    return tapped_class()
+
+
+def desc_key(desc: Any) -> tuple:
+    return tuple(sorted(cudagraph.describe(desc).items()))
+
+
+def observe_batch(record: obs.StageObs, batch: Any) -> None:
+    record.fields = obs.observe_fields(batch)
+    record.declared = obs.declared_fields(batch)
+
+
+def failed(result: obs.StepObs) -> bool:
+    return any(stage.error is not None for stage in result.stages)
+
+
+def pcp_private_view(manager: Any) -> dict[str, obs.FieldObs]:
+    """The manager's restore/gather index arrays (global = gathered[restore])."""
+    out = {}
+    for name in ("_hidden_restore_idx", "_padded_gather_idx", "_gathered_kv_write_mask"):
+        # None is observed too: the contract decides whether it may be None.
+        out["manager." + name.lstrip("_")] = obs.observe_value(getattr(manager, name, None))
+    return out
+
+
+def error_obs(exc: Exception, step: Step) -> obs.ErrorObs:
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        req_ids: tuple[str, ...] = (exc.args[0],)
+    else:
+        req_ids = tuple(step.num_scheduled_tokens)
+    return obs.ErrorObs(type=type(exc).__name__, message=str(exc)[:500], req_ids=req_ids)
