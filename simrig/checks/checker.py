@@ -67,6 +67,10 @@ class Checker:
         self.captured: dict[tuple, Any] = {}
         self.drift = DriftTracker()
         self.identity_ids: set[str] = set()  # ids the last step's identity violations name
+        # requests a runner exception on valid input left with undefined runner state
+        # (execute_model stopped mid-step: vLLM would have stopped serving); their values
+        # are not judged until they are finished, preempted or sent again as new
+        self.broken: set[str] = set()
         # the run configuration a known finding's ``when`` conditions read
         self.context = {"pcp_size": config.pcp_size, "dcp_size": config.dcp_size,
                         "num_speculative_tokens": config.num_speculative_tokens,
@@ -91,7 +95,11 @@ class Checker:
         # semantic check has a defined expectation. Otherwise the requests a
         # violation names (and those whose cursor it desynced) are set aside:
         # every other request's values are still checked.
+        for req_id in (*step.finished, *step.preempted, *(r.req_id for r in step.new_requests)):
+            self.broken.discard(req_id)
         touched = self.touched_by(life, step)
+        if touched is not None:
+            touched |= self.broken & set(step.num_scheduled_tokens)
         self.identity_ids = _identity_ids(life)
         if touched is not None:
             semantic = self._guard(findings, index, "semantic", self._semantic_checks,
@@ -101,6 +109,9 @@ class Checker:
                             or (f.req_ids and not set(f.req_ids) & touched)]
             findings.extend(semantic)
         self._guard(findings, index, "reference", self.reference.advance, step)
+        if life is not None and not life.violations and self._guard(
+                findings, index, "runner_state", _runner_failed, observation):
+            self.broken |= set(step.num_scheduled_tokens)
         for f in findings:
             f.trace = self.trace
         marked = self._guard(findings, index, "known", self.known.apply, findings, self.context)
@@ -212,6 +223,11 @@ class Checker:
         if real is None or real.error is not None:
             return []
         return check_attn_blocks(config, self.blocks, index, real, batch)
+
+
+def _runner_failed(observation: StepObs) -> bool:
+    """A stage of the step itself raised (not the capture before it, not the dummy after)."""
+    return any(s.error is not None for s in observation.stages if s.stage not in (CAPTURE, DUMMY))
 
 
 def _label_capture(found: list[Finding], capture: Any) -> list[Finding]:

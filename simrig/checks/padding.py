@@ -131,10 +131,10 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
     if desc is None or q is None or prefilling is None or not len(q):
         return out
 
-    def add(name: str, expected: Any, actual: Any, message: str) -> None:
+    def add(name: str, expected: Any, actual: Any, message: str, pattern: str = "") -> None:
         out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=DISPATCH, check="dispatch",
                            req_ids=req_ids, field=name, expected=str(expected), actual=str(actual),
-                           message=message))
+                           message=message, extra={"pattern": pattern} if pattern else {}))
 
     q = np.asarray(q, dtype=np.int64)
     num_reqs, has_prefill = len(q), bool(np.asarray(prefilling).any())
@@ -152,8 +152,10 @@ def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None
         add("uniform_token_count", f"every query {u} tokens, each running as a decode", q.tolist(),
             f"a uniform-decode graph (u={u}) replays a batch that is not a uniform decode")
     if mql is not None and (has_prefill or int(q.max()) > mql):
+        # the pattern separates a prefill admitted by the bound from a query over it
         add("max_query_len", f"no prefill, queries <= {mql}", q.tolist(),
-            f"a graph bounded to queries of {mql} tokens replays a longer query or a prefill")
+            f"a graph bounded to queries of {mql} tokens replays a longer query or a prefill",
+            "prefill_within_bound" if int(q.max()) <= mql else "query_over_bound")
     if mode not in ALLOWED_MODES[config.cudagraph_mode]:
         add("cg_mode", " or ".join(sorted(ALLOWED_MODES[config.cudagraph_mode])), mode,
             f"cudagraph_mode {config.cudagraph_mode} never runs a {mode} graph")
