@@ -34,17 +34,16 @@ from collections.abc import Iterable
 from typing import Any
 
 from simrig import observe as obs
-from simrig import sampling
-from simrig.adapters import cudagraph, platform
+from simrig.adapters import cudagraph, platform, sampling
+from simrig.adapters.probes import desc_key as _desc_key
+from simrig.adapters.probes import error_obs as _error_obs
+from simrig.adapters.probes import failed as _failed
+from simrig.adapters.probes import observe_batch as _observe_batch
+from simrig.adapters.probes import pcp_private_view as _pcp_private_view
+from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
+from simrig.adapters.probes import wrap as _wrap
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
-from simrig.probes import desc_key as _desc_key
-from simrig.probes import error_obs as _error_obs
-from simrig.probes import failed as _failed
-from simrig.probes import observe_batch as _observe_batch
-from simrig.probes import pcp_private_view as _pcp_private_view
-from simrig.probes import tap_capture_descriptors as _tap_capture_descriptors
-from simrig.probes import wrap as _wrap
 from simrig.step import RunnerConfig, Step
 
 
