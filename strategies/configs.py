@@ -47,13 +47,16 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    shard_decode_requests: st.SearchStrategy[bool] = st.booleans(),
                    block_size: st.SearchStrategy[int] = st.just(16),
                    cudagraph_modes: st.SearchStrategy[str] = st.just("NONE"),
-                   varlen_decode: st.SearchStrategy[bool] = st.booleans()) -> st.SearchStrategy[RunnerConfig]:
+                   varlen_decode: st.SearchStrategy[bool] = st.booleans(),
+                   dcp_without_pcp: st.SearchStrategy[bool] = st.just(False),
+                   ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
     ``max_num_batched_tokens`` is raised to at least ``max_num_reqs`` (a
     scheduler budget below one token per request slot is not a configuration
-    vLLM accepts); ``dcp_size`` is drawn with or without PCP (vLLM's
-    ``ParallelConfig``: with PCP 1, "DCP reuses the TP ranks"), and
+    vLLM accepts); ``dcp_size`` is drawn with PCP > 1, and with PCP 1 where
+    ``dcp_without_pcp`` draws True (vLLM's ``ParallelConfig``: with PCP 1,
+    "DCP reuses the TP ranks"; off by default, see the README), and
     ``shard_decode_requests`` only with PCP > 1 and DCP 1 (vLLM's
     ``ParallelConfig.pcp_shard_decode_requests``: DCP needs every decode on
     every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
@@ -65,7 +68,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
                 pcp_sizes=pcp_sizes, dcp_sizes=dcp_sizes,
                 shard_decode_requests=shard_decode_requests, block_size=block_size,
-                cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode)
+                cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
+                dcp_without_pcp=dcp_without_pcp)
     for name, value in args.items():
         check_strategy(name, value)
 
@@ -73,7 +77,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     def build(draw) -> RunnerConfig:
         reqs = draw(max_num_reqs)
         pcp = draw(pcp_sizes)
-        dcp = draw(dcp_sizes)
+        dcp = draw(dcp_sizes) if pcp > 1 or draw(dcp_without_pcp) else 1
         budget = max(draw(max_num_batched_tokens), reqs)
         mode = draw(cudagraph_modes)
         if mode not in CUDAGRAPH_MODES:

@@ -254,10 +254,16 @@ def test_generated_runs_free_reuse_grow_and_share_blocks(event):
 
 
 def test_dcp_is_drawn_without_pcp():
-    config = find(runner_configs(), lambda c: c.dcp_size > 1 and c.pcp_size == 1,
+    config = find(runner_configs(dcp_without_pcp=st.just(True)), lambda c: c.dcp_size > 1 and c.pcp_size == 1,
                   settings=settings(database=None, suppress_health_check=list(HealthCheck)))
     config.validate()
     assert config.dcp_size > 1 and config.pcp_size == 1 and not config.shard_decode_requests
+
+
+def test_dcp_without_pcp_is_off_by_default():
+    config = find(runner_configs(), lambda c: c.pcp_size == 1,
+                  settings=settings(database=None, suppress_health_check=list(HealthCheck)))
+    assert config.dcp_size == 1
 
 
 @FAST
