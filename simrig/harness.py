@@ -37,7 +37,6 @@ from simrig import observe as obs
 from simrig.adapters import cudagraph, platform, sampling
 from simrig.adapters.probes import desc_key as _desc_key
 from simrig.adapters.probes import error_obs as _error_obs
-from simrig.adapters.probes import failed as _failed
 from simrig.adapters.probes import observe_batch as _observe_batch
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
@@ -108,7 +107,7 @@ class Harness:
         finally:
             self.runner.execute_model_state = None
         batch, desc = self._global_batch, self._desc
-        if batch is not None and desc is not None and obs.PREPARE in self.stages and not _failed(result):
+        if batch is not None and desc is not None and obs.PREPARE in self.stages and not result.step_failed():
             self._other_ranks(step, batch, desc, result)
             self._timed(result, obs.POSTPROCESS, None, step, self._sample, step, batch)
         return self._dummy_run(step, result, desc)

@@ -64,10 +64,6 @@ def observe_batch(record: obs.StageObs, batch: Any) -> None:
     record.declared = obs.declared_fields(batch)
 
 
-def failed(result: obs.StepObs) -> bool:
-    return any(stage.error is not None for stage in result.stages)
-
-
 def pcp_private_view(manager: Any) -> dict[str, obs.FieldObs]:
     """The manager's restore/gather index arrays (global = gathered[restore])."""
     out = {}

@@ -181,13 +181,11 @@ class VllmApi:
         runner.max_num_reqs = config.max_num_reqs
         runner.decode_query_len = config.decode_query_len
         runner.use_pp = False
-        runner.pcp_manager = None
         runner.adaptive_verification = None
         runner.fast_prefill = None
         runner.pooling_runner = None
         runner.pp_handler = None
         runner.encoder_cache = None
-        runner.prompt_logprobs_worker = None
         runner.kv_block_zeroer = None
         runner.routed_experts_capturer = None
         runner.lora_manager = None

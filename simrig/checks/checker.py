@@ -110,7 +110,7 @@ class Checker:
             findings.extend(semantic)
         self._guard(findings, index, "reference", self.reference.advance, step)
         if life is not None and not life.violations and self._guard(
-                findings, index, "runner_state", _runner_failed, observation):
+                findings, index, "runner_state", StepObs.step_failed, observation):
             self.broken |= set(step.num_scheduled_tokens)
         for f in findings:
             f.trace = self.trace
@@ -223,11 +223,6 @@ class Checker:
         if real is None or real.error is not None:
             return []
         return check_attn_blocks(config, self.blocks, index, real, batch)
-
-
-def _runner_failed(observation: StepObs) -> bool:
-    """A stage of the step itself raised (not the capture before it, not the dummy after)."""
-    return any(s.error is not None for s in observation.stages if s.stage not in (CAPTURE, DUMMY))
 
 
 def _label_capture(found: list[Finding], capture: Any) -> list[Finding]:
