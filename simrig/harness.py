@@ -17,10 +17,13 @@ result:
                   block tables and slot mappings, and dcp_local_seq_lens
       partition   rank 0: inside prepare_inputs; ranks past 0 (and DCP peers)
                   partition the same global batch as the release does
-      postprocess sampler stand-in + the real postprocess_sampled
-      dummy       InputBatch.make_dummy for the same descriptor, as cudagraph
-                  capture builds it (PCP: prepare_inputs_for_capture_or_profile)
-      capture     first step only: make_dummy at every descriptor vLLM captures
+      postprocess the release's sample_tokens (stand-in logits and samplers,
+                  adapters/sampling.py): postprocess_sampled's counts and the
+                  runner's output to the scheduler
+      dummy       GPUModelRunner._dummy_run at the step's token count, in the
+                  runner's own buffers
+      capture     before the first step: GPUModelRunner.capture_model, each
+                  captured descriptor's dummy batch
 
 An exception stops the step where the real runner stops (the dummy still
 runs: cudagraph capture builds it independently). Nothing is raised out of
@@ -104,12 +107,14 @@ class Harness:
             self._unclaimed_error(exc, step, result)
         else:
             self._observe_dcp_local_seq_lens(result)
+        batch, desc = self._global_batch, self._desc
+        try:
+            if batch is not None and desc is not None and obs.PREPARE in self.stages \
+                    and not result.step_failed():
+                self._other_ranks(step, batch, desc, result)
+                self._sample_tokens(step, batch, result)
         finally:
             self.runner.execute_model_state = None
-        batch, desc = self._global_batch, self._desc
-        if batch is not None and desc is not None and obs.PREPARE in self.stages and not result.step_failed():
-            self._other_ranks(step, batch, desc, result)
-            self._timed(result, obs.POSTPROCESS, None, step, self._sample, step, batch)
         return self._dummy_run(step, result, desc)
 
     # ---------------------------------------------------------------- probes
@@ -122,6 +127,7 @@ class Harness:
                 (runner.cudagraph_manager, "dispatch", self._probe_dispatch),
                 (runner, "prepare_inputs", self._probe_prepare),
                 (runner, "prepare_attn", self._probe_attn),
+                (runner, "postprocess_sampled", self._probe_postprocess),
                 (runner.pcp_manager, "partition_batch", self._probe_partition)):
             if owner is not None:
                 _wrap(owner, name, self._gated(probe))
@@ -282,8 +288,36 @@ class Harness:
     def _write_drafts(self, step: Step) -> None:
         sampling.write_drafts(self.api, self.runner, step)
 
-    def _sample(self, step: Step, batch: Any) -> dict[str, Any]:
-        return sampling.sample(self.api, self.runner, step, batch)
+    def _sample_tokens(self, step: Step, batch: Any, result: obs.StepObs) -> None:
+        """The release's own sample_tokens on the state execute_model left: the
+        stand-in logits name the trace's tokens for the global batch's logit
+        rows; postprocess_sampled's arguments and the runner's output to the
+        scheduler are observed."""
+        record = self._open(obs.POSTPROCESS)
+        self.runner.model.target_tokens = sampling.target_tokens(batch)
+        start = time.perf_counter()
+        try:
+            with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)):
+                output = self.runner.sample_tokens(None)
+                if output is not None and hasattr(output, "get_output"):
+                    output = output.get_output()
+        except Exception as exc:  # vLLM's exceptions are observations
+            record.error = _error_obs(exc, step)
+            return
+        finally:
+            record.duration_s = time.perf_counter() - start
+        if output is not None and getattr(output, "sampled_token_ids", None) is not None:
+            record.fields["output.req_ids"] = obs.observe_value(list(output.req_ids))
+            record.fields["output.num_sampled_tokens"] = obs.observe_value(
+                [len(tokens) for tokens in output.sampled_token_ids])
+
+    def _probe_postprocess(self, call: Any, idx_mapping: Any, sampled: Any, num_sampled: Any,
+                           num_rejected: Any, *args: Any, **kwargs: Any) -> Any:
+        record = self._result.get(obs.POSTPROCESS)
+        if record is not None:
+            record.fields.update({"num_sampled": obs.observe_value(num_sampled),
+                                  "num_rejected": obs.observe_value(num_rejected)})
+        return call(idx_mapping, sampled, num_sampled, num_rejected, *args, **kwargs)
 
     # ------------------------------------------------- vLLM's own dummy paths
     def _capture_at_startup(self, result: obs.StepObs) -> None:

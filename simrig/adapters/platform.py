@@ -39,6 +39,11 @@ class PlatformChoice:
 _choice: PlatformChoice | None = None
 
 
+def current() -> PlatformChoice | None:
+    """The platform chosen by ``configure`` (None before it ran)."""
+    return _choice
+
+
 def _default_cache_root() -> str:
     return str(Path(os.environ.get("SIMRIG_CACHE", Path.cwd() / ".cache")) / "vllm")
 
@@ -154,3 +159,92 @@ def unlock_workspace() -> None:
 
     if workspace.is_workspace_manager_initialized():
         workspace.unlock_workspace()
+
+
+class StreamStandIn:
+    """A CUDA stream on a machine without one: CPU work is already ordered."""
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Any:
+        return event if event is not None else EventStandIn()
+
+
+class EventStandIn:
+    """A CUDA event on a machine without one: every copy it guards is done."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def streams_without_cuda() -> Iterator[None]:
+    """CUDA streams and events as no-ops, for the length of one call (the
+    sampling step's async output copy, the draft-token handler): on CPU every
+    copy completes before the next statement, so the ordering they enforce
+    holds already. Nothing changes on a CUDA machine."""
+    if _choice is None or not _choice.is_cpu:
+        yield
+        return
+    import torch
+
+    saved = [(name, getattr(torch.cuda, name)) for name in
+             ("Event", "Stream", "set_stream", "current_stream", "stream")]
+    torch.cuda.Event = EventStandIn
+    torch.cuda.Stream = lambda *args, **kwargs: StreamStandIn()
+    torch.cuda.set_stream = lambda stream: None
+    torch.cuda.current_stream = lambda device=None: StreamStandIn()
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        for name, value in saved:
+            setattr(torch.cuda, name, value)
+
+
+class OneProcessGroup:
+    """A process group of ``world_size`` ranks run in this one process: an
+    all-gather stacks this rank's tensor once per rank. The rig runs only PCP
+    rank 0's forward, and the stand-in forward's hidden states carry no
+    values, so every rank's share has the same (padded) shape and content."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+
+    def all_gather(self, tensor: Any, dim: int = 0) -> Any:
+        import torch
+
+        return torch.cat([tensor] * self.world_size, dim=dim)
+
+
+@contextlib.contextmanager
+def pcp_group(world_size: int) -> Iterator[None]:
+    """vLLM's PCP process group as a ``OneProcessGroup`` for one call
+    (sampling restores the PCP-sharded hidden states with an all-gather)."""
+    from vllm.distributed import parallel_state
+
+    saved = parallel_state._PCP
+    parallel_state._PCP = OneProcessGroup(world_size)
+    try:
+        yield
+    finally:
+        parallel_state._PCP = saved

@@ -1,14 +1,36 @@
-"""The sampler and drafter stand-ins: the trace's tokens, then vLLM's own post-update.
+"""The sampling stand-ins: logits that name the trace's tokens, greedy samplers, a drafter.
 
-``sample_tokens`` needs a model's logits (and, under PCP, a process group),
-so after ``execute_model`` the harness picks the trace's tokens itself and
-hands them to the real ``get_num_sampled_and_rejected`` and
-``GPUModelRunner.postprocess_sampled``. Drafts are written where MRV2 reads
-them, ``req_states.draft_tokens``.
+``GPUModelRunner.sample_tokens`` runs for real after each ``execute_model``:
+the PCP restore for sampling, ``sample``'s wiring (which rows are logits, the
+sampler or the rejection sampler), the async output, ``postprocess_sampled``
+and the draft-token hand-off are vLLM's own. What needs a model or costs a
+GPU kernel per vocabulary block is stood in:
+
+    stand-in            replaces                 what it does
+    ────────            ────────                 ────────────
+    trace_logits        model.compute_logits     one row per logit index: 0 at the
+                                                 trace's token, -inf elsewhere
+    GreedySampler       Sampler                  the row's argmax (what any sampler
+                                                 picks from such a row); counts via
+                                                 vLLM's get_num_sampled_and_rejected
+    GreedyVerifier      RejectionSampler         strict verification: drafts are kept
+                                                 while each equals the target's argmax
+    DrafterStandIn      the speculator           proposes the drafts already in
+                                                 req_states (the harness writes the
+                                                 trace's drafts when they are scheduled)
+
+The real ``Sampler`` runs on CPU too, but its Gumbel kernel costs about a
+second per step in Triton's interpreter; ``tests/test_sampling.py`` runs it
+on one trace and checks it picks the same tokens as ``GreedySampler``.
+
+Token rule (``simrig.step``): the logit row that ends at sequence position p
+of request r names ``synth_token(r, p + 1)``; drafts the trace says the
+sampler accepts are those tokens, rejected ones differ (``draft_token``).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,9 +39,10 @@ from simrig.step import Step, draft_token, rejected_from, synth_token
 
 
 def write_drafts(api: Any, runner: Any, step: Step) -> None:
-    """Drafter stand-in: draft j of a request at position n proposes position
-    n+1+j; drafts the trace says the sampler rejects propose a wrong token
-    (``simrig.step.draft_token``), so acceptance shows in input_ids."""
+    """The drafter's output as the scheduler schedules it: draft j of a request
+    at position n proposes position n+1+j; drafts the trace says the sampler
+    rejects propose a wrong token (``simrig.step.draft_token``), so acceptance
+    shows in input_ids."""
     if not step.spec_tokens:
         return
     states = runner.req_states
@@ -33,31 +56,132 @@ def write_drafts(api: Any, runner: Any, step: Step) -> None:
         ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
         states.draft_tokens[idx, :k] = api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
 
-def sample(api: Any, runner: Any, step: Step, batch: Any) -> dict[str, Any]:
-    """Sampler stand-in, then the real postprocess_sampled.
 
-    Row i samples (num_logits_i - rejected_i) tokens; the token sampled
-    from a request's logit that ends at sequence position p is
-    synth_token(req, p + 1), so every position has one well-defined id.
-    """
-    torch = api.torch
+def target_tokens(batch: Any) -> np.ndarray:
+    """The trace's token for every logit row of ``batch`` (the global batch:
+    sampling runs on it, PCP restores it first), in logits order. # [num_logits]"""
     n = batch.num_reqs
-    cu = batch.cu_num_logits_np[: n + 1]
-    num_logits = np.diff(cu).astype(np.int32)
+    num_logits = np.diff(batch.cu_num_logits_np[: n + 1])
     seq_lens = batch.seq_lens[:n].cpu().numpy()
-    width = max(int(num_logits.max()), 1)
-    sampled = np.zeros((n, width), dtype=np.int64)
-    num_sampled = num_logits.copy()
+    tokens: list[int] = []
     for i, req_id in enumerate(batch.req_ids):
         first = int(seq_lens[i]) - int(num_logits[i]) + 1
-        sampled[i, : num_logits[i]] = [synth_token(req_id, first + j)
-                                       for j in range(int(num_logits[i]))]
-        num_sampled[i] -= min(step.rejected.get(req_id, 0), int(num_logits[i]) - 1)
-    device = api.device
-    num_sampled_t, num_rejected_t = api.get_num_sampled_and_rejected(
-        torch.from_numpy(num_sampled).to(device), batch.seq_lens[:n], batch.cu_num_logits,
-        batch.idx_mapping, runner.req_states.prefill_len.gpu)
-    runner.postprocess_sampled(
-        batch.idx_mapping, torch.from_numpy(sampled).to(device), num_sampled_t,
-        num_rejected_t, batch.query_start_loc)
-    return {"num_sampled": num_sampled_t, "num_rejected": num_rejected_t}
+        tokens.extend(synth_token(req_id, first + j) for j in range(int(num_logits[i])))
+    return np.asarray(tokens, dtype=np.int64)
+
+
+def trace_logits(torch: Any, tokens: np.ndarray, vocab_size: int, num_rows: int, device: Any) -> Any:
+    """Logits whose only finite entry in row j is ``tokens[j]`` (0 there)."""
+    if num_rows != len(tokens):
+        raise RuntimeError(f"compute_logits: {num_rows} rows asked for, the batch has "
+                           f"{len(tokens)} logit indices")
+    logits = torch.full((num_rows, vocab_size), float("-inf"), device=device)
+    if num_rows:
+        logits[torch.arange(num_rows), torch.from_numpy(tokens).to(device)] = 0.0
+    return logits
+
+
+class GreedySampler:
+    """The sampler: each request's one logit row, its argmax. No penalties,
+    no logprobs (traces request none), so no sampling state to keep."""
+
+    compute_nans = False
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+        self.penalties_state = SimpleNamespace(output_bin_counts=None)
+        # read by execute_model's drafter call; the drafter stand-in ignores them
+        self.sampling_states = SimpleNamespace(temperature=SimpleNamespace(gpu=None),
+                                               seeds=SimpleNamespace(gpu=None))
+
+    def add_request(self, *args: Any) -> None:
+        pass
+
+    def apply_staged_writes(self) -> None:
+        pass
+
+    def __call__(self, logits: Any, input_batch: Any) -> Any:
+        import torch
+        from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+
+        sampled = logits.argmax(dim=-1).to(torch.int64).view(-1, 1)
+        # "1 sampled token per request, except chunked-prefill requests": the
+        # same vLLM call the real Sampler makes
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            input_batch.seq_lens.new_ones(input_batch.num_reqs), input_batch.seq_lens,
+            input_batch.cu_num_logits, input_batch.idx_mapping,
+            self._runner.req_states.prefill_len.gpu)
+        return _sampler_output(sampled, num_sampled, num_rejected)
+
+
+class GreedyVerifier:
+    """The rejection sampler under greedy decoding: a request's drafts are
+    kept while each equals the target's argmax at that row; the sampled tokens
+    are those targets up to the first mismatch, plus that row's target (the
+    bonus token when every draft is kept)."""
+
+    def __init__(self, runner: Any, width: int) -> None:
+        self._runner = runner
+        self._width = width  # decode_query_len: drafts + 1
+
+    def __call__(self, logits: Any, input_batch: Any, draft_logits: Any = None,
+                 invalid_drafts: Any = None) -> Any:
+        import torch
+        from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
+
+        n = input_batch.num_reqs
+        targets = logits.argmax(dim=-1).cpu().numpy()
+        cu = input_batch.cu_num_logits_np[: n + 1]
+        logits_indices = input_batch.logits_indices.cpu().numpy()
+        input_ids = input_batch.input_ids.cpu().numpy()
+        sampled = np.zeros((n, self._width), dtype=np.int64)
+        counts = np.zeros(n, dtype=np.int32)
+        for i in range(n):
+            rows = range(int(cu[i]), int(cu[i + 1]))
+            kept = 0
+            for r in rows[:-1]:  # the token after row r's input is the draft it verifies
+                if input_ids[logits_indices[r] + 1] != targets[r]:
+                    break
+                kept += 1
+            sampled[i, : kept + 1] = targets[rows.start: rows.start + kept + 1]
+            counts[i] = kept + 1
+        device = input_batch.seq_lens.device
+        num_sampled, num_rejected = get_num_sampled_and_rejected(
+            torch.from_numpy(counts).to(device), input_batch.seq_lens, input_batch.cu_num_logits,
+            input_batch.idx_mapping, self._runner.req_states.prefill_len.gpu)
+        return _sampler_output(torch.from_numpy(sampled).to(device), num_sampled, num_rejected)
+
+
+class DrafterStandIn:
+    """The speculator: one query per request, as EAGLE-style drafters take;
+    ``propose`` returns the drafts already in ``req_states`` (the harness
+    writes the trace's drafts when the scheduler schedules them)."""
+
+    num_query_per_req = 1
+    num_extra_query_per_req = 0
+    supports_mm_inputs = False
+    draft_logits = None  # strict verification needs no draft probabilities
+    draft_token_confidence_probs = None
+
+    def __init__(self, runner: Any) -> None:
+        self._runner = runner
+
+    def propose(self, input_batch: Any = None, *args: Any, **kwargs: Any) -> Any:
+        states = self._runner.req_states
+        return states.draft_tokens[input_batch.idx_mapping]
+
+    def capture(self) -> None:
+        pass
+
+    def observe_verification(self, *args: Any) -> None:
+        pass
+
+    def prepare_watermarking(self, *args: Any) -> None:
+        pass
+
+
+def _sampler_output(sampled: Any, num_sampled: Any, num_rejected: Any) -> Any:
+    from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+    return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
+                         num_sampled=num_sampled, num_rejected=num_rejected)

@@ -14,6 +14,9 @@ correctly shaped outputs.
                            builders, M-RoPE, Mamba)          libraries and need the model's layers;
                                                              records the batch it is handed
     LoraStateStandIn       LoRA bookkeeping                  traces carry no adapters
+    (sampling.py)          compute_logits, the sampler, the  need a model; the sampler's kernels
+                           rejection sampler, the drafter    cost a second a step in Triton's
+                                                             interpreter (see sampling.py)
     FullGraphReplay        CudaGraphManager.run_fullgraph    graph replay needs CUDA; returns the
                                                              hidden states a replay of that
                                                              descriptor's graph would
@@ -30,10 +33,14 @@ class ModelStandIn:
     """The model forward: records what it was called with, returns zeros
     of shape [num_tokens, HIDDEN_SIZE] (num_tokens = the padded batch)."""
 
-    def __init__(self, torch: Any, device: Any) -> None:
+    def __init__(self, torch: Any, device: Any, vocab_size: int = 0) -> None:
         self._torch = torch
         self._device = device
+        self.vocab_size = vocab_size
         self.last_inputs: dict[str, Any] | None = None
+        # the trace's token for each logit row of the batch being sampled
+        # (set by the harness before sample_tokens) # [num_logits]
+        self.target_tokens: Any = None
 
     def modules(self) -> list[Any]:
         """A torch-compiled model, as PIECEWISE graphs require
@@ -49,6 +56,14 @@ class ModelStandIn:
         self.last_inputs = {"input_ids": input_ids, "positions": positions}
         num_tokens = positions.shape[-1] if positions is not None else input_ids.shape[0]
         return self._torch.zeros(num_tokens, HIDDEN_SIZE, device=self._device)
+
+
+    def compute_logits(self, hidden_states: Any) -> Any:
+        """Logits that name the trace's tokens (``sampling.trace_logits``)."""
+        from simrig.adapters.sampling import trace_logits
+
+        return trace_logits(self._torch, self.target_tokens, self.vocab_size,
+                            hidden_states.shape[0], self._device)
 
 
 class FullGraphReplay:

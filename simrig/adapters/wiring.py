@@ -19,47 +19,27 @@ timer. Only collaborators that need a model or a GPU are stand-ins
     kv_connector, ec_connector      vLLM's no-op connectors
     eplb, step_timing               vLLM's EPLBController, StepTimingCollector
     vllm_config                     vLLM's default VllmConfig (set_forward_context)
-    model, model_state              ModelStandIn, ModelStateStandIn
-    sampler, prompt_logprobs_worker SamplerStandIn, PromptLogprobsStandIn (the
-                                    harness samples the trace's tokens, then calls
-                                    the real postprocess_sampled)
+    model, model_state              ModelStandIn (forward, compute_logits),
+                                    ModelStateStandIn
+    sampler, rejection_sampler,     GreedySampler, GreedyVerifier, DrafterStandIn
+    speculator                      (adapters/sampling.py); the two verifiers only
+                                    with speculative decoding, as vLLM builds them
+    prompt_logprobs_worker,         vLLM's own PromptLogprobsWorker and
+    draft_tokens_handler            DraftTokensHandler
+    main_stream, output_copy_stream platform.StreamStandIn on CPU
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from types import SimpleNamespace
 from typing import Any
 
-from simrig.adapters import standins
-from simrig.step import RunnerConfig
+from simrig.adapters import platform, sampling, standins
+from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
 
 # Layer names of the one KV cache group (any names work: no layer reads them).
 KV_LAYERS = ("model.layers.0.self_attn.attn",)
-
-
-class SamplerStandIn:
-    """Sampler bookkeeping: the harness picks the trace's tokens itself, so
-    there is no sampling state to keep (no penalties: no output bin counts)."""
-
-    penalties_state = SimpleNamespace(output_bin_counts=None)
-
-    def add_request(self, *args: Any) -> None:
-        pass
-
-    def apply_staged_writes(self) -> None:
-        pass
-
-
-class PromptLogprobsStandIn:
-    """Prompt logprobs need logits of a model; traces request none."""
-
-    def add_request(self, *args: Any) -> None:
-        pass
-
-    def remove_request(self, req_id: str) -> None:
-        pass
 
 
 def kv_cache_config(config: RunnerConfig) -> Any:
@@ -119,7 +99,6 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.intermediate_tensors = None
     runner.aux_output_connector = None
     runner.ubatch_runner = None
-    runner.speculator = None
     runner.num_speculative_steps = config.num_speculative_tokens
     runner.max_model_len = config.max_model_len
     runner.max_num_tokens = config.max_num_batched_tokens
@@ -137,11 +116,10 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.kv_cache_config = kv_cache_config(config)
     runner.block_tables = tables if tables is not None else block_tables(config, device)
     runner.attn_groups = [[]]
-    runner.model = standins.ModelStandIn(torch, device)
+    runner.model = standins.ModelStandIn(torch, device, SYNTH_VOCAB_SIZE)
     runner.model_state = standins.ModelStateStandIn(config.max_model_len)
     runner.lora_state = standins.LoraStateStandIn()
-    runner.sampler = SamplerStandIn()
-    runner.prompt_logprobs_worker = PromptLogprobsStandIn()
+    _equip_sampling(runner, config, device)
     runner.execute_model_state = None
     # Candidates are built; capture's forward context reads the full config.
     dispatcher.vllm_config = vllm_config
@@ -151,6 +129,33 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     if pcp_manager is not None and getattr(pcp_manager, "_block_tables", None) is None:
         pcp_manager.set_block_tables(runner.block_tables)  # 0.33: attached at KV init
     return runner
+
+
+def _equip_sampling(runner: Any, config: RunnerConfig, device: Any) -> None:
+    """What sample_tokens reads: vLLM builds a rejection sampler and a
+    speculator only with speculative decoding."""
+    from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
+    from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
+
+    spec = config.num_speculative_tokens > 0
+    runner.sampler = sampling.GreedySampler(runner)
+    runner.rejection_sampler = sampling.GreedyVerifier(runner, config.decode_query_len) if spec else None
+    runner.speculator = sampling.DrafterStandIn(runner) if spec else None
+    runner.batch_sharder = None
+    runner.structured_outputs_worker = None
+    runner.check_ep_fault = False
+    runner._draft_workspace_lane = 0  # vLLM's lane 1 is for DSpark drafters only
+    kwargs = {"device": device} if "device" in inspect.signature(PromptLogprobsWorker).parameters else {}
+    runner.prompt_logprobs_worker = PromptLogprobsWorker(config.max_num_reqs, **kwargs)
+    with platform.streams_without_cuda():
+        runner.draft_tokens_handler = DraftTokensHandler(device)
+    if platform.current() is not None and platform.current().is_cpu:
+        runner.__dict__["main_stream"] = platform.StreamStandIn()  # a cached_property
+        runner.output_copy_stream = platform.StreamStandIn()
+    else:
+        import torch
+
+        runner.output_copy_stream = torch.cuda.Stream(device)
 
 
 def _ec_connector(vllm_config: Any) -> Any:

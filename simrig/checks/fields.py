@@ -111,9 +111,37 @@ def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepOb
                                            message=f"{field} per row: a chunk that ends before the "
                                                    "prompt's end samples nothing; otherwise 1 + drafts "
                                                    "- rejected are sampled"))
+        out.extend(_runner_output(index, post, rows, sampled, skip))
     for f in out:
         if f.check == "reference":
             f.check = "fields"
+    return out
+
+
+def _runner_output(index: int, post: Any, rows: list[str], sampled: np.ndarray,
+                   skip: frozenset[str]) -> list[Finding]:
+    """What sample_tokens hands the scheduler (``ModelRunnerOutput``): one entry
+    per request of the batch, in batch order ("req_ids" with "req_id_to_index"
+    as its inverse), each holding exactly the tokens sampled for it."""
+    out: list[Finding] = []
+    ids = post.fields.get("output.req_ids")
+    if ids is not None and ids.kind == "list" and list(ids.values) != list(rows):
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="fields",
+                           req_ids=tuple(r for r in rows if r not in skip), field="output.req_ids",
+                           expected=str(list(rows)), actual=str(list(ids.values)),
+                           message="the runner's output lists the batch's requests in batch order"))
+        return out
+    lens = post.fields.get("output.num_sampled_tokens")
+    if lens is not None and lens.kind == "list":
+        got = np.asarray(lens.values, dtype=np.int64)
+        bad = [r for r, a, b in zip(rows, got, sampled) if a != b and r not in skip]
+        if bad or len(got) != len(rows):
+            out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="fields",
+                               req_ids=tuple(bad), field="output.sampled_token_ids",
+                               expected=str(sampled.tolist()), actual=str(got.tolist()),
+                               message="tokens handed to the scheduler per request: exactly the "
+                                       "ones sampled (1 + drafts - rejected; none for a chunk "
+                                       "that ends before the prompt's end)"))
     return out
 
 

@@ -16,6 +16,7 @@ _PCP = "vllm.v1.worker.gpu.pcp_manager"
 _ST = "vllm.v1.worker.gpu.states"
 _CG = "vllm.v1.worker.gpu.cudagraph_utils"
 _BT = "vllm.v1.worker.gpu.block_table"
+_AO = "vllm.v1.worker.gpu.async_utils"
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant("idx-mapping-host-int32", _MR, "GPUModelRunner.gather_batch_req_state",
@@ -209,6 +210,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            "positions = input_buffers.positions[:num_tokens]",
            "a dummy run no longer resets the shared positions buffer: it runs the previous "
            "real batch's positions"),
+    # sample_tokens: what the runner hands back to the scheduler
+    Mutant("output-keeps-unsampled-token", _AO, "AsyncOutput.get_output",
+           "del token_ids[num_tokens:]",
+           "del token_ids[num_tokens + 1:]",
+           "the runner's output keeps one token past those sampled: a rejected draft, or a "
+           "token for a prefill chunk that samples nothing, reaches the scheduler"),
 )
 
 BY_NAME = {m.name: m for m in CATALOGUE}
