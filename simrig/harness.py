@@ -22,8 +22,9 @@ result:
                   runner's output to the scheduler
       dummy       GPUModelRunner._dummy_run at the step's token count, in the
                   runner's own buffers
-      capture     before the first step: GPUModelRunner.capture_model, each
-                  captured descriptor's dummy batch
+      capture     before the first step: GPUModelRunner.profile_run (its
+                  exceptions only), then capture_model: each captured
+                  descriptor's dummy batch
 
 An exception stops the step where the real runner stops (the dummy still
 runs: cudagraph capture builds it independently). Nothing is raised out of
@@ -306,10 +307,13 @@ class Harness:
             return
         finally:
             record.duration_s = time.perf_counter() - start
+            self.runner.model.target_tokens = None
         if output is not None and getattr(output, "sampled_token_ids", None) is not None:
             record.fields["output.req_ids"] = obs.observe_value(list(output.req_ids))
             record.fields["output.num_sampled_tokens"] = obs.observe_value(
                 [len(tokens) for tokens in output.sampled_token_ids])
+            record.fields["output.sampled_token_ids"] = obs.observe_value(
+                [list(tokens) for tokens in output.sampled_token_ids])
 
     def _probe_postprocess(self, call: Any, idx_mapping: Any, sampled: Any, num_sampled: Any,
                            num_rejected: Any, *args: Any, **kwargs: Any) -> Any:
@@ -326,6 +330,7 @@ class Harness:
         descriptor's dummy in the runner's own buffers and records the stand-in
         forward; each captured dummy is observed as a capture stage."""
         self._captured = True
+        self._profile_at_startup(result)
         manager = self.runner.cudagraph_manager
         if not manager.needs_capture():
             return
@@ -354,6 +359,23 @@ class Harness:
                                  for k, v in cudagraph.describe(desc).items()})
             stage.duration_s = record.duration_s / max(len(self._captures), 1)
             result.stages.append(stage)
+
+    def _profile_at_startup(self, result: obs.StepObs) -> None:
+        """GPUModelRunner.profile_run, once, before capture (as the worker sizes
+        its KV cache): a dummy run at the whole token budget without attention
+        metadata, then the sampler's warm-up. An exception is a dummy-stage
+        observation: a worker that cannot profile does not start."""
+        self._mode = "profile"
+        start = time.perf_counter()
+        try:
+            with platform.profile_without_cuda(), platform.streams_without_cuda():
+                self.runner.profile_run()
+        except Exception as exc:  # vLLM's exceptions are observations
+            result.stages.append(obs.StageObs(stage=obs.DUMMY, error=_error_obs(exc, self._step),
+                                              duration_s=time.perf_counter() - start))
+        finally:
+            self._mode = "step"
+            self.runner.execute_model_state = None
 
     def _on_capture_desc(self, desc: Any) -> None:
         self._capture_desc = desc

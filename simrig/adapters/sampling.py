@@ -70,8 +70,12 @@ def target_tokens(batch: Any) -> np.ndarray:
     return np.asarray(tokens, dtype=np.int64)
 
 
-def trace_logits(torch: Any, tokens: np.ndarray, vocab_size: int, num_rows: int, device: Any) -> Any:
-    """Logits whose only finite entry in row j is ``tokens[j]`` (0 there)."""
+def trace_logits(torch: Any, tokens: np.ndarray | None, vocab_size: int, num_rows: int,
+                 device: Any) -> Any:
+    """Logits whose only finite entry in row j is ``tokens[j]`` (0 there);
+    with no tokens (a dummy or profile run's sampler warm-up), all zeros."""
+    if tokens is None:
+        return torch.zeros((num_rows, vocab_size), device=device)
     if num_rows != len(tokens):
         raise RuntimeError(f"compute_logits: {num_rows} rows asked for, the batch has "
                            f"{len(tokens)} logit indices")
