@@ -110,3 +110,14 @@ def test_output_check_flags_a_token_past_those_sampled():
     assert [(f.field, f.req_ids) for f in found] == [("output.sampled_token_ids", ("b",))]
     found = _runner_output(0, _post([1, 0], ["b", "a"]), rows, sampled, frozenset())
     assert [f.field for f in found] == ["output.req_ids"]
+
+
+def test_output_check_flags_a_wrong_token():
+    rows, sampled, first = ["a", "b"], np.array([2, 1]), np.array([10, 3])
+    post = _post([2, 1], rows)
+    good = [[synth_token("a", 10), synth_token("a", 11)], [synth_token("b", 3)]]
+    post.fields["output.sampled_token_ids"] = FieldObs("list", "", (2,), good)
+    assert _runner_output(0, post, rows, sampled, frozenset(), first) == []
+    post.fields["output.sampled_token_ids"] = FieldObs("list", "", (2,), [good[0][::-1], good[1]])
+    found = _runner_output(0, post, rows, sampled, frozenset(), first)
+    assert [(f.field, f.req_ids) for f in found] == [("output.sampled_token_ids", ("a",))]

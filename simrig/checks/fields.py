@@ -42,7 +42,7 @@ from simrig.checks import findings as fk
 from simrig.checks.comparer import Comparer
 from simrig.checks.findings import Finding, guarded
 from simrig.observe import GATHER, POSTPROCESS, PREPARE, StepObs
-from simrig.step import RunnerConfig, Step
+from simrig.step import RunnerConfig, Step, synth_token
 
 
 def runs_as_decode(is_prefilling: np.ndarray, num_scheduled: np.ndarray, num_drafts: np.ndarray,
@@ -111,7 +111,8 @@ def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepOb
                                            message=f"{field} per row: a chunk that ends before the "
                                                    "prompt's end samples nothing; otherwise 1 + drafts "
                                                    "- rejected are sampled"))
-        out.extend(_runner_output(index, post, rows, sampled, skip))
+        first = pred.num_computed + pred.num_scheduled - pred.num_drafts  # the first position sampled
+        out.extend(_runner_output(index, post, rows, sampled, skip, first))
     for f in out:
         if f.check == "reference":
             f.check = "fields"
@@ -119,10 +120,12 @@ def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepOb
 
 
 def _runner_output(index: int, post: Any, rows: list[str], sampled: np.ndarray,
-                   skip: frozenset[str]) -> list[Finding]:
+                   skip: frozenset[str], first: np.ndarray | None = None) -> list[Finding]:
     """What sample_tokens hands the scheduler (``ModelRunnerOutput``): one entry
     per request of the batch, in batch order ("req_ids" with "req_id_to_index"
-    as its inverse), each holding exactly the tokens sampled for it."""
+    as its inverse), each holding exactly the tokens sampled for it: the
+    trace's tokens at positions ``first``, ``first + 1``, ... (the stand-in
+    logits name ``synth_token(r, p + 1)`` on the row ending at p)."""
     out: list[Finding] = []
     ids = post.fields.get("output.req_ids")
     if ids is not None and ids.kind == "list" and list(ids.values) != list(rows):
@@ -142,6 +145,18 @@ def _runner_output(index: int, post: Any, rows: list[str], sampled: np.ndarray,
                                message="tokens handed to the scheduler per request: exactly the "
                                        "ones sampled (1 + drafts - rejected; none for a chunk "
                                        "that ends before the prompt's end)"))
+            return out
+    tokens = post.fields.get("output.sampled_token_ids")
+    if tokens is not None and tokens.kind == "list" and first is not None:
+        bad = [r for i, r in enumerate(rows) if r not in skip and list(tokens.values[i]) !=
+               [synth_token(r, int(first[i]) + j) for j in range(int(sampled[i]))]]
+        if bad:
+            out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="fields",
+                               req_ids=tuple(bad), field="output.sampled_token_ids",
+                               expected="synth_token(req, p) at each sampled position p",
+                               actual=str([list(tokens.values[rows.index(r)]) for r in bad]),
+                               message="tokens handed to the scheduler are the trace's tokens at "
+                                       "the positions sampled, in order"))
     return out
 
 

@@ -44,6 +44,10 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("dispatch", "max_query_len"): "dispatch: no prefill, no longer query",
     ("postprocess", "num_sampled"): _FIELDS,
     ("postprocess", "num_rejected"): _FIELDS,
+    ("postprocess", "output.req_ids"): _FIELDS + ": the batch's requests in batch order",
+    ("postprocess", "output.num_sampled_tokens"): _FIELDS + ": exactly the tokens sampled",
+    ("postprocess", "output.sampled_token_ids"): _FIELDS + ": the trace's token after each "
+                                                 "accepted position",
     # -- the global batch (prepare) --
     ("prepare", "req_ids"): _REF, ("prepare", "num_tokens"): _REF,
     ("prepare", "num_tokens_after_padding"): _REF + " (the descriptor's padding)",
