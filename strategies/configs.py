@@ -48,7 +48,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    block_size: st.SearchStrategy[int] = st.just(16),
                    cudagraph_modes: st.SearchStrategy[str] = st.just("NONE"),
                    varlen_decode: st.SearchStrategy[bool] = st.booleans(),
-                   dcp_without_pcp: st.SearchStrategy[bool] = st.just(False),
+                   dcp_without_pcp: st.SearchStrategy[bool] = st.booleans(),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -56,7 +56,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     scheduler budget below one token per request slot is not a configuration
     vLLM accepts); ``dcp_size`` is drawn with PCP > 1, and with PCP 1 where
     ``dcp_without_pcp`` draws True (vLLM's ``ParallelConfig``: with PCP 1,
-    "DCP reuses the TP ranks"; off by default, see the README), and
+    "DCP reuses the TP ranks"), and
     ``shard_decode_requests`` only with PCP > 1 and DCP 1 (vLLM's
     ``ParallelConfig.pcp_shard_decode_requests``: DCP needs every decode on
     every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw

@@ -260,10 +260,13 @@ def test_dcp_is_drawn_without_pcp():
     assert config.dcp_size > 1 and config.pcp_size == 1 and not config.shard_decode_requests
 
 
-def test_dcp_without_pcp_is_off_by_default():
-    config = find(runner_configs(), lambda c: c.pcp_size == 1,
+def test_dcp_without_pcp_is_drawn_by_default():
+    config = find(runner_configs(), lambda c: c.pcp_size == 1 and c.dcp_size > 1,
                   settings=settings(database=None, suppress_health_check=list(HealthCheck)))
-    assert config.dcp_size == 1
+    assert config.dcp_size == 2 and not config.shard_decode_requests
+    off = find(runner_configs(dcp_without_pcp=st.just(False)), lambda c: c.pcp_size == 1,
+               settings=settings(database=None, suppress_health_check=list(HealthCheck)))
+    assert off.dcp_size == 1
 
 
 @FAST
