@@ -143,8 +143,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.sampler = SamplerStandIn()
     runner.prompt_logprobs_worker = PromptLogprobsStandIn()
     runner.execute_model_state = None
-    # Candidates are built; capture's forward context reads the full config.
-    dispatcher.vllm_config = vllm_config
+    # The dispatcher keeps the VllmConfig it was built from (adapters/vllm_config.py).
     dispatcher.device = device
     runner.cudagraph_manager = dispatcher
     runner.pcp_manager = pcp_manager
