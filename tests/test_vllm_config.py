@@ -150,3 +150,13 @@ def test_decodes_dispatch_against_the_derived_spec_decode_sizes(vllm_api):
     assert tuple(d[k].values for k in ("cg_mode", "num_tokens", "num_reqs", "uniform_token_count")) == (
         "FULL", 6, 2, 3)
     assert np.array_equal(observations[1].get("prepare").fields["num_scheduled_tokens"].values, [3, 3])
+
+
+def test_a_config_vllm_refuses_is_one_line_naming_the_rule(vllm_api):
+    from simrig.adapters.vllm_config import vllm_config_for
+
+    with pytest.raises(ValueError) as caught:
+        vllm_config_for(RunnerConfig(max_num_reqs=8, max_num_batched_tokens=4))
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith("config: vLLM's SchedulerConfig refuses it: max_num_batched_tokens (4)")

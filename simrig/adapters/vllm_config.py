@@ -43,8 +43,21 @@ def vllm_config_for(config: RunnerConfig) -> Any:
     ``resolve_cudagraph_mode_and_sizes``."""
     key = config_key(config)
     if key not in _CONFIGS:
-        _CONFIGS[key] = _build(config)
+        try:
+            _CONFIGS[key] = _build(config)
+        except ValueError as exc:  # pydantic's ValidationError too: vLLM refuses the config
+            raise ValueError(f"config: vLLM's {_refusal(exc)}") from None
     return _CONFIGS[key]
+
+
+def _refusal(exc: ValueError) -> str:
+    """One line for vLLM's refusal: the config class and its first message."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and errors():
+        message = str(errors()[0].get("msg", "")).removeprefix("Value error, ")
+        return f"{getattr(exc, 'title', 'config')} refuses it: {message.splitlines()[0]}"
+    lines = str(exc).splitlines()
+    return f"config refuses it: {lines[0] if lines else type(exc).__name__}"
 
 
 def capture_sizes_for(config: RunnerConfig) -> tuple[int, ...]:
