@@ -29,6 +29,8 @@ from typing import Any
 from simrig.step import RunnerConfig
 
 _CONFIGS: dict[tuple, Any] = {}
+# A campaign draws many configs; the oldest are dropped past this many.
+_MAX_CACHED = 256
 
 
 def config_key(config: RunnerConfig) -> tuple:
@@ -44,9 +46,12 @@ def vllm_config_for(config: RunnerConfig) -> Any:
     key = config_key(config)
     if key not in _CONFIGS:
         try:
-            _CONFIGS[key] = _build(config)
+            built = _build(config)
         except ValueError as exc:  # pydantic's ValidationError too: vLLM refuses the config
             raise ValueError(f"config: vLLM's {_refusal(exc)}") from None
+        if len(_CONFIGS) >= _MAX_CACHED:
+            del _CONFIGS[next(iter(_CONFIGS))]
+        _CONFIGS[key] = built
     return _CONFIGS[key]
 
 
