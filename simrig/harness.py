@@ -188,6 +188,9 @@ class Harness:
         record = self._open(obs.DISPATCH)
         desc = self._claim(record, call, *args, **kwargs, timed=True)
         record.fields = {k: obs.observe_value(v) for k, v in cudagraph.describe(desc).items()}
+        manager = self.runner.cudagraph_manager
+        if manager.cudagraph_mode:  # the sizes in force, for the oracle (eager mode has none)
+            record.fields[obs.CAPTURE_SIZES] = obs.observe_value(cudagraph.capture_sizes(manager))
         self._desc = desc
         if obs.PREPARE not in self.stages:
             raise _StopStep

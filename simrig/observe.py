@@ -23,6 +23,9 @@ POSTPROCESS = "postprocess"  # GPUModelRunner.postprocess_sampled (sampler stand
 DUMMY = "dummy"  # InputBatch.make_dummy for the step's descriptor
 CAPTURE = "capture"  # make_dummy at one capture descriptor (first step only)
 STAGES = (LIFECYCLE, GATHER, DISPATCH, PREPARE, PARTITION, POSTPROCESS, DUMMY, CAPTURE)
+# The dispatch stage's record of the capture sizes in force (graph modes only):
+# the manager's compilation_config.cudagraph_capture_sizes, as vLLM's config set them.
+CAPTURE_SIZES = "capture_sizes"
 # Stages a user may switch off; lifecycle always runs.
 OPTIONAL_STAGES = (GATHER, PREPARE, PARTITION, DUMMY)
 

@@ -75,8 +75,8 @@ class RunnerConfig:
     block_size: int = 16
     # CUDA-graph dispatch (vLLM's CompilationConfig.cudagraph_mode and
     # cudagraph_capture_sizes): each step replays the graph vLLM's own
-    # dispatcher picks, padded to its shape. () with a graph mode: the
-    # default sizes (``graph_capture_sizes``).
+    # dispatcher picks, padded to its shape. () with a graph mode: the sizes
+    # vLLM's own config derives (simrig.adapters.vllm_config).
     cudagraph_mode: str = "NONE"
     capture_sizes: tuple[int, ...] = ()
     # Decode graphs that take any mix of 1..decode_query_len tokens per
@@ -89,15 +89,13 @@ class RunnerConfig:
 
     @property
     def graph_capture_sizes(self) -> tuple[int, ...]:
-        """The capture sizes in force: the configured ones, else vLLM's default
-        pattern (1, 2, 4, then multiples of 8) up to twice the largest decode
-        batch, capped by the token budget. Empty in eager mode."""
+        """The capture sizes the trace names, sorted and deduplicated; () in eager
+        mode or when it names none. vLLM's own config code turns these (or, when
+        there are none, its default list) into the sizes the runner uses; the
+        harness records those on each dispatch and the oracle reads them there."""
         if self.cudagraph_mode == "NONE":
             return ()
-        if self.capture_sizes:
-            return tuple(sorted(set(self.capture_sizes)))
-        cap = min(2 * self.max_num_reqs * self.decode_query_len, self.max_num_batched_tokens, 512)
-        return tuple(s for s in (1, 2, 4, *range(8, cap + 1, 8)) if s <= cap)
+        return tuple(sorted(set(self.capture_sizes)))
 
     def replayed_as(self, pcp_size: int, cudagraph_mode: str | None = None) -> RunnerConfig:
         """This config replayed at another PCP size and, unless None, under another

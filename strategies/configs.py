@@ -32,7 +32,7 @@ class CudagraphDescriptor(NamedTuple):
 
 
 def capture_size_lists(max_num_batched_tokens: int) -> st.SearchStrategy[tuple[int, ...]]:
-    """Capture-size lists: () for vLLM's default pattern, or 1-4 sizes within the budget."""
+    """Capture-size lists: () for the sizes vLLM's config derives, or 1-4 sizes within the budget."""
     check_int("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
     return st.one_of(st.just(()), st.lists(st.integers(1, max_num_batched_tokens), min_size=1, max_size=4,
                                            unique=True).map(lambda xs: tuple(sorted(xs))))

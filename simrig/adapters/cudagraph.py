@@ -6,27 +6,31 @@ priority-ordered descriptor list per token count from the cudagraph mode and
 capture sizes, and ``dispatch`` picks the first compatible descriptor (or an
 eager one). ``dp_utils.dispatch_cg_and_sync_dp`` is what
 ``GPUModelRunner.execute_model`` calls around it; with one DP rank it is the
-manager's dispatch and nothing else. All of that is plain Python; only the
-manager's ``__init__`` touches the GPU world (the distributed PP group, the
-platform's graph pool). So the manager is created with ``__new__`` and given
-exactly the attributes those methods read; nothing is captured and no graph
-runs:
+manager's dispatch and nothing else. All of that is plain Python. The manager
+is vLLM's own ``ModelCudaGraphManager(vllm_config, ...)``, built as
+``GPUModelRunner.initialize_kv_cache`` builds it, from the VllmConfig vLLM's
+config code makes of the trace config (``simrig.adapters.vllm_config``: the
+capture sizes are the trace's, else vLLM's default list); nothing is captured
+and no graph runs:
 
     stood in                              real
     ────────                              ────
-    vllm_config: compilation/speculative/ CudaGraphManager._init_candidates
-      cache/parallel config values        CudaGraphManager.dispatch
-    graphs marked captured                _is_compatible, BatchExecutionDescriptor
-    (no ubatching, no LoRA capture cases) dp_utils.dispatch_cg_and_sync_dp (DP 1)
+    the pipeline group (one stage) and    VllmConfig: capture sizes, max capture
+      the graph pool, during __init__       size, speculative config, max_num_seqs
+    graphs marked captured                ModelCudaGraphManager.__init__,
+    (no ubatching, no LoRA capture cases)   _init_candidates, dispatch,
+                                            _is_compatible, BatchExecutionDescriptor
+                                          dp_utils.dispatch_cg_and_sync_dp (DP 1)
 
 The harness then hands the chosen descriptor to the real ``prepare_inputs``,
-``PCPManager.partition_batch`` and ``InputBatch.make_dummy``.
+``PCPManager.partition_batch`` and ``InputBatch.make_dummy``, and records the
+sizes in force (``capture_sizes``) for the oracle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
+from dataclasses import replace
 from typing import Any
 
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig
@@ -36,61 +40,52 @@ MODES = CUDAGRAPH_MODES
 
 def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: int,
                      decode_query_len: int, num_speculative_tokens: int = 0,
-                     varlen_decode: bool = False) -> Any:
-    """A ``CudaGraphManager`` whose candidates are vLLM's own, ready to ``dispatch``."""
-    from vllm.config import CUDAGraphMode
-    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
-
+                     varlen_decode: bool = False, max_num_batched_tokens: int | None = None) -> Any:
+    """A ``CudaGraphManager`` for explicit capture sizes, ready to ``dispatch``
+    (the token budget defaults to RunnerConfig's, raised to the largest size)."""
     if mode not in MODES:
         raise ValueError(f"cudagraph mode: {mode!r}; choose from {', '.join(MODES)}")
     sizes = sorted({int(s) for s in capture_sizes})
     if mode != "NONE" and (not sizes or sizes[0] < 1):
         raise ValueError(f"capture sizes: positive integers required, got {list(capture_sizes)}")
-    manager = ModelCudaGraphManager.__new__(ModelCudaGraphManager)
-    manager.vllm_config = SimpleNamespace(
-        speculative_config=None, num_speculative_tokens=num_speculative_tokens,
-        cache_config=SimpleNamespace(use_kda_recoverssm=False),
-        parallel_config=SimpleNamespace(data_parallel_size=1))
-    manager.compilation_config = SimpleNamespace(cudagraph_capture_sizes=sizes,
-                                                 max_cudagraph_capture_size=sizes[-1] if sizes else 0)
-    manager.max_num_reqs = max_num_reqs
-    manager.cudagraph_mode = getattr(CUDAGraphMode, mode)
-    manager.decode_query_len = decode_query_len
-    manager.varlen_decode = varlen_decode
-    manager.ubatch_runner = None
+    if decode_query_len != 1 + num_speculative_tokens:
+        raise ValueError(f"decode_query_len: {decode_query_len} must be 1 + num_speculative_tokens "
+                         f"({num_speculative_tokens})")
+    base = RunnerConfig()
+    budget = max_num_batched_tokens or max(base.max_num_batched_tokens, *sizes, max_num_reqs)
+    config = replace(base, max_num_reqs=max_num_reqs, max_num_batched_tokens=budget,
+                     num_speculative_tokens=num_speculative_tokens, cudagraph_mode=mode,
+                     capture_sizes=tuple(sizes), varlen_decode=varlen_decode)
+    config.validate()
+    return dispatcher_for(config)
+
+
+def dispatcher_for(config: RunnerConfig) -> Any:
+    """vLLM's manager for a runner config, built by its own ``__init__`` from
+    the config's VllmConfig (eager configs get one too: it dispatches every
+    batch to a NONE descriptor, as vLLM does)."""
+    from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
+
+    from simrig.adapters import platform
+    from simrig.adapters.vllm_config import vllm_config_for
+
+    vllm_config = vllm_config_for(config)
+    with platform.graph_manager_without_process_groups():
+        manager = ModelCudaGraphManager(
+            vllm_config, None, vllm_config.compilation_config.cudagraph_mode,
+            decode_query_len=config.decode_query_len, varlen_decode=config.varlen_decode)
+    # LoRA capture cases are set after construction; the candidates follow them
     manager.lora_capture_cases = [0]
     manager._lora_dispatch_map, manager._max_lora_case = manager._build_lora_dispatch_map()
-    manager.graphs = {}
-    manager._candidates = {}
-    manager._capture_descs = {}
+    manager._candidates, manager._capture_descs = {}, {}
     manager._init_candidates()
-    # what capture (ModelCudaGraphManager.capture) reads and writes
-    manager.device = None
-    for name, value in (("dp_size", 1), ("tp_size", 1)):  # properties on some releases
-        if not isinstance(getattr(type(manager), name, None), property):
-            setattr(manager, name, value)
-    manager.is_first_pp_rank = manager.is_last_pp_rank = True
-    manager.pool = None
-    manager._max_full_descs_to_capture = None
-    manager._capture_mem_samples = None
-    manager.use_breakable_cg = False
-    manager.breakable_cg_runner = None
-    manager.hidden_states = None
-    manager.aux_hidden_states = []
-    manager.use_aux_hidden_state_outputs = False
-    manager.intermediate_tensors = None
     manager._graphs_captured = True  # dispatch as after capture (the harness captures first)
     return manager
 
 
-def dispatcher_for(config: RunnerConfig) -> Any:
-    """The manager for a runner config (eager configs get one too: it
-    dispatches every batch to a NONE descriptor, as vLLM does)."""
-    return build_dispatcher(config.cudagraph_mode, config.graph_capture_sizes,
-                            max_num_reqs=config.max_num_reqs,
-                            decode_query_len=config.decode_query_len,
-                            num_speculative_tokens=config.num_speculative_tokens,
-                            varlen_decode=config.varlen_decode)
+def capture_sizes(manager: Any) -> list[int]:
+    """The capture sizes the manager dispatches against (its compilation config's)."""
+    return [int(s) for s in manager.compilation_config.cudagraph_capture_sizes]
 
 
 def capture_descriptors(manager: Any) -> list[Any]:

@@ -151,6 +151,30 @@ def graph_capture_without_cuda() -> Iterator[None]:
             setattr(owner, name, value)
 
 
+@contextlib.contextmanager
+def graph_manager_without_process_groups() -> Iterator[None]:
+    """``CudaGraphManager.__init__``'s two lookups outside the config, for the
+    length of one construction: the pipeline-parallel group (simrig runs one
+    stage, first and last; no process group exists) and the platform's graph
+    pool (no graph is ever captured into it: see graph_capture_without_cuda).
+    Everything the manager decides from its VllmConfig runs unchanged."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu import cudagraph_utils
+
+    one_stage = SimpleNamespace(is_first_rank=True, is_last_rank=True)
+    saved = [(cudagraph_utils, "get_pp_group", cudagraph_utils.get_pp_group),
+             (cudagraph_utils.current_platform, "get_global_graph_pool",
+              cudagraph_utils.current_platform.get_global_graph_pool)]
+    cudagraph_utils.get_pp_group = lambda: one_stage
+    cudagraph_utils.current_platform.get_global_graph_pool = lambda: None
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
 def unlock_workspace() -> None:
     """After a capture: vLLM locks its workspace once the worker's graphs are
     captured; each simrig runner in this process captures its own, so the next

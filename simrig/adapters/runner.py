@@ -19,6 +19,7 @@ from typing import Any
 
 from simrig.adapters import cudagraph, platform, versions, wiring
 from simrig.adapters.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
+from simrig.adapters.vllm_config import vllm_config_for
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 
@@ -100,9 +101,6 @@ class VllmApi:
         self.CUDAGraphMode = CUDAGraphMode
         self.SamplingParams = SamplingParams
         self.shape = _detect_shape(self.version, resolved, self.GPUModelRunner)
-        from vllm.config import ParallelConfig
-
-        self.parallel_config = ParallelConfig()  # vLLM's defaults (no expert parallelism)
         self._fill_so = versions.filled(self.shape, "SchedulerOutput")
 
     # ------------------------------------------------------------------ mapping
@@ -233,7 +231,9 @@ class VllmApi:
     def _pcp_manager(self, config: RunnerConfig, pcp_rank: int, dcp_rank: int,
                      block_tables: Any = None) -> Any:
         """One rank's PCPManager; built with the runner's block tables, as
-        initialize_kv_cache builds it (0.30-0.32; 0.33 also sets them later)."""
+        initialize_kv_cache builds it (0.30-0.32; 0.33 also sets them later),
+        its options read off the trace config's VllmConfig as vLLM's builder
+        reads them (versions.pcp_kwargs)."""
         return self.PCPManager(
             pcp_world_size=config.pcp_size,
             pcp_rank=pcp_rank,
@@ -243,7 +243,7 @@ class VllmApi:
             dcp_world_size=config.dcp_size,
             dcp_rank=dcp_rank,
             **versions.pcp_kwargs(self.shape, config.shard_decode_requests, self.PCPManager,
-                                  self.parallel_config),
+                                  vllm_config_for(config).parallel_config),
             **({"block_tables": block_tables} if block_tables is not None else {}),
         )
 

@@ -171,7 +171,7 @@ NEW_REQUEST_ARGS = {"req_id", "prompt_token_ids", "mm_features", "sampling_param
 CACHED_REQUEST_ARGS = {"req_ids", "resumed_req_ids", "new_token_ids", "all_token_ids",
                        "new_block_ids", "num_computed_tokens", "num_output_tokens"}
 PCP_MANAGER_ARGS = {"pcp_world_size", "pcp_rank", "device", "shard_decode_requests",
-                    "max_num_reqs", "max_num_tokens", "dcp_world_size", "dcp_rank"}
+                    "max_num_reqs", "max_num_tokens", "dcp_world_size", "dcp_rank", "cp_interleave"}
 REQUEST_STATE_ARGS = {"max_num_reqs", "max_model_len", "max_num_batched_tokens",
                       "num_speculative_steps", "vocab_size", "device"}
 
@@ -222,16 +222,20 @@ def filled(shape: ApiShape, cls_name: str) -> dict[str, Any]:
 
 def pcp_kwargs(shape: ApiShape, shard_decode_requests: bool, pcp_cls: Any = None,
                parallel_config: Any = None) -> dict[str, Any]:
-    """The PCPManager keyword arguments that exist only on some releases.
-
-    ``moe_gathers_tokens`` (0.33) is what vLLM's own builder passes
-    (pcp_manager.maybe_build_pcp_manager: "Without EP all2all kernels,
-    MoERunner all-gathers PCP tokens to route"), read off the parallel config.
+    """The PCPManager keyword arguments vLLM's own builder derives from the
+    parallel config (pcp_manager.maybe_build_pcp_manager), where the installed
+    class takes them: ``cp_interleave`` (0.30+, ``cp_kv_cache_interleave_size``)
+    and ``moe_gathers_tokens`` (0.33: "Without EP all2all kernels, MoERunner
+    all-gathers PCP tokens to route"). ``shard_decode_requests`` (0.32+) is the
+    trace's own setting, which may differ from what the parallel config derives.
     """
     kwargs: dict[str, Any] = {}
     if shape.pcp_shard_decode:
         kwargs["shard_decode_requests"] = shard_decode_requests
-    if pcp_cls is not None and parallel_config is not None and "moe_gathers_tokens" in _params(pcp_cls):
+    params = _params(pcp_cls) if pcp_cls is not None and parallel_config is not None else {}
+    if "cp_interleave" in params:
+        kwargs["cp_interleave"] = parallel_config.cp_kv_cache_interleave_size
+    if "moe_gathers_tokens" in params:
         kwargs["moe_gathers_tokens"] = not parallel_config.enable_expert_parallel
     return kwargs
 

@@ -121,8 +121,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.lora_state = standins.LoraStateStandIn()
     _equip_sampling(runner, config, device)
     runner.execute_model_state = None
-    # Candidates are built; capture's forward context reads the full config.
-    dispatcher.vllm_config = vllm_config
+    # The dispatcher keeps the VllmConfig it was built from (adapters/vllm_config.py).
     dispatcher.device = device
     runner.cudagraph_manager = dispatcher
     runner.pcp_manager = pcp_manager

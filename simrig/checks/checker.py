@@ -41,12 +41,18 @@ from simrig.checks.lifecycle import (
     UNKNOWN_CACHED,
     SchedulerContract,
 )
-from simrig.checks.padding import check_capture, check_dispatch, descriptor
+from simrig.checks.padding import (
+    check_capture,
+    check_capture_sizes,
+    check_dispatch,
+    descriptor,
+    sizes_in_force,
+)
 from simrig.checks.parity import check_parity, desc_key
 from simrig.checks.pcp import check_dcp_peers, check_pcp
 from simrig.checks.reference import ReferenceModel
 from simrig.checks.semantics import check_batch_semantics
-from simrig.observe import CAPTURE, DUMMY, GATHER, LIFECYCLE, PARTITION, PREPARE, StepObs
+from simrig.observe import CAPTURE, CAPTURE_SIZES, DUMMY, GATHER, LIFECYCLE, PARTITION, PREPARE, StepObs
 from simrig.step import RunnerConfig, Step
 
 # An extra check a campaign or a test adds: (index, step, observation) -> findings.
@@ -71,6 +77,8 @@ class Checker:
         # (execute_model stopped mid-step: vLLM would have stopped serving); their values
         # are not judged until they are finished, preempted or sent again as new
         self.broken: set[str] = set()
+        # the capture sizes the runner used, as last recorded (judged once per change)
+        self.sizes_seen: tuple[int, ...] | None = None
         # the run configuration a known finding's ``when`` conditions read
         self.context = {"pcp_size": config.pcp_size, "dcp_size": config.dcp_size,
                         "num_speculative_tokens": config.num_speculative_tokens,
@@ -89,6 +97,7 @@ class Checker:
                     findings)
         self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
                     findings)
+        self._guard(findings, index, "dispatch", self._capture_sizes, index, observation, findings)
         self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
         self._guard(findings, index, "blocks", self.blocks.apply, step)
         # A crashed lifecycle check leaves the contract state unknown: no
@@ -155,6 +164,13 @@ class Checker:
             found = check_batch_semantics(index, capture) + check_capture(index, self.config, capture)
             findings.extend(_label_capture(found, capture))
 
+    def _capture_sizes(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
+        desc = descriptor(observation)
+        sizes = None if desc is None else desc.get(CAPTURE_SIZES)
+        if sizes is not None and tuple(sizes) != self.sizes_seen:
+            self.sizes_seen = tuple(sizes)
+            findings.extend(check_capture_sizes(index, self.config, sizes))
+
     def driven(self, obs: StepObs) -> RunnerConfig:
         """The configuration the runner actually ran: without PCP where the harness
         could not drive the trace's PCP configuration on this release (lifecycle's
@@ -200,7 +216,7 @@ class Checker:
             if config.pcp_size == 1 and knows:
                 as_decode = as_decode | runs_as_decode(pred.is_prefilling, pred.num_scheduled,
                                                        pred.num_drafts, pred.num_computed)
-            out.extend(check_dispatch(index, config, desc, pred.num_scheduled,
+            out.extend(check_dispatch(index, sizes_in_force(config, desc), desc, pred.num_scheduled,
                                       pred.is_prefilling, as_decode, tuple(pred.req_ids)))
         return out
 

@@ -39,7 +39,16 @@ modes, never to vLLM's candidate lists:
 Which graphs the config captures (``captured_graphs``) is derived from the
 capture sizes' and descriptors' documented meaning, never from vLLM's
 candidate lists or ``_init_candidates``; its docstring cites each rule and says
-where vLLM documents nothing.
+where vLLM documents nothing. The capture sizes are the ones the runner used,
+as the dispatch stage recorded them (``sizes_in_force``), never re-derived;
+``check_capture_sizes`` holds them to their documented properties:
+
+    SIZES: ascending, distinct, each in     VllmConfig._set_cudagraph_sizes: "will be the
+      [1, max_num_batched_tokens]; the       final sizes to capture cudagraph (in ascending
+      trace's own when it names some         order)"; "The list is then filtered based on
+                                             max_num_batched_tokens"; "If users explicitly
+                                             specify cudagraph capture sizes in the compilation
+                                             config, those will override this default logic"
 
 Padded batches (prepare_inputs, partition_batch, make_dummy) are judged by the
 reference model, the PCP check and ``check_capture``:
@@ -60,6 +69,7 @@ reference model, the PCP check and ``check_capture``:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -70,7 +80,7 @@ from simrig.checks.descriptor import descriptor, padded_counts  # noqa: F401 -- 
 from simrig.checks.findings import Finding, guarded
 from simrig.checks.pcp_layout import dispatch_token_count
 from simrig.checks.semantics import field_value
-from simrig.observe import CAPTURE, DISPATCH, StageObs
+from simrig.observe import CAPTURE, CAPTURE_SIZES, DISPATCH, StageObs
 from simrig.step import SEPARATE_DECODE_MODES, RunnerConfig
 
 # The runtime modes each configured mode may dispatch to (CUDAGraphMode
@@ -118,6 +128,37 @@ def captured_graphs(config: RunnerConfig, kind: str, u: int | None = None) -> li
     if kind == "varlen":
         return [(s, min(s, max_reqs)) for s in sizes if s <= max_reqs * config.decode_query_len]
     return [(s, min(s, max_reqs) if config.cudagraph_mode == "FULL" else None) for s in sizes]
+
+
+def sizes_in_force(config: RunnerConfig, desc: dict[str, Any] | None) -> RunnerConfig:
+    """``config`` with the capture sizes the dispatch stage recorded (the runner's
+    own); unchanged where none were recorded (eager mode, a hand-made observation)."""
+    sizes = None if desc is None else desc.get(CAPTURE_SIZES)
+    if sizes is None:
+        return config
+    return dataclasses.replace(config, capture_sizes=tuple(int(s) for s in sizes))
+
+
+@guarded("dispatch")
+def check_capture_sizes(index: int, config: RunnerConfig, sizes: list[int]) -> list[Finding]:
+    """The module docstring's SIZES rule on the sizes the runner used."""
+    out: list[Finding] = []
+
+    def add(expected: Any, message: str) -> None:
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=DISPATCH, check="dispatch",
+                           field=CAPTURE_SIZES, expected=str(expected), actual=str(list(sizes)),
+                           message=message))
+
+    sizes = [int(s) for s in sizes]
+    if sizes != sorted(set(sizes)):
+        add("ascending, distinct", "the capture sizes are not in ascending order without repeats")
+    budget = config.max_num_batched_tokens
+    if any(not 1 <= s <= budget for s in sizes):
+        add(f"each in [1, {budget}]", "a capture size lies outside the token budget")
+    named = config.graph_capture_sizes
+    if named and sorted(set(sizes)) != list(named):
+        add(list(named), "the runner captures other sizes than the trace names")
+    return out
 
 
 @guarded("dispatch")

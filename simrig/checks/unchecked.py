@@ -42,6 +42,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("dispatch", "num_reqs"): "dispatch: holds the batch's requests",
     ("dispatch", "uniform_token_count"): "dispatch: only a uniform decode batch",
     ("dispatch", "max_query_len"): "dispatch: no prefill, no longer query",
+    ("dispatch", "capture_sizes"): "dispatch: ascending, within the budget, the trace's when named "
+                                   "(graph modes only; the padding rules read them)",
     ("postprocess", "num_sampled"): _FIELDS,
     ("postprocess", "num_rejected"): _FIELDS,
     ("postprocess", "output.req_ids"): _FIELDS + ": the batch's requests in batch order",
