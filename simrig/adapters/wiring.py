@@ -18,7 +18,8 @@ timer. Only collaborators that need a model or a GPU are stand-ins
                                     FULL replay is FullGraphReplay
     kv_connector, ec_connector      vLLM's no-op connectors
     eplb, step_timing               vLLM's EPLBController, StepTimingCollector
-    vllm_config                     vLLM's default VllmConfig (set_forward_context)
+    vllm_config                     the trace config as vLLM's VllmConfig
+                                    (adapters/vllm_config.py; set_forward_context)
     model, model_state              ModelStandIn (forward, compute_logits),
                                     ModelStateStandIn
     sampler, rejection_sampler,     GreedySampler, GreedyVerifier, DrafterStandIn
@@ -82,10 +83,11 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
           pcp_manager: Any | None, tables: Any | None = None) -> Any:
     """Give ``runner`` what its execute_model reads (see the module docstring)."""
     import torch
-    from vllm.config import VllmConfig
     from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
 
-    vllm_config = VllmConfig()
+    # the trace config as vLLM's own VllmConfig (adapters/vllm_config.py), the
+    # one the dispatcher was built from: the forward context reads it
+    vllm_config = dispatcher.vllm_config
     runner.vllm_config = vllm_config
     runner.parallel_config = vllm_config.parallel_config
     runner.observability_config = vllm_config.observability_config
