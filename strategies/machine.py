@@ -174,6 +174,14 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         if plan is not None:
             self._send(self.model.build_step(plan), None)
 
+    @precondition(lambda self: self.model is not None
+                  and bool(self.model.pending_finished or self.model.pending_preempted))
+    @rule()
+    def report_only(self) -> None:
+        """A step that schedules nothing and only reports finished and preempted
+        requests (execute_model's no-forward branch)."""
+        self._send(self.model.build_step(Plan([])), None)
+
     # ------------------------------------------------------------ violations
     @precondition(lambda self: self.machine_settings.mode == "adversarial"
                   and self.model is not None and self.machine_settings.violations)

@@ -212,7 +212,10 @@ class SchedulerModel:
             assert req.num_computed + row.num_tokens <= cfg.max_model_len
             step.num_scheduled_tokens[row.req_id] = row.num_tokens
             total += row.num_tokens
-        assert step.num_scheduled_tokens, "a step schedules at least one request"
+        # vLLM's scheduler sends a step with no tokens when it only has finished
+        # or preempted requests to report
+        assert step.num_scheduled_tokens or step.finished or step.preempted, \
+            "a step schedules at least one request or reports one"
         for row in plan.rows:  # sampler outcome
             req = self.reqs[row.req_id]
             req.num_computed += step.num_accepted(row.req_id)
