@@ -17,7 +17,8 @@ runs:
     vllm_config: compilation/speculative/ CudaGraphManager._init_candidates
       cache/parallel config values        CudaGraphManager.dispatch
     graphs marked captured                _is_compatible, BatchExecutionDescriptor
-    (no ubatching, no LoRA capture cases) dp_utils.dispatch_cg_and_sync_dp (DP 1)
+    (no ubatching; LoRA capture cases     dp_utils.dispatch_cg_and_sync_dp (DP 1)
+    from get_lora_capture_cases)
 
 The harness then hands the chosen descriptor to the real ``prepare_inputs``,
 ``PCPManager.partition_batch`` and ``InputBatch.make_dummy``.
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from simrig.adapters import lora
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig
 
 MODES = CUDAGRAPH_MODES
@@ -36,7 +38,7 @@ MODES = CUDAGRAPH_MODES
 
 def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: int,
                      decode_query_len: int, num_speculative_tokens: int = 0,
-                     varlen_decode: bool = False) -> Any:
+                     varlen_decode: bool = False, lora_capture_cases: Sequence[int] = (0,)) -> Any:
     """A ``CudaGraphManager`` whose candidates are vLLM's own, ready to ``dispatch``."""
     from vllm.config import CUDAGraphMode
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
@@ -58,7 +60,7 @@ def build_dispatcher(mode: str, capture_sizes: Sequence[int], *, max_num_reqs: i
     manager.decode_query_len = decode_query_len
     manager.varlen_decode = varlen_decode
     manager.ubatch_runner = None
-    manager.lora_capture_cases = [0]
+    manager.lora_capture_cases = list(lora_capture_cases)  # vLLM's own (adapters/lora.py)
     manager._lora_dispatch_map, manager._max_lora_case = manager._build_lora_dispatch_map()
     manager.graphs = {}
     manager._candidates = {}
@@ -90,7 +92,8 @@ def dispatcher_for(config: RunnerConfig) -> Any:
                             max_num_reqs=config.max_num_reqs,
                             decode_query_len=config.decode_query_len,
                             num_speculative_tokens=config.num_speculative_tokens,
-                            varlen_decode=config.varlen_decode)
+                            varlen_decode=config.varlen_decode,
+                            lora_capture_cases=lora.capture_cases(config))
 
 
 def capture_descriptors(manager: Any) -> list[Any]:
@@ -121,4 +124,7 @@ def describe(desc: Any) -> dict[str, Any]:
     """A descriptor as plain observable values (the mode by name)."""
     return {"cg_mode": mode_name(desc), "num_tokens": int(desc.num_tokens),
             "num_reqs": None if desc.num_reqs is None else int(desc.num_reqs),
-            "uniform_token_count": desc.uniform_token_count, "max_query_len": desc.max_query_len}
+            "uniform_token_count": desc.uniform_token_count, "max_query_len": desc.max_query_len,
+            # the captured LoRA case the batch runs under (a field from 0.30.0 on)
+            **({"num_active_loras": int(desc.num_active_loras)}
+               if hasattr(desc, "num_active_loras") else {})}

@@ -20,6 +20,9 @@ timer. Only collaborators that need a model or a GPU are stand-ins
     eplb, step_timing               vLLM's EPLBController, StepTimingCollector
     vllm_config                     vLLM's default VllmConfig (set_forward_context)
     model, model_state              ModelStandIn, ModelStateStandIn
+    lora_config, lora_state         vLLM's LoRAConfig (None when the trace has no
+                                    LoRA) and LoraState (adapters/lora.py);
+    lora_manager                    LoraManagerStandIn when LoRA is on
     sampler, prompt_logprobs_worker SamplerStandIn, PromptLogprobsStandIn (the
                                     harness samples the trace's tokens, then calls
                                     the real postprocess_sampled)
@@ -32,7 +35,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from simrig.adapters import standins
+from simrig.adapters import lora, standins
 from simrig.step import RunnerConfig
 
 # Layer names of the one KV cache group (any names work: no layer reads them).
@@ -109,7 +112,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.vllm_config = vllm_config
     runner.parallel_config = vllm_config.parallel_config
     runner.observability_config = vllm_config.observability_config
-    runner.lora_config = None
+    runner.lora_config = lora.lora_config(config)
     runner.is_encoder_decoder = False
     runner.is_first_pp_rank = True
     runner.is_last_pp_rank = True
@@ -139,7 +142,8 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.attn_groups = [[]]
     runner.model = standins.ModelStandIn(torch, device)
     runner.model_state = standins.ModelStateStandIn(config.max_model_len)
-    runner.lora_state = standins.LoraStateStandIn()
+    runner.lora_state = lora.lora_state(config)
+    runner.lora_manager = standins.LoraManagerStandIn() if runner.lora_config is not None else None
     runner.sampler = SamplerStandIn()
     runner.prompt_logprobs_worker = PromptLogprobsStandIn()
     runner.execute_model_state = None
