@@ -8,6 +8,7 @@ Expected values are pinned by hand from the meaning of the fields
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -87,7 +88,8 @@ def test_a_bad_lora_value_is_one_line_and_exit_2(tmp_path):
     path.write_text(json.dumps(HEADER) + "\n" + json.dumps(
         {"new_requests": [{**NEW, "lora_id": 0}], "num_scheduled_tokens": {"a": 4}}) + "\n")
     run = subprocess.run([sys.executable, "-m", "simrig", "replay", str(path), "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+                         check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 2
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "bad.jsonl:2: new_requests[0].lora_id" in lines[0]
