@@ -62,14 +62,15 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     "DCP reuses the TP ranks"; off by default, see the README), and
     ``shard_decode_requests`` only with PCP > 1 and DCP 1 (vLLM's
     ``ParallelConfig.pcp_shard_decode_requests``: DCP needs every decode on
-    every rank). ``max_loras`` draws LoRA (0: off; half the draws by default);
-    with LoRA on, ``specialize_lora`` draws vLLM's two graph-specialization
-    switches (``LoRAConfig.specialize_active_lora``,
-    ``CompilationConfig.cudagraph_specialize_lora``), drawn last so a LoRA-off
-    config consumes the same choices before them. ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
+    every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
     under PCP > 1 becomes FULL_AND_PIECEWISE: PCP refuses mixed FULL graphs);
     a graph mode also draws its capture sizes (``capture_size_lists``) and,
-    for the separate-routine modes, ``varlen_decode``.
+    for the separate-routine modes, ``varlen_decode``. ``max_loras`` draws
+    LoRA last (0: off, half the draws by default), so the fields before it
+    come from the same choices with or without it; with LoRA on,
+    ``specialize_lora`` draws vLLM's two graph-specialization switches
+    (``LoRAConfig.specialize_active_lora``,
+    ``CompilationConfig.cudagraph_specialize_lora``).
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
