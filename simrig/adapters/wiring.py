@@ -21,7 +21,7 @@ timer. Only collaborators that need a model or a GPU are stand-ins
     vllm_config                     vLLM's default VllmConfig (set_forward_context)
     model, model_state              ModelStandIn, ModelStateStandIn
     lora_config, lora_state         vLLM's LoRAConfig (None when the trace has no
-                                    LoRA) and LoraState (adapters/lora.py);
+                                    LoRA) and LoraState (adapters/lora.py)
     lora_manager                    LoraManagerStandIn when LoRA is on
     sampler, prompt_logprobs_worker SamplerStandIn, PromptLogprobsStandIn (the
                                     harness samples the trace's tokens, then calls
