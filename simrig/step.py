@@ -82,6 +82,13 @@ class RunnerConfig:
     # Decode graphs that take any mix of 1..decode_query_len tokens per
     # request instead of exactly decode_query_len (separate-routine modes).
     varlen_decode: bool = False
+    # LoRA (vLLM's LoRAConfig.max_loras: "Max number of LoRAs in a single
+    # batch"); 0 runs without LoRA (no LoRAConfig). The two switches pick which
+    # active-adapter counts get graphs of their own: LoRAConfig.
+    # specialize_active_lora and CompilationConfig.cudagraph_specialize_lora.
+    max_loras: int = 0
+    specialize_active_lora: bool = False
+    cudagraph_specialize_lora: bool = True
 
     @property
     def decode_query_len(self) -> int:
@@ -135,6 +142,8 @@ class RunnerConfig:
         if self.varlen_decode and self.cudagraph_mode not in SEPARATE_DECODE_MODES:
             raise ValueError(f"varlen_decode: needs a mode with a separate decode routine "
                              f"({', '.join(SEPARATE_DECODE_MODES)}), got {self.cudagraph_mode}")
+        if not isinstance(self.max_loras, int) or isinstance(self.max_loras, bool) or self.max_loras < 0:
+            raise ValueError(f"max_loras: must be >= 0 (0: no LoRA), got {self.max_loras!r}")
 
 
 @dataclass
@@ -150,6 +159,8 @@ class NewRequest:
     # Explicit prompt token ids; None means synthesise with synth_token.
     prompt_token_ids: list[int] | None = None
     block_ids: list[int] = field(default_factory=list)
+    # The request's LoRA adapter (LoRARequest.lora_int_id, >= 1); None: the base model.
+    lora_id: int | None = None
 
     @property
     def num_prefill_tokens(self) -> int:

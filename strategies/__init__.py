@@ -19,12 +19,12 @@ from strategies.configs import (
 )
 from strategies.machine import MODES, VIOLATIONS, MachineSettings, NewFinding, SchedulerContractMachine
 from strategies.model import SchedulerModel
-from strategies.requests import new_requests, prefix_cache_hits, prompt_lengths, request_ids
+from strategies.requests import lora_ids, new_requests, prefix_cache_hits, prompt_lengths, request_ids
 from strategies.steps import scheduled_runs, scheduler_step, scheduler_steps
 
 __all__ = [
     "BlockPool", "CUDAGRAPH_MODES", "CudagraphDescriptor", "capture_size_lists", "MODES", "MachineSettings", "NewFinding",
     "SchedulerContractMachine", "SchedulerModel", "VIOLATIONS", "cudagraph_descriptors",
-    "new_requests", "prefix_cache_hits", "prompt_lengths", "request_ids", "runner_configs",
+    "lora_ids", "new_requests", "prefix_cache_hits", "prompt_lengths", "request_ids", "runner_configs",
     "scheduled_runs", "scheduler_step", "scheduler_steps",
 ]

@@ -6,6 +6,7 @@ request on CPU (Triton interpreter), so max_num_reqs <= 8, tokens <= 128.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from hypothesis import strategies as st
@@ -49,6 +50,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    cudagraph_modes: st.SearchStrategy[str] = st.just("NONE"),
                    varlen_decode: st.SearchStrategy[bool] = st.booleans(),
                    dcp_without_pcp: st.SearchStrategy[bool] = st.booleans(),
+                   max_loras: st.SearchStrategy[int] = st.sampled_from((0, 0, 0, 1, 2, 3)),
+                   specialize_lora: st.SearchStrategy[bool] = st.booleans(),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -62,14 +65,20 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
     under PCP > 1 becomes FULL_AND_PIECEWISE: PCP refuses mixed FULL graphs);
     a graph mode also draws its capture sizes (``capture_size_lists``) and,
-    for the separate-routine modes, ``varlen_decode``.
+    for the separate-routine modes, ``varlen_decode``. ``max_loras`` draws
+    LoRA last (0: off, half the draws by default), so the fields before it
+    come from the same choices with or without it; with LoRA on,
+    ``specialize_lora`` draws vLLM's two graph-specialization switches
+    (``LoRAConfig.specialize_active_lora``,
+    ``CompilationConfig.cudagraph_specialize_lora``).
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
                 pcp_sizes=pcp_sizes, dcp_sizes=dcp_sizes,
                 shard_decode_requests=shard_decode_requests, block_size=block_size,
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
-                dcp_without_pcp=dcp_without_pcp)
+                dcp_without_pcp=dcp_without_pcp, max_loras=max_loras,
+                specialize_lora=specialize_lora)
     for name, value in args.items():
         check_strategy(name, value)
 
@@ -96,6 +105,10 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
             dcp_size=dcp,
             shard_decode_requests=draw(shard_decode_requests) if pcp > 1 and dcp == 1 else False,
             block_size=draw(block_size))
+        loras = draw(max_loras)
+        if loras:
+            config = replace(config, max_loras=loras, specialize_active_lora=draw(specialize_lora),
+                             cudagraph_specialize_lora=draw(specialize_lora))
         config.validate()  # a strategy argument produced an impossible value
         return config
 

@@ -52,7 +52,7 @@ from strategies._validate import check_choice
 from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import Plan, Row, SchedulerModel
-from strategies.requests import prefix_cache_hits, prompt_lengths
+from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
 from strategies.steps import draw_plan
 
 MODES = ("valid", "adversarial")
@@ -147,7 +147,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         prompt_len = data.draw(prompt_lengths(max_model_len=cfg.max_model_len), label="prompt_len")
         hit = data.draw(prefix_cache_hits(prompt_len, block_size=tokens_per_block(cfg)), label="prefix_hit")
         max_tokens = data.draw(st.integers(1, self.machine_settings.max_new_tokens), label="max_tokens")
-        self.model.arrive(prompt_len, max_tokens, hit)
+        lora_id = data.draw(lora_ids(cfg.max_loras), label="lora_id") if cfg.max_loras else None
+        self.model.arrive(prompt_len, max_tokens, hit, lora_id)
 
     @precondition(lambda self: self.model is not None and self.model.held())
     @rule(data=st.data())

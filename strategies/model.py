@@ -50,6 +50,7 @@ class Request:
     prefill_len: int = 0  # tokens handed to the runner when last sent as new
     state: str = WAITING
     prefix_hit: int = 0  # tokens a prefix-cache hit covers when next sent as new
+    lora_id: int | None = None  # its LoRA adapter (sent with every new request)
 
     @property
     def prefilling(self) -> bool:
@@ -90,7 +91,8 @@ class SchedulerModel:
         self._next_id = 0
 
     # ------------------------------------------------------------ events
-    def arrive(self, prompt_len: int, max_tokens: int, prefix_hit: int = 0) -> str:
+    def arrive(self, prompt_len: int, max_tokens: int, prefix_hit: int = 0,
+               lora_id: int | None = None) -> str:
         if not 1 <= prompt_len <= self.config.max_model_len:
             raise ValueError(f"prompt_len {prompt_len} outside 1..{self.config.max_model_len}")
         if not 0 <= prefix_hit < prompt_len:
@@ -98,7 +100,7 @@ class SchedulerModel:
         req_id = f"{self.id_prefix}{self._next_id}"
         self._next_id += 1
         self.reqs[req_id] = Request(req_id, prompt_len, max_tokens, num_tokens=prompt_len,
-                                    prefix_hit=prefix_hit)
+                                    prefix_hit=prefix_hit, lora_id=lora_id)
         return req_id
 
     def abort(self, req_id: str) -> None:
@@ -196,7 +198,7 @@ class SchedulerModel:
                     req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.prefix_hit,
                     max_tokens=req.max_tokens,
                     prefill_len=req.num_tokens if req.num_tokens > req.prompt_len else None,
-                    block_ids=block_ids))
+                    block_ids=block_ids, lora_id=req.lora_id))
             else:
                 assert req.state == RUNNING, f"{row.req_id} is {req.state}"
                 new_blocks = self.pool.grow(req.req_id, req.num_computed + row.num_tokens)

@@ -3,6 +3,7 @@
     prompt_len  1 .. max_model_len        (a prompt may fill the whole context)
     max_tokens  1 .. max_new_tokens       (output budget)
     prefix hit  0, block_size, 2*block_size … < prompt_len   (prefix cache)
+    lora_id     None (base model) or 1 .. max_loras  (LoRA adapter)
 """
 
 from __future__ import annotations
@@ -56,3 +57,11 @@ def request_ids() -> st.SearchStrategy[str]:
     """Request ids shaped like vLLM's (``cmpl-<hex>-0``) plus short ones."""
     hexes = st.text("0123456789abcdef", min_size=1, max_size=8)
     return st.one_of(st.from_regex(r"\Ar[0-9]{1,3}\Z"), hexes.map(lambda h: f"cmpl-{h}-0"))
+
+
+def lora_ids(max_loras: int) -> st.SearchStrategy[int | None]:
+    """A request's LoRA adapter: None (the base model) or an id in 1 .. max_loras.
+    Ids within 1 .. max_loras keep every batch within max_loras distinct
+    adapters (LoRAConfig.max_loras: "Max number of LoRAs in a single batch")."""
+    check_int("max_loras", max_loras, minimum=1)
+    return st.one_of(st.none(), st.integers(1, max_loras))

@@ -26,7 +26,7 @@ from strategies._validate import check_int
 from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import WAITING, Plan, Row, SchedulerModel
-from strategies.requests import prefix_cache_hits, prompt_lengths
+from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -80,7 +80,9 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
     if kind == "arrive" or not model.reqs:
         prompt_len = draw(prompt_lengths(max_model_len=cfg.max_model_len))
         hit = draw(prefix_cache_hits(prompt_len, block_size=tokens_per_block(cfg)))
-        model.arrive(prompt_len, draw(st.integers(1, max_new_tokens)), hit)
+        max_tokens = draw(st.integers(1, max_new_tokens))
+        model.arrive(prompt_len, max_tokens, hit,
+                     draw(lora_ids(cfg.max_loras)) if cfg.max_loras else None)
     elif kind == "abort" and model.held():
         model.abort(draw(st.sampled_from([r.req_id for r in model.held()])))
     elif kind == "preempt" and model.preemptable():

@@ -18,8 +18,8 @@ and no graph runs:
     the pipeline group (one stage) and    VllmConfig: capture sizes, max capture
       the graph pool, during __init__       size, speculative config, max_num_seqs
     graphs marked captured                ModelCudaGraphManager.__init__,
-    (no ubatching, no LoRA capture cases)   _init_candidates, dispatch,
-                                            _is_compatible, BatchExecutionDescriptor
+    (no ubatching; LoRA capture cases       _init_candidates, dispatch,
+    from get_lora_capture_cases)            _is_compatible, BatchExecutionDescriptor
                                           dp_utils.dispatch_cg_and_sync_dp (DP 1)
 
 The harness then hands the chosen descriptor to the real ``prepare_inputs``,
@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from simrig.adapters import lora
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig
 
 MODES = CUDAGRAPH_MODES
@@ -75,7 +76,7 @@ def dispatcher_for(config: RunnerConfig) -> Any:
             vllm_config, None, vllm_config.compilation_config.cudagraph_mode,
             decode_query_len=config.decode_query_len, varlen_decode=config.varlen_decode)
     # LoRA capture cases are set after construction; the candidates follow them
-    manager.lora_capture_cases = [0]
+    manager.lora_capture_cases = list(lora.capture_cases(config))  # vLLM's own (adapters/lora.py)
     manager._lora_dispatch_map, manager._max_lora_case = manager._build_lora_dispatch_map()
     manager._candidates, manager._capture_descs = {}, {}
     manager._init_candidates()
@@ -116,4 +117,7 @@ def describe(desc: Any) -> dict[str, Any]:
     """A descriptor as plain observable values (the mode by name)."""
     return {"cg_mode": mode_name(desc), "num_tokens": int(desc.num_tokens),
             "num_reqs": None if desc.num_reqs is None else int(desc.num_reqs),
-            "uniform_token_count": desc.uniform_token_count, "max_query_len": desc.max_query_len}
+            "uniform_token_count": desc.uniform_token_count, "max_query_len": desc.max_query_len,
+            # the captured LoRA case the batch runs under (a field from 0.30.0 on)
+            **({"num_active_loras": int(desc.num_active_loras)}
+               if hasattr(desc, "num_active_loras") else {})}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from simrig.adapters import cudagraph, platform, versions, wiring
+from simrig.adapters import cudagraph, lora, platform, versions, wiring
 from simrig.adapters.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
 from simrig.adapters.vllm_config import vllm_config_for
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
@@ -117,7 +117,7 @@ class VllmApi:
                 pooling_params=None,
                 block_ids=(list(req.block_ids),),
                 num_computed_tokens=req.num_computed_tokens,
-                lora_request=None,
+                lora_request=lora.lora_request(req.lora_id),
                 prefill_token_ids=all_ids,
             ))
         cached = self.CachedRequestData(

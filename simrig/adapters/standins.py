@@ -13,7 +13,9 @@ correctly shaped outputs.
     ModelStateStandIn      model_state (attention metadata   the metadata builders call GPU
                            builders, M-RoPE, Mamba)          libraries and need the model's layers;
                                                              records the batch it is handed
-    LoraStateStandIn       LoRA bookkeeping                  traces carry no adapters
+    LoraManagerStandIn     the worker's LoRA model manager   loads adapter weights into the model's
+                           (LRUCacheWorkerLoRAManager)       layers; records the adapters and token
+                                                             mapping vLLM sets active
     (sampling.py)          compute_logits, the sampler, the  need a model; the sampler's kernels
                            rejection sampler, the drafter    cost a second a step in Triton's
                                                              interpreter (see sampling.py)
@@ -24,6 +26,8 @@ correctly shaped outputs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 HIDDEN_SIZE = 8  # the stand-in model's hidden size: any positive width works
@@ -124,11 +128,35 @@ class ModelStateStandIn:
         pass
 
 
-class LoraStateStandIn:
-    """LoRA bookkeeping: traces carry no adapters."""
+class LoraManagerStandIn:
+    """The worker's LoRA model manager (``runner.lora_manager``): the real one
+    loads adapter weights into the model's LoRA layers. The runner's own
+    ``_set_active_loras`` / ``maybe_dummy_run_with_lora`` / capture hook call it;
+    it records what they hand it and loads nothing."""
 
-    def add_request(self, req_id: str, req_index: int, lora_request: Any) -> None:
-        pass
+    def __init__(self) -> None:
+        # each set_active_adapters call: (sorted adapter ids, LoRAMapping)
+        self.activations: list[tuple[list[int], Any]] = []
+        self._dummies: set[int] = set()
 
-    def remove_request(self, req_id: str) -> None:
-        pass
+    def set_active_adapters(self, requests: set[Any], mapping: Any | None) -> None:
+        self.activations.append((sorted(r.lora_int_id for r in requests), mapping))
+
+    def get_dummy_lora_warmup_rank(self, default_rank: int) -> int:
+        return default_rank
+
+    @contextmanager
+    def dummy_lora_cache(self) -> Iterator[None]:
+        yield
+
+    def add_dummy_lora(self, lora_request: Any, rank: int) -> bool:
+        if lora_request.lora_int_id in self._dummies:
+            return False
+        self._dummies.add(lora_request.lora_int_id)
+        return True
+
+    def list_adapters(self) -> set[int]:
+        return set(self._dummies)
+
+    def remove_all_adapters(self) -> None:
+        self._dummies.clear()

@@ -18,6 +18,11 @@ newer vLLM is handled by what it offers:
       profile                                                              staged where present, else
                                                                            compared as make_dummy built them
     SchedulerOutput.num_common_prefix_blocks        req  req  opt  opt    filled with [] when required
+    LoRA dispatch: lora_utils (LoraState,             +    +    +    +    nothing: the same in every release
+      get_lora_capture_cases), LoRAConfig.                                  (0.30.0 execute_model counts and
+      specialize_active_lora, CompilationConfig.                            dispatches adapters as 0.33.0 does;
+      cudagraph_specialize_lora, descriptor's                               only prepare_inputs lacks the count)
+      num_active_loras
     any other required parameter or field simrig does not pass           -> VllmApiError (one line)
 
 A capability the installed release lacks is an ``Unavailable`` (stage,

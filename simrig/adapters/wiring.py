@@ -28,6 +28,9 @@ timer. Only collaborators that need a model or a GPU are stand-ins
     prompt_logprobs_worker,         vLLM's own PromptLogprobsWorker and
     draft_tokens_handler            DraftTokensHandler
     main_stream, output_copy_stream platform.StreamStandIn on CPU
+    lora_config, lora_state         vLLM's LoRAConfig (None when the trace has no
+                                    LoRA) and LoraState (adapters/lora.py)
+    lora_manager                    LoraManagerStandIn when LoRA is on
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import inspect
 import math
 from typing import Any
 
-from simrig.adapters import platform, sampling, standins
+from simrig.adapters import lora, platform, sampling, standins
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
 
 # Layer names of the one KV cache group (any names work: no layer reads them).
@@ -91,7 +94,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.vllm_config = vllm_config
     runner.parallel_config = vllm_config.parallel_config
     runner.observability_config = vllm_config.observability_config
-    runner.lora_config = None
+    runner.lora_config = lora.lora_config(config)
     runner.is_encoder_decoder = False
     runner.is_first_pp_rank = True
     runner.is_last_pp_rank = True
@@ -120,7 +123,8 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.attn_groups = [[]]
     runner.model = standins.ModelStandIn(torch, device, SYNTH_VOCAB_SIZE)
     runner.model_state = standins.ModelStateStandIn(config.max_model_len)
-    runner.lora_state = standins.LoraStateStandIn()
+    runner.lora_state = lora.lora_state(config)
+    runner.lora_manager = standins.LoraManagerStandIn() if runner.lora_config is not None else None
     _equip_sampling(runner, config, device)
     runner.execute_model_state = None
     # The dispatcher keeps the VllmConfig it was built from (adapters/vllm_config.py).

@@ -41,6 +41,7 @@ from simrig.checks.lifecycle import (
     UNKNOWN_CACHED,
     SchedulerContract,
 )
+from simrig.checks.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
 from simrig.checks.padding import (
     check_capture,
     check_capture_sizes,
@@ -69,6 +70,7 @@ class Checker:
         self.lifecycle = SchedulerContract(config, adversarial=adversarial)
         self.reference = ReferenceModel(config)
         self.blocks = BlockTracker()
+        self.adapters = AdapterTracker()  # each live request's LoRA adapter
         # the capture dummy of every captured descriptor (observed before step 0)
         self.captured: dict[tuple, Any] = {}
         self.drift = DriftTracker()
@@ -100,6 +102,7 @@ class Checker:
         self._guard(findings, index, "dispatch", self._capture_sizes, index, observation, findings)
         self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
         self._guard(findings, index, "blocks", self.blocks.apply, step)
+        self._guard(findings, index, "lora_dispatch", self.adapters.apply, step)
         # A crashed lifecycle check leaves the contract state unknown: no
         # semantic check has a defined expectation. Otherwise the requests a
         # violation names (and those whose cursor it desynced) are set aside:
@@ -163,6 +166,7 @@ class Checker:
         for capture in observation.all(CAPTURE):
             found = check_batch_semantics(index, capture) + check_capture(index, self.config, capture)
             findings.extend(_label_capture(found, capture))
+        findings.extend(check_lora_captures(index, self.config, observation.all(CAPTURE)))
 
     def _capture_sizes(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
         desc = descriptor(observation)
@@ -187,6 +191,8 @@ class Checker:
         out = self.reference.compare(index, step, obs, skip)
         real, dummy = obs.get(PREPARE), obs.get(DUMMY)
         desc = descriptor(obs)
+        out.extend(check_lora_dispatch(index, config, desc, self.adapters.num_active(step.req_ids),
+                                       tuple(step.req_ids)))
         partitions = obs.all(PARTITION)
         if real is not None:
             out.extend(check_batch_semantics(index, real))

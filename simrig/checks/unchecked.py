@@ -44,6 +44,7 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("dispatch", "max_query_len"): "dispatch: no prefill, no longer query",
     ("dispatch", "capture_sizes"): "dispatch: ascending, within the budget, the trace's when named "
                                    "(graph modes only; the padding rules read them)",
+    ("dispatch", "num_active_loras"): "lora_dispatch: the capture case of the batch's distinct adapters",
     ("postprocess", "num_sampled"): _FIELDS,
     ("postprocess", "num_rejected"): _FIELDS,
     ("postprocess", "output.req_ids"): _FIELDS + ": the batch's requests in batch order",
@@ -95,6 +96,7 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("capture", "desc.num_reqs"): "capture: the dummy has these requests",
     ("capture", "desc.uniform_token_count"): "capture: every dummy query has this length",
     ("capture", "desc.max_query_len"): "capture: no dummy query is longer",
+    ("capture", "desc.num_active_loras"): "lora_capture: exactly the documented LoRA capture cases",
 }
 
 UNCHECKED: dict[tuple[str, str], str] = {
@@ -104,6 +106,7 @@ UNCHECKED: dict[tuple[str, str], str] = {
     ("dummy", "desc.num_reqs"): "the dummy run's own descriptor (see desc.cg_mode)",
     ("dummy", "desc.uniform_token_count"): "the dummy run's own descriptor (see desc.cg_mode)",
     ("dummy", "desc.max_query_len"): "the dummy run's own descriptor (see desc.cg_mode)",
+    ("dummy", "desc.num_active_loras"): "the dummy run's own descriptor (see desc.cg_mode)",
     ("partition", "dcp_local_seq_lens"): "PCP with DCP: each DCP rank's share of the rank-local batch; "
                                          "only dtype (blocks.py judges it without PCP)",
     ("dummy", "dcp_local_seq_lens"): "None: the dummy stage does not run execute_model's DCP step",

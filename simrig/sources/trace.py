@@ -120,6 +120,7 @@ class _LiveIds:
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config
         self.live: set[str] = set()
+        self.adapter: dict[str, int] = {}  # live request id -> its LoRA adapter id
 
     def apply(self, step: Step, ln: _Line) -> None:
         self.live.difference_update(step.finished)
@@ -128,8 +129,11 @@ class _LiveIds:
         for i, req in enumerate(step.new_requests):
             if req.req_id in self.live or req.req_id in seen:
                 raise ln.fail(f"new_requests[{i}].id", f"duplicate new request id {req.req_id!r}")
+            if req.lora_id is not None and self.config.max_loras == 0:
+                raise ln.fail(f"new_requests[{i}].lora_id", "LoRA is off (config.max_loras is 0)")
             seen.add(req.req_id)
         self.live |= seen
+        self._check_adapters(step, ln)
         for i, upd in enumerate(step.cached):
             if upd.req_id not in self.live:
                 raise ln.fail(f"cached_requests[{i}].id", f"unknown cached request id {upd.req_id!r}")
@@ -137,6 +141,17 @@ class _LiveIds:
         for req_id, k in step.spec_tokens.items():
             if k > limit:
                 raise ln.fail(f"spec_tokens.{req_id}", f"{k} drafts exceed num_speculative_tokens {limit}")
+
+    def _check_adapters(self, step: Step, ln: _Line) -> None:
+        """A step's batch holds at most max_loras adapters (LoRAConfig.max_loras:
+        "Max number of LoRAs in a single batch"; vLLM's scheduler keeps to it)."""
+        for gone in (*step.finished, *step.preempted):
+            self.adapter.pop(gone, None)
+        self.adapter.update({r.req_id: r.lora_id for r in step.new_requests if r.lora_id is not None})
+        active = {self.adapter[r] for r in step.num_scheduled_tokens if r in self.adapter}
+        if len(active) > self.config.max_loras:
+            raise ln.fail("num_scheduled_tokens", f"the batch holds {len(active)} LoRA adapters "
+                          f"{sorted(active)}, config.max_loras is {self.config.max_loras}")
 
 
 class TraceReader:

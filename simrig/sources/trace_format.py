@@ -198,12 +198,17 @@ _STEP_KEYS = {"step", "new_requests", "cached_requests", "num_scheduled_tokens",
 
 # Graph fields are written only when set, so eager traces read as before.
 _GRAPH_DEFAULTS = {"cudagraph_mode": "NONE", "capture_sizes": [], "varlen_decode": False}
+# LoRA fields likewise: traces without adapters read and write as before.
+_LORA_DEFAULTS = {"max_loras": 0, "specialize_active_lora": False, "cudagraph_specialize_lora": True}
+_BOOL_CONFIG_KEYS = ("shard_decode_requests", "varlen_decode", "specialize_active_lora",
+                     "cudagraph_specialize_lora")
 
 
 def config_to_json(config: RunnerConfig) -> dict[str, Any]:
     out = asdict(config)
     out["capture_sizes"] = list(config.capture_sizes)
-    return {k: v for k, v in out.items() if _GRAPH_DEFAULTS.get(k, ...) != v}
+    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS}
+    return {k: v for k, v in out.items() if omitted.get(k, ...) != v}
 
 
 def parse_header(obj: Any, path: str) -> TraceHeader:
@@ -221,7 +226,7 @@ def parse_header(obj: Any, path: str) -> TraceHeader:
     for key, value in raw_config.items():
         if key not in known:
             raise ln.fail(f"config.{key}", "unknown field")
-        if key in ("shard_decode_requests", "varlen_decode"):
+        if key in _BOOL_CONFIG_KEYS:
             if not isinstance(value, bool):
                 raise ln.fail(f"config.{key}", f"must be true or false, got {value!r}")
             values[key] = value
@@ -279,7 +284,9 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
             req_id=req_id, prompt_len=prompt_len, num_computed_tokens=num_computed,
             max_tokens=ln.int_(raw, "max_tokens", f"{name}.max_tokens", default=16, minimum=1),
             prefill_len=prefill_len, prompt_token_ids=token_ids,
-            block_ids=ln.int_list(raw.get("block_ids", []), f"{name}.block_ids")))
+            block_ids=ln.int_list(raw.get("block_ids", []), f"{name}.block_ids"),
+            # LoRARequest: "id must be > 0"
+            lora_id=ln.int_(raw, "lora_id", f"{name}.lora_id", default=None, minimum=1)))
     cached = []
     for i, raw in enumerate(ln.list_(obj, "cached_requests", "cached_requests")):
         name = f"cached_requests[{i}]"

@@ -46,6 +46,8 @@ def step_to_json(step: Step, index: int) -> dict[str, Any]:
                 d["token_ids"] = list(r.prompt_token_ids)
             if r.block_ids:
                 d["block_ids"] = list(r.block_ids)
+            if r.lora_id is not None:
+                d["lora_id"] = r.lora_id
             reqs.append(d)
         out["new_requests"] = reqs
     if step.cached:

@@ -1,0 +1,63 @@
+"""LoRA on a model-less runner: vLLM's own LoRA config, capture cases and adapters.
+
+A trace states LoRA without a model: ``RunnerConfig.max_loras`` (0: off) and
+each new request's adapter id. Everything the input path branches on is
+vLLM's own; only the worker's LoRA model manager, which loads adapter weights
+into the model's layers, is a stand-in (``standins.LoraManagerStandIn``):
+
+    GPUModelRunner reads            given
+    ────────────────────            ─────
+    lora_config                     vLLM's LoRAConfig(max_loras, specialize_active_lora),
+                                    None when max_loras is 0
+    lora_state                      vLLM's LoraState (request -> adapter, plain NumPy)
+    lora_manager                    LoraManagerStandIn (records the adapters set active)
+    cudagraph_manager.              vLLM's get_lora_capture_cases for that LoRA config
+      lora_capture_cases            and CompilationConfig.cudagraph_specialize_lora
+    NewRequestData.lora_request     vLLM's LoRARequest for the trace's adapter id
+
+The mixin's own ``_set_active_loras``, ``maybe_dummy_run_with_lora`` and
+``create_lora_capture_hook`` run unchanged and call the stand-in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simrig.step import RunnerConfig
+
+
+def lora_config(config: RunnerConfig) -> Any:
+    """vLLM's LoRAConfig for the trace config, or None when LoRA is off."""
+    if config.max_loras <= 0:
+        return None
+    from vllm.config.lora import LoRAConfig
+
+    return LoRAConfig(max_loras=config.max_loras, specialize_active_lora=config.specialize_active_lora)
+
+
+def lora_state(config: RunnerConfig) -> Any:
+    """vLLM's per-request adapter bookkeeping (GPUModelRunner.__init__ builds the same)."""
+    from vllm.v1.worker.gpu.lora_utils import LoraState
+
+    return LoraState(max_num_reqs=config.max_num_reqs)
+
+
+def capture_cases(config: RunnerConfig) -> list[int]:
+    """The active-adapter counts vLLM captures graphs for: its own
+    ``get_lora_capture_cases``, as GPUModelRunner.__init__ calls it."""
+    from vllm.config import CompilationConfig
+    from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
+
+    compilation = CompilationConfig(cudagraph_specialize_lora=config.cudagraph_specialize_lora)
+    return list(get_lora_capture_cases(lora_config(config), compilation))
+
+
+def lora_request(lora_id: int | None) -> Any:
+    """vLLM's LoRARequest for a trace's adapter id (None: the base model).
+    LoRARequest compares by name, so the name is a function of the id."""
+    if lora_id is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(lora_name=f"adapter-{lora_id}", lora_int_id=lora_id,
+                       lora_path=f"/simrig/adapters/{lora_id}")
