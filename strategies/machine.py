@@ -132,7 +132,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         config = data.draw(ms.configs, label="config")
         self.model = SchedulerModel(config)
         self.harness = Harness(config, stages=ms.stages)
-        self.checker = Checker(config, adversarial=ms.mode == "adversarial", trace="hypothesis")
+        self.checker = Checker(config, adversarial=ms.mode == "adversarial", trace="hypothesis",
+                               nulls_below_window=self.harness.api.shape.nulls_below_window)
 
     @property
     def config(self) -> RunnerConfig:
