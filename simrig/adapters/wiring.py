@@ -37,7 +37,6 @@ from simrig.adapters import standins
 from simrig.step import RunnerConfig
 
 
-
 def layer_names(group: int) -> list[str]:
     """Layer names of KV cache group ``group`` (any names work: no layer reads them)."""
     return [f"model.layers.{group}.self_attn.attn"]
@@ -80,8 +79,8 @@ def kv_cache_config(config: RunnerConfig) -> Any:
 
     groups = []
     for index, group in enumerate(config.kv_groups):
-        common = dict(block_size=config.group_block_size(index), num_kv_heads=1, head_size=8,
-                      dtype=torch.float32)
+        common = {"block_size": config.group_block_size(index), "num_kv_heads": 1, "head_size": 8,
+                  "dtype": torch.float32}
         spec = (SlidingWindowSpec(sliding_window=group.window, **common)
                 if group.kind == "sliding_window" else FullAttentionSpec(**common))
         groups.append(KVCacheGroupSpec(layer_names(index), spec))
