@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from simrig.checks.lifecycle import SchedulerContract
-from simrig.step import RunnerConfig
+from simrig.step import KvGroup, RunnerConfig, block_groups
 from strategies import (
     CudagraphDescriptor,
     cudagraph_descriptors,
@@ -66,11 +66,17 @@ def test_generated_steps_obey_the_contract(run):
 @given(scheduled_runs(max_steps=6))
 def test_every_request_sent_as_new_carries_blocks_for_its_tokens(run):
     config, steps = run
-    span = config.block_size * config.dcp_size  # one scheduler block under DCP
     for step in steps:
         for req in step.new_requests:
             needed = req.num_computed_tokens + step.num_scheduled_tokens[req.req_id]
-            assert len(req.block_ids) == -(-needed // span) and 0 not in req.block_ids
+            for g, blocks in enumerate(block_groups(req.block_ids, config.num_kv_groups)):
+                span = config.group_block_size(g) * config.dcp_size  # one scheduler block under DCP
+                group = config.kv_groups[g]
+                # a sliding-window group's blocks wholly below the hit's window are null
+                skipped = (max(0, req.num_computed_tokens - group.window + 1) // span
+                           if group.kind == "sliding_window" else 0)
+                assert len(blocks) == -(-needed // span)
+                assert blocks[:skipped] == [0] * skipped and 0 not in blocks[skipped:]
 
 
 @FAST
@@ -182,7 +188,7 @@ def test_each_lifecycle_corner_is_drawn(corner):
 
     configs = runner_configs(max_num_reqs=st.integers(1, 3), max_num_batched_tokens=st.just(16),
                              max_model_len=st.just(64), num_speculative_tokens=st.integers(1, 2),
-                             pcp_sizes=st.just(1))
+                             pcp_sizes=st.just(1), kv_groups=st.just((KvGroup(),)))
     run = find(scheduler_steps(config=configs, min_steps=3, max_steps=8),
                lambda steps: corner in _corners(steps),
                settings=settings(max_examples=3000, database=None, deadline=None,
