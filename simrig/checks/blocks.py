@@ -26,16 +26,15 @@
     PADDED ROWS: rows past the batch's         gather kernel: "Zero out padded rows";
       requests hold only the null block 0        gather_block_tables: "Also clear rows left by a
                                                  larger batch"; utils.NULL_BLOCK_ID = 0
-    SLOT: token at position p of group g,      utils.PAD_SLOT_ID = -1; a scheduler block spans
-      B = the group's block size, per group:     B * dcp tokens (kv_cache_utils.
-      without DCP: blocks[p // B] * B + p % B    resolve_dcp_kv_block_size;
-      with DCP (size D, rank d, interleave I):   "the token span of a cache block under DCP");
-      the token lives on rank (p // I) % D;      cp_kv_cache_interleave_
-      elsewhere PAD_SLOT_ID; on its rank the     size: "Store interleave_size tokens on dcp_rank i,
-      slot is blocks[p // (B*D)] * B + k,        then store next interleave_size tokens on dcp_rank
-      k = how many of that virtual block's       i+1" and "Tokens are then stored in (rank i+1,
-      tokens before p the rank also holds        block j) only after (rank i, block j) is fully
-                                                 occupied": rank d fills its block j in token order
+    SLOT: per group g (B = its block size),    utils.PAD_SLOT_ID = -1; a scheduler block spans
+      token at position p, without DCP:          B * dcp tokens (kv_cache_utils.
+      blocks_g[p // B] * B + p % B               resolve_dcp_kv_block_size: "the token span of a
+      with DCP (size D, rank d, interleave I):   cache block under DCP"); cp_kv_cache_interleave_
+      the token lives on rank (p // I) % D;      size: "Store interleave_size tokens on dcp_rank i,
+      elsewhere PAD_SLOT_ID; on its rank the     then store next interleave_size tokens on dcp_rank
+      slot is blocks[p // (B*D)] * B + k,        i+1" and "Tokens are then stored in (rank i+1,
+      k = how many of that virtual block's       block j) only after (rank i, block j) is fully
+      tokens before p the rank also holds        occupied": rank d fills its block j in token order
     PADDED TOKENS: slots past the batch's      compute_slot_mappings kernel: "Pad remaining slots
       tokens are PAD_SLOT_ID                     to -1 ... Start from actual token count (not
                                                  padded)"; prepare_attn: "Kernel pads beyond
