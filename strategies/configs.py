@@ -40,15 +40,15 @@ def capture_size_lists(max_num_batched_tokens: int) -> st.SearchStrategy[tuple[i
 
 def kv_group_lists(*, sliding_window: bool = True, max_window: int = 48
                    ) -> st.SearchStrategy[tuple[KvGroup, ...]]:
-    """KV cache groups: mostly one full group (the default config); else 2-3
-    groups, the first full with the config's block size, the others full or
-    (``sliding_window``) sliding-window, some with their own block size."""
+    """KV cache groups: 1-3 groups, the first full attention with the config's
+    block size, the others full or (``sliding_window``) sliding-window, some
+    with their own block size."""
     check_int("max_window", max_window, minimum=1)
     kinds = ("full", "sliding_window") if sliding_window else ("full",)
 
     @st.composite
     def build(draw) -> tuple[KvGroup, ...]:
-        count = draw(st.sampled_from((1, 1, 2, 3)))
+        count = draw(st.integers(1, 3))
         groups = [KvGroup()]
         for _ in range(count - 1):
             kind = draw(st.sampled_from(kinds))
@@ -70,6 +70,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    cudagraph_modes: st.SearchStrategy[str] = st.just("NONE"),
                    varlen_decode: st.SearchStrategy[bool] = st.booleans(),
                    dcp_without_pcp: st.SearchStrategy[bool] = st.just(False),
+                   multi_kv_groups: st.SearchStrategy[bool] = st.just(False),
                    kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
@@ -84,16 +85,18 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
     under PCP > 1 becomes FULL_AND_PIECEWISE: PCP refuses mixed FULL graphs);
     a graph mode also draws its capture sizes (``capture_size_lists``) and,
-    for the separate-routine modes, ``varlen_decode``. ``kv_groups`` draws the
-    KV cache groups (default ``kv_group_lists()``, without sliding-window
-    groups under PCP or DCP: vLLM's sliding-window manager supports neither).
+    for the separate-routine modes, ``varlen_decode``. The KV cache groups are
+    one full-attention group unless ``multi_kv_groups`` draws True (then
+    ``kv_group_lists()``, without sliding-window groups under PCP or DCP: vLLM's
+    sliding-window manager supports neither; off by default, like
+    ``dcp_without_pcp``, see the README) or ``kv_groups`` draws them.
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
                 pcp_sizes=pcp_sizes, dcp_sizes=dcp_sizes,
                 shard_decode_requests=shard_decode_requests, block_size=block_size,
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
-                dcp_without_pcp=dcp_without_pcp)
+                dcp_without_pcp=dcp_without_pcp, multi_kv_groups=multi_kv_groups)
     for name, value in args.items():
         check_strategy(name, value)
     if kv_groups is not None:
@@ -122,8 +125,9 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
             dcp_size=dcp,
             shard_decode_requests=draw(shard_decode_requests) if pcp > 1 and dcp == 1 else False,
             block_size=draw(block_size),
-            kv_groups=draw(kv_groups if kv_groups is not None
-                           else kv_group_lists(sliding_window=pcp == 1 and dcp == 1)))
+            kv_groups=draw(kv_groups) if kv_groups is not None
+            else draw(kv_group_lists(sliding_window=pcp == 1 and dcp == 1)) if draw(multi_kv_groups)
+            else (KvGroup(),))
         config.validate()  # a strategy argument produced an impossible value
         return config
 

@@ -166,18 +166,26 @@ def test_generated_groups_cover_the_tokens_and_never_share_a_held_block(run):
             assert len({(g, i) for _, g, i in held}) == 1, (block, held)
 
 
-def test_default_configs_draw_three_groups_with_a_sliding_window():
+def test_multi_kv_groups_draws_three_groups_with_a_sliding_window():
     opts = settings(database=None, max_examples=1000, suppress_health_check=list(HealthCheck))
-    config = find(runner_configs(), lambda c: any(g.kind == "sliding_window" for g in c.kv_groups)
-                  and c.num_kv_groups == 3, settings=opts)
+    config = find(runner_configs(multi_kv_groups=st.just(True)),
+                  lambda c: any(g.kind == "sliding_window" for g in c.kv_groups) and c.num_kv_groups == 3,
+                  settings=opts)
     assert config.pcp_size == config.dcp_size == 1 and config.kv_groups[0] == KvGroup()
 
 
 @FAST
-@given(runner_configs(pcp_sizes=st.sampled_from((1, 2)), dcp_without_pcp=st.booleans()))
+@given(runner_configs(pcp_sizes=st.sampled_from((1, 2)), dcp_without_pcp=st.booleans(),
+                      multi_kv_groups=st.booleans()))
 def test_no_sliding_window_group_is_drawn_under_context_parallelism(config):
     if config.pcp_size > 1 or config.dcp_size > 1:
         assert all(g.kind == "full" for g in config.kv_groups)
+
+
+@FAST
+@given(runner_configs())
+def test_one_full_group_is_the_default(config):
+    assert config.kv_groups == (KvGroup(),)
 
 
 def test_sliding_window_is_refused_with_dcp():

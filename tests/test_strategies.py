@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from simrig.checks.lifecycle import SchedulerContract
-from simrig.step import KvGroup, RunnerConfig, block_groups
+from simrig.step import RunnerConfig, block_groups
 from strategies import (
     CudagraphDescriptor,
     cudagraph_descriptors,
@@ -63,7 +63,7 @@ def test_generated_steps_obey_the_contract(run):
 
 
 @FAST
-@given(scheduled_runs(max_steps=6))
+@given(scheduled_runs(config=runner_configs(multi_kv_groups=st.booleans()), max_steps=6))
 def test_every_request_sent_as_new_carries_blocks_for_its_tokens(run):
     config, steps = run
     for step in steps:
@@ -188,7 +188,7 @@ def test_each_lifecycle_corner_is_drawn(corner):
 
     configs = runner_configs(max_num_reqs=st.integers(1, 3), max_num_batched_tokens=st.just(16),
                              max_model_len=st.just(64), num_speculative_tokens=st.integers(1, 2),
-                             pcp_sizes=st.just(1), kv_groups=st.just((KvGroup(),)))
+                             pcp_sizes=st.just(1))
     run = find(scheduler_steps(config=configs, min_steps=3, max_steps=8),
                lambda steps: corner in _corners(steps),
                settings=settings(max_examples=3000, database=None, deadline=None,
