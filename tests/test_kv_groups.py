@@ -254,15 +254,17 @@ def test_real_two_group_block_tables_give_the_pinned_values(vllm_api):
         tables.append_block_ids(slot, tuple(TWO_BLOCKS[req]), overwrite=True)
     tables.apply_staged_writes()
     idx = torch.tensor([0, 1], dtype=torch.int32)
+    nulls = vllm_api.shape.nulls_below_window
     computed = torch.zeros(TWO.max_num_reqs, dtype=torch.int32)
     computed[0] = 17
-    gathered = tables.gather_block_tables(idx, num_reqs_padded=3, num_computed_tokens=computed)
+    # prepare_attn passes the computed counts where the release nulls below the window
+    extra = {"num_computed_tokens": computed} if nulls else {}
+    gathered = tables.gather_block_tables(idx, num_reqs_padded=3, **extra)
     batch = _batch(TWO_BATCH)
     positions = torch.zeros(TWO.max_num_batched_tokens, dtype=torch.int64)
     positions[:5] = torch.from_numpy(batch.positions)
     slots = tables.compute_slot_mappings(idx, torch.from_numpy(batch.query_start_loc).to(torch.int32),
                                          positions, num_tokens_padded=8)
-    nulls = vllm_api.shape.nulls_below_window
     assert gathered[0].tolist() == TABLE_0
     assert gathered[1].tolist() == (TABLE_1_NULLED if nulls else TABLE_1_AS_SENT)
     assert slots.tolist() == SLOTS
