@@ -162,7 +162,6 @@ class RunnerConfig:
             raise ValueError(f"varlen_decode: needs a mode with a separate decode routine "
                              f"({', '.join(SEPARATE_DECODE_MODES)}), got {self.cudagraph_mode}")
 
-
     def _validate_kv_groups(self) -> None:
         if not isinstance(self.kv_groups, tuple) or not self.kv_groups:
             raise ValueError(f"kv_groups: must name at least one group, got {self.kv_groups!r}")

@@ -19,8 +19,8 @@ What it models, and where vLLM says so (vLLM 0.33.0, vllm/v1/core/):
 
 Each KV cache group has its own manager (kv_cache_coordinator: one
 SingleTypeKVCacheManager per group) over the one shared pool: a step allocates
-group by group, in group order. A sliding-window group of window W (block span
-S) also follows SlidingWindowManager (single_type_kv_cache_manager.py):
+group by group, in group order. A sliding-window group of window W also follows
+SlidingWindowManager (single_type_kv_cache_manager.py):
 
     skipped tokens after c computed:     get_num_skipped_tokens: "the tokens that are prior
       max(0, c - W + 1)                  to the current sliding window" (c - W + 1)
