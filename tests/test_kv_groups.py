@@ -288,3 +288,32 @@ def test_real_runs_with_several_groups_have_no_block_findings(vllm_api, run):
     for index, step in enumerate(steps):
         found = [f for f in checker.check(index, step, harness.run_step(step)) if f.check == "blocks"]
         assert found == [], [f.one_line() for f in found]
+
+
+SLIDING_TRACE = Path(__file__).parent / "fixtures" / "sliding_window_groups.jsonl"
+
+
+@pytest.mark.vllm
+def test_a_sliding_window_trace_through_execute_model_gives_the_pinned_tables(vllm_api):
+    """tests/fixtures/sliding_window_groups.jsonl (window 5, block size 4): at step 3
+    request a (13 computed) holds [3, 4, 7, 10] in the sliding-window group; its
+    first (13 - 4) // 4 = 2 entries are below the window (blocks 3 and 4 were freed
+    and reused by the full group). c, new, holds [8, 5]; slots by hand:
+      group 0  a p13 -> 4*4 + 1 = 17;  c [9, 6] p0..5 -> 36 37 38 39 24 25
+      group 1  a p13 -> 10*4 + 1 = 41; c [8, 5] p0..5 -> 32 33 34 35 20 21"""
+    from simrig.checks.checker import Checker
+    from simrig.checks.known import KnownFindings
+    from simrig.harness import Harness
+
+    header, steps = read_trace(SLIDING_TRACE)
+    nulls = vllm_api.shape.nulls_below_window
+    harness = Harness(header.config, api=vllm_api)
+    checker = Checker(header.config, known=KnownFindings([]), nulls_below_window=nulls)
+    for index, step in enumerate(steps):
+        obs = harness.run_step(step)
+        assert [f.one_line() for f in checker.check(index, step, obs) if f.check == "blocks"] == []
+    prepare = obs.get(PREPARE).fields
+    assert prepare["attn.block_tables.1"].values[:2, :4].tolist() == [
+        [0, 0, 7, 10] if nulls else [3, 4, 7, 10], [8, 5, 0, 0]]
+    assert prepare["attn.slot_mappings"].values[:, :7].tolist() == [[17, 36, 37, 38, 39, 24, 25],
+                                                                  [41, 32, 33, 34, 35, 20, 21]]
