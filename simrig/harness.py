@@ -96,7 +96,7 @@ class Harness:
     def run_step(self, step: Step) -> obs.StepObs:
         result = obs.StepObs(index=self.num_steps)
         self.num_steps += 1
-        so = self.api.scheduler_output(step)
+        so = self.api.scheduler_output(step, self.config.num_kv_groups)
         self._step, self._result, self._global_batch, self._desc = step, result, None, None
         if not self._captured:
             self._capture_at_startup(result)

@@ -266,7 +266,9 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     violations = {int(k): v for k, v in (header.source.get("violation_steps") or {}).items()}
     try:
         harness = Harness(config, stages=stages, api=api if api is not None else load())
-        checker = Checker(config, adversarial=header.adversarial, trace=name)
+        shape = getattr(getattr(harness, "api", None), "shape", None)  # None: a harness stand-in
+        checker = Checker(config, adversarial=header.adversarial, trace=name,
+                          nulls_below_window=shape.nulls_below_window if shape is not None else None)
     except ValueError as exc:  # the trace's config is one the runner cannot take
         raise UsageError(f"{name or 'trace'}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 -- a rig bug: reported, the run goes on

@@ -61,6 +61,19 @@ CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PI
 SEPARATE_DECODE_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
+KV_GROUP_KINDS = ("full", "sliding_window")
+
+
+@dataclass(frozen=True)
+class KvGroup:
+    """One KV cache group: full attention, or a sliding window (vLLM's
+    FullAttentionSpec / SlidingWindowSpec)."""
+
+    kind: str = "full"  # one of KV_GROUP_KINDS
+    window: int = 0  # sliding_window: tokens a query attends, itself included
+    block_size: int = 0  # tokens per block; 0: the config's block_size
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """The runner-side limits a trace was produced under."""
@@ -89,6 +102,16 @@ class RunnerConfig:
     max_loras: int = 0
     specialize_active_lora: bool = False
     cudagraph_specialize_lora: bool = True
+    # The KV cache groups, in group order (default: one full-attention group).
+    kv_groups: tuple[KvGroup, ...] = (KvGroup(),)
+
+    def group_block_size(self, group: int) -> int:
+        """Tokens per block of KV cache group ``group``."""
+        return self.kv_groups[group].block_size or self.block_size
+
+    @property
+    def num_kv_groups(self) -> int:
+        return len(self.kv_groups)
 
     @property
     def decode_query_len(self) -> int:
@@ -139,11 +162,52 @@ class RunnerConfig:
         if self.pcp_size > 1 and self.cudagraph_mode == "FULL":
             raise ValueError("cudagraph_mode: FULL is refused with PCP > 1 (use FULL_DECODE_ONLY, "
                              "FULL_AND_PIECEWISE, PIECEWISE or NONE)")
+        self._validate_kv_groups()
         if self.varlen_decode and self.cudagraph_mode not in SEPARATE_DECODE_MODES:
             raise ValueError(f"varlen_decode: needs a mode with a separate decode routine "
                              f"({', '.join(SEPARATE_DECODE_MODES)}), got {self.cudagraph_mode}")
         if not isinstance(self.max_loras, int) or isinstance(self.max_loras, bool) or self.max_loras < 0:
             raise ValueError(f"max_loras: must be >= 0 (0: no LoRA), got {self.max_loras!r}")
+
+    def _validate_kv_groups(self) -> None:
+        if not isinstance(self.kv_groups, tuple) or not self.kv_groups:
+            raise ValueError(f"kv_groups: must name at least one group, got {self.kv_groups!r}")
+        for i, group in enumerate(self.kv_groups):
+            if group.kind not in KV_GROUP_KINDS:
+                raise ValueError(f"kv_groups[{i}].kind: must be one of {', '.join(KV_GROUP_KINDS)}, "
+                                 f"got {group.kind!r}")
+            for name in ("window", "block_size"):
+                value = getattr(group, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ValueError(f"kv_groups[{i}].{name}: must be a non-negative integer, got {value!r}")
+            if group.kind == "full" and group.window:
+                raise ValueError(f"kv_groups[{i}].window: only a sliding_window group has one")
+            if group.kind == "sliding_window":
+                if group.window < 1:
+                    raise ValueError(f"kv_groups[{i}].window: a sliding_window group needs a "
+                                     f"window >= 1, got {group.window}")
+                # SlidingWindowManager.find_longest_cache_hit: "DCP not support
+                # sliding window attn now." / "PCP not support sliding window attn now."
+                if self.pcp_size > 1 or self.dcp_size > 1:
+                    raise ValueError(f"kv_groups[{i}].kind: vLLM supports sliding_window groups only "
+                                     f"without PCP and DCP (pcp_size {self.pcp_size}, dcp_size {self.dcp_size})")
+
+
+# A request's block ids in a Step: one list of ids for a one-group config (the
+# form every one-group trace uses), else one list per KV cache group.
+BlockIds = list
+
+
+def block_groups(block_ids: BlockIds | None, num_groups: int = 1) -> list[list[int]]:
+    """``block_ids`` as one list per group: a flat list is group 0's."""
+    if block_ids and isinstance(block_ids[0], list):
+        return [list(group) for group in block_ids]
+    return [list(block_ids or [])] + [[] for _ in range(num_groups - 1)]
+
+
+def step_block_ids(groups: list[list[int]]) -> BlockIds:
+    """Per-group lists in the Step form: flat for one group."""
+    return list(groups[0]) if len(groups) == 1 else [list(g) for g in groups]
 
 
 @dataclass
@@ -158,7 +222,7 @@ class NewRequest:
     prefill_len: int | None = None
     # Explicit prompt token ids; None means synthesise with synth_token.
     prompt_token_ids: list[int] | None = None
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: BlockIds = field(default_factory=list)  # see block_groups
     # The request's LoRA adapter (LoRARequest.lora_int_id, >= 1); None: the base model.
     lora_id: int | None = None
 
@@ -182,7 +246,7 @@ class CachedUpdate:
 
     req_id: str
     num_computed_tokens: int
-    new_block_ids: list[int] | None = None
+    new_block_ids: BlockIds | None = None  # see block_groups
     resumed: bool = False
 
 

@@ -15,6 +15,7 @@ from strategies.configs import (
     CudagraphDescriptor,
     capture_size_lists,
     cudagraph_descriptors,
+    kv_group_lists,
     runner_configs,
 )
 from strategies.machine import MODES, VIOLATIONS, MachineSettings, NewFinding, SchedulerContractMachine
@@ -24,7 +25,7 @@ from strategies.steps import scheduled_runs, scheduler_step, scheduler_steps
 
 __all__ = [
     "BlockPool", "CUDAGRAPH_MODES", "CudagraphDescriptor", "capture_size_lists", "MODES", "MachineSettings", "NewFinding",
-    "SchedulerContractMachine", "SchedulerModel", "VIOLATIONS", "cudagraph_descriptors",
+    "SchedulerContractMachine", "SchedulerModel", "VIOLATIONS", "cudagraph_descriptors", "kv_group_lists",
     "lora_ids", "new_requests", "prefix_cache_hits", "prompt_lengths", "request_ids", "runner_configs",
     "scheduled_runs", "scheduler_step", "scheduler_steps",
 ]

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from simrig.step import CUDAGRAPH_MODES, SEPARATE_DECODE_MODES, RunnerConfig
+from simrig.step import CUDAGRAPH_MODES, SEPARATE_DECODE_MODES, KvGroup, RunnerConfig
 from strategies._validate import check_choice, check_int, check_strategy
 
 DESCRIPTOR_MODES = ("NONE", "PIECEWISE", "FULL")  # the runtime modes a descriptor carries
@@ -39,6 +39,27 @@ def capture_size_lists(max_num_batched_tokens: int) -> st.SearchStrategy[tuple[i
                                            unique=True).map(lambda xs: tuple(sorted(xs))))
 
 
+def kv_group_lists(*, sliding_window: bool = True, max_window: int = 48
+                   ) -> st.SearchStrategy[tuple[KvGroup, ...]]:
+    """KV cache groups: 1-3 groups, the first full attention with the config's
+    block size, the others full or (``sliding_window``) sliding-window, some
+    with their own block size."""
+    check_int("max_window", max_window, minimum=1)
+    kinds = ("full", "sliding_window") if sliding_window else ("full",)
+
+    @st.composite
+    def build(draw) -> tuple[KvGroup, ...]:
+        count = draw(st.integers(1, 3))
+        groups = [KvGroup()]
+        for _ in range(count - 1):
+            kind = draw(st.sampled_from(kinds))
+            window = draw(st.integers(1, max_window)) if kind == "sliding_window" else 0
+            groups.append(KvGroup(kind, window, draw(st.sampled_from((0, 4, 8)))))
+        return tuple(groups)
+
+    return build()
+
+
 def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    max_num_batched_tokens: st.SearchStrategy[int] = st.sampled_from((16, 32, 64, 128)),
                    max_model_len: st.SearchStrategy[int] = st.sampled_from((64, 128, 256)),
@@ -52,6 +73,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    dcp_without_pcp: st.SearchStrategy[bool] = st.booleans(),
                    max_loras: st.SearchStrategy[int] = st.sampled_from((0, 0, 0, 1, 2, 3)),
                    specialize_lora: st.SearchStrategy[bool] = st.booleans(),
+                   multi_kv_groups: st.SearchStrategy[bool] = st.booleans(),
+                   kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -71,6 +94,10 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     ``specialize_lora`` draws vLLM's two graph-specialization switches
     (``LoRAConfig.specialize_active_lora``,
     ``CompilationConfig.cudagraph_specialize_lora``).
+    The KV cache groups are one full-attention group unless
+    ``multi_kv_groups`` draws True (then ``kv_group_lists()``, without
+    sliding-window groups under PCP or DCP: vLLM's sliding-window manager
+    supports neither) or ``kv_groups`` draws them.
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
@@ -78,9 +105,11 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                 shard_decode_requests=shard_decode_requests, block_size=block_size,
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
                 dcp_without_pcp=dcp_without_pcp, max_loras=max_loras,
-                specialize_lora=specialize_lora)
+                specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups)
     for name, value in args.items():
         check_strategy(name, value)
+    if kv_groups is not None:
+        check_strategy("kv_groups", kv_groups)
 
     @st.composite
     def build(draw) -> RunnerConfig:
@@ -104,7 +133,10 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
             pcp_size=pcp,
             dcp_size=dcp,
             shard_decode_requests=draw(shard_decode_requests) if pcp > 1 and dcp == 1 else False,
-            block_size=draw(block_size))
+            block_size=draw(block_size),
+            kv_groups=draw(kv_groups) if kv_groups is not None
+            else draw(kv_group_lists(sliding_window=pcp == 1 and dcp == 1)) if draw(multi_kv_groups)
+            else (KvGroup(),))
         loras = draw(max_loras)
         if loras:
             config = replace(config, max_loras=loras, specialize_active_lora=draw(specialize_lora),

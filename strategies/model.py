@@ -20,8 +20,10 @@ and the model turns one scheduling decision (a ``Plan``) into one
 Each step also carries block ids from a ``strategies.blocks.BlockPool``:
 a request sent as new gets its full block list (``NewRequest.block_ids``), a
 cached one the blocks it newly needs (``CachedUpdate.new_block_ids``), enough
-to hold the KV of every token up to the end of this step's query; finished and
-preempted requests give theirs back before the step allocates.
+to hold the KV of every token up to the end of this step's query, one list per
+KV cache group when the config has several (a sliding-window group first frees
+the blocks below its window); finished and preempted requests give theirs back
+before the step allocates.
 
 It is plain Python (no Hypothesis) so strategies, the stateful machine and
 tests share one definition of "valid".
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step, block_groups
 from strategies.blocks import BlockPool
 
 WAITING = "waiting"  # not held by the runner; sent as new when scheduled
@@ -201,9 +203,11 @@ class SchedulerModel:
                     block_ids=block_ids, lora_id=req.lora_id))
             else:
                 assert req.state == RUNNING, f"{row.req_id} is {req.state}"
-                new_blocks = self.pool.grow(req.req_id, req.num_computed + row.num_tokens)
+                new_blocks = self.pool.grow(req.req_id, req.num_computed + row.num_tokens,
+                                            req.num_computed)
                 step.cached.append(CachedUpdate(req.req_id, req.num_computed,
-                                                new_block_ids=new_blocks or None))
+                                                new_block_ids=new_blocks if any(block_groups(new_blocks))
+                                                else None))
             limit, max_drafts = self.max_rows(req, cfg.max_num_batched_tokens - total)
             assert 1 <= row.num_tokens <= limit and 0 <= row.rejected <= row.drafts <= max_drafts
             if row.drafts:

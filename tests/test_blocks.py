@@ -18,10 +18,12 @@ from simrig.checks.blocks import (
 )
 from simrig.checks.reference import GlobalBatch
 from simrig.observe import PREPARE, FieldObs, StageObs
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.step import CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step
 from strategies import runner_configs, scheduled_runs
 from strategies.blocks import BlockPool
 
+# one full-attention group (several: tests/test_kv_groups.py)
+ONE_GROUP = st.just((KvGroup(),))
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 P = PAD_SLOT_ID
 
@@ -200,7 +202,8 @@ def _life(config: RunnerConfig, steps: list[Step]):
 
 
 @FAST
-@given(scheduled_runs(config=runner_configs(dcp_sizes=st.sampled_from((1, 2, 4))), max_steps=12))
+@given(scheduled_runs(config=runner_configs(dcp_sizes=st.sampled_from((1, 2, 4)), kv_groups=ONE_GROUP),
+                     max_steps=12))
 def test_generated_blocks_cover_the_tokens_and_are_never_held_twice(run):
     config, steps = run
     span = config.block_size * config.dcp_size
@@ -246,7 +249,7 @@ def _pool_events(run) -> set[str]:
 @pytest.mark.parametrize("event", ["free", "reuse", "grow", "share"])
 def test_generated_runs_free_reuse_grow_and_share_blocks(event):
     configs = runner_configs(max_num_reqs=st.integers(1, 3), max_num_batched_tokens=st.just(16),
-                             max_model_len=st.just(64), pcp_sizes=st.just(1))
+                             max_model_len=st.just(64), pcp_sizes=st.just(1), kv_groups=ONE_GROUP)
     run = find(scheduled_runs(config=configs, min_steps=3, max_steps=10), lambda r: event in _pool_events(r),
                settings=settings(max_examples=3000, database=None, deadline=None,
                                  suppress_health_check=list(HealthCheck)))
@@ -279,7 +282,8 @@ def test_shard_decode_requests_only_with_pcp_and_without_dcp(config):
 def _real_configs(dcp: int):
     return runner_configs(max_num_reqs=st.integers(1, 3), max_num_batched_tokens=st.just(16),
                           max_model_len=st.just(48), block_size=st.just(4), pcp_sizes=st.just(1),
-                          dcp_sizes=st.just(dcp), num_speculative_tokens=st.integers(0, 2))
+                          dcp_sizes=st.just(dcp), num_speculative_tokens=st.integers(0, 2),
+                          kv_groups=ONE_GROUP)
 
 
 @pytest.mark.vllm

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from simrig.checks.lifecycle import SchedulerContract
-from simrig.step import RunnerConfig
+from simrig.step import RunnerConfig, block_groups
 from strategies import (
     CudagraphDescriptor,
     cudagraph_descriptors,
@@ -63,14 +63,20 @@ def test_generated_steps_obey_the_contract(run):
 
 
 @FAST
-@given(scheduled_runs(max_steps=6))
+@given(scheduled_runs(config=runner_configs(multi_kv_groups=st.booleans()), max_steps=6))
 def test_every_request_sent_as_new_carries_blocks_for_its_tokens(run):
     config, steps = run
-    span = config.block_size * config.dcp_size  # one scheduler block under DCP
     for step in steps:
         for req in step.new_requests:
             needed = req.num_computed_tokens + step.num_scheduled_tokens[req.req_id]
-            assert len(req.block_ids) == -(-needed // span) and 0 not in req.block_ids
+            for g, blocks in enumerate(block_groups(req.block_ids, config.num_kv_groups)):
+                span = config.group_block_size(g) * config.dcp_size  # one scheduler block under DCP
+                group = config.kv_groups[g]
+                # a sliding-window group's blocks wholly below the hit's window are null
+                skipped = (max(0, req.num_computed_tokens - group.window + 1) // span
+                           if group.kind == "sliding_window" else 0)
+                assert len(blocks) == -(-needed // span)
+                assert blocks[:skipped] == [0] * skipped and 0 not in blocks[skipped:]
 
 
 @FAST

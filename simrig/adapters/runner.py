@@ -20,7 +20,7 @@ from typing import Any
 from simrig.adapters import cudagraph, lora, platform, versions, wiring
 from simrig.adapters.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
 from simrig.adapters.vllm_config import vllm_config_for
-from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
+from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, block_groups
 
 
 def _vllm_version() -> str:
@@ -104,8 +104,10 @@ class VllmApi:
         self._fill_so = versions.filled(self.shape, "SchedulerOutput")
 
     # ------------------------------------------------------------------ mapping
-    def scheduler_output(self, step: Step) -> Any:
-        """The installed version's SchedulerOutput carrying ``step``."""
+    def scheduler_output(self, step: Step, num_kv_groups: int = 1) -> Any:
+        """The installed version's SchedulerOutput carrying ``step``: block ids
+        as one list per KV cache group."""
+        groups = num_kv_groups
         new_reqs = []
         for req in step.new_requests:
             all_ids = req.prefill_token_ids()
@@ -115,7 +117,7 @@ class VllmApi:
                 mm_features=[],
                 sampling_params=self.SamplingParams(max_tokens=req.max_tokens),
                 pooling_params=None,
-                block_ids=(list(req.block_ids),),
+                block_ids=tuple(block_groups(req.block_ids, groups)),
                 num_computed_tokens=req.num_computed_tokens,
                 lora_request=lora.lora_request(req.lora_id),
                 prefill_token_ids=all_ids,
@@ -125,8 +127,8 @@ class VllmApi:
             resumed_req_ids={c.req_id for c in step.cached if c.resumed},
             new_token_ids=[[] for _ in step.cached],
             all_token_ids={},
-            new_block_ids=[(list(c.new_block_ids),) if c.new_block_ids is not None else None
-                           for c in step.cached],
+            new_block_ids=[tuple(block_groups(c.new_block_ids, groups))
+                           if c.new_block_ids is not None else None for c in step.cached],
             num_computed_tokens=[c.num_computed_tokens for c in step.cached],
             num_output_tokens=[0 for _ in step.cached],
         )
@@ -207,7 +209,7 @@ class VllmApi:
                             pcp_manager, block_tables)
 
     def build_block_tables(self, config: RunnerConfig) -> Any:
-        """vLLM's BlockTables for the trace config's one KV cache group."""
+        """vLLM's BlockTables for the trace config's KV cache groups."""
         return wiring.block_tables(config, self.device)
 
     def build_pcp_managers(self, config: RunnerConfig, block_tables: Any = None) -> list[Any]:
@@ -298,7 +300,8 @@ def _detect_shape(version: str, resolved: dict[str, Any], runner_cls: Any) -> ve
         request_state_cls=resolved["RequestState"],
         scheduler_output_cls=resolved["SchedulerOutput"],
         new_request_cls=resolved["NewRequestData"],
-        cached_request_cls=resolved["CachedRequestData"])
+        cached_request_cls=resolved["CachedRequestData"],
+        block_tables_cls=importlib.import_module("vllm.v1.worker.gpu.block_table").BlockTables)
 
 
 def shape_report() -> versions.ApiShape:

@@ -17,6 +17,9 @@ newer vLLM is handled by what it offers:
     PCPManager.prepare_inputs_for_capture_or_         -    -    -    +    capture dummies under PCP are
       profile                                                              staged where present, else
                                                                            compared as make_dummy built them
+    BlockTables(sliding_window_reach)                 -    -    -    +    passed for sliding-window groups; the
+                                                                           blocks oracle expects entries below
+                                                                           the window nulled where present
     SchedulerOutput.num_common_prefix_blocks        req  req  opt  opt    filled with [] when required
     LoRA dispatch: lora_utils (LoraState,             +    +    +    +    nothing: the same in every release
       get_lora_capture_cases), LoRAConfig.                                  (0.30.0 execute_model counts and
@@ -81,6 +84,9 @@ class ApiShape:
     partition_takes_batch_desc: bool
     pcp_shard_decode: bool
     pcp_capture_staging: bool = False
+    # BlockTables.gather_block_tables nulls a sliding-window group's entries
+    # wholly below the window of each request's first scheduled token.
+    nulls_below_window: bool = False
     fillers: dict[str, dict[str, Callable[[], Any]]] = field(default_factory=dict)
     optional_fields: dict[str, frozenset[str]] = field(default_factory=dict)
 
@@ -107,6 +113,8 @@ class ApiShape:
             "PCP capture dummies staged by prepare_inputs_for_capture_or_profile"
             if self.pcp_capture_staging else "PCP capture dummies used as make_dummy builds them "
                                              "(no prepare_inputs_for_capture_or_profile)",
+            "BlockTables nulls sliding-window entries below the window" if self.nulls_below_window
+            else "BlockTables gathers sliding-window rows as sent (no sliding_window_reach)",
             *(f"SchedulerOutput: required {name} filled with an empty value"
               for name in self.fillers.get("SchedulerOutput", {})),
         ]
@@ -182,8 +190,8 @@ REQUEST_STATE_ARGS = {"max_num_reqs", "max_model_len", "max_num_batched_tokens",
 
 
 def detect_shape(version: str, *, runner_cls: Any, pcp_cls: Any, request_state_cls: Any,
-                 scheduler_output_cls: Any, new_request_cls: Any, cached_request_cls: Any
-                 ) -> ApiShape:
+                 scheduler_output_cls: Any, new_request_cls: Any, cached_request_cls: Any,
+                 block_tables_cls: Any = None) -> ApiShape:
     """Read the installed release's call shapes; VllmApiError on a shape simrig does not know."""
     prepare = _params(runner_cls.prepare_inputs)
     loras = "num_active_loras" in prepare
@@ -214,9 +222,10 @@ def detect_shape(version: str, *, runner_cls: Any, pcp_cls: Any, request_state_c
         fill, names = _dataclass_fillers(SCHED_OUTPUT, cls, passed, version)
         fillers[cls.__name__] = fill
         optional[cls.__name__] = names
+    nulls = block_tables_cls is not None and "sliding_window_reach" in _params(block_tables_cls)
     return ApiShape(version=version, prepare_takes_num_active_loras=loras,
                     partition_takes_batch_desc=takes_desc, pcp_shard_decode=shard,
-                    pcp_capture_staging=staging, fillers={k: v for k, v in fillers.items() if v},
+                    pcp_capture_staging=staging, nulls_below_window=nulls, fillers={k: v for k, v in fillers.items() if v},
                     optional_fields=optional)
 
 

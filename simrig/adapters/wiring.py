@@ -10,8 +10,9 @@ timer. Only collaborators that need a model or a GPU are stand-ins
 
     execute_model reads             given
     ───────────────────             ─────
-    block_tables, kv_cache_config   real BlockTables, one full-attention KV group
-                                    (block_size from the trace config)
+    block_tables, kv_cache_config   real BlockTables, one group per trace kv_groups
+                                    entry (full attention or sliding window, each
+                                    with its block size)
     pcp_manager                     PCP rank 0's real PCPManager (block tables set
                                     where the release has set_block_tables)
     cudagraph_manager               vLLM's CudaGraphManager (adapters/cudagraph.py);
@@ -42,43 +43,65 @@ from typing import Any
 from simrig.adapters import lora, platform, sampling, standins
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
 
-# Layer names of the one KV cache group (any names work: no layer reads them).
-KV_LAYERS = ("model.layers.0.self_attn.attn",)
+
+def layer_names(group: int) -> list[str]:
+    """Layer names of KV cache group ``group`` (any names work: no layer reads them)."""
+    return [f"model.layers.{group}.self_attn.attn"]
 
 
 def kv_cache_config(config: RunnerConfig) -> Any:
-    """One full-attention KV cache group with the trace's block size, enough
-    blocks for every request at the longest model length."""
+    """One KV cache group per ``config.kv_groups`` entry (FullAttentionSpec or
+    SlidingWindowSpec with its block size), enough blocks for every request at
+    the longest model length in every group."""
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
 
-    spec = FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=8,
-                             dtype=torch.float32)
-    num_blocks = config.max_num_reqs * blocks_per_request(config) + 1
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                         kv_cache_groups=[KVCacheGroupSpec(list(KV_LAYERS), spec)])
+    groups = []
+    for index, group in enumerate(config.kv_groups):
+        common = {"block_size": config.group_block_size(index), "num_kv_heads": 1, "head_size": 8,
+                  "dtype": torch.float32}
+        spec = (SlidingWindowSpec(sliding_window=group.window, **common)
+                if group.kind == "sliding_window" else FullAttentionSpec(**common))
+        groups.append(KVCacheGroupSpec(layer_names(index), spec))
+    num_blocks = config.max_num_reqs * sum(blocks_per_request(config, g)
+                                           for g in range(config.num_kv_groups)) + 1
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
-def blocks_per_request(config: RunnerConfig) -> int:
-    return math.ceil(config.max_model_len / config.block_size)
+def blocks_per_request(config: RunnerConfig, group: int = 0) -> int:
+    """Block-table row width of ``group``: every position up to max_model_len
+    (a sliding-window row keeps the null entries of the blocks it skipped)."""
+    return math.ceil(config.max_model_len / config.group_block_size(group))
 
 
 def block_tables(config: RunnerConfig, device: Any, dcp_rank: int = 0) -> Any:
-    """vLLM's BlockTables for the one KV group, with the keyword arguments the
+    """vLLM's BlockTables for the KV groups, with the keyword arguments the
     installed release takes (kernel block sizes before 0.32, DCP sharding from
-    0.31)."""
+    0.31, a sliding-window group's reach from 0.33)."""
     from vllm.v1.worker.gpu.block_table import BlockTables
 
     params = inspect.signature(BlockTables).parameters
+    groups = range(config.num_kv_groups)
+    sizes = [config.group_block_size(g) for g in groups]
     kwargs: dict[str, Any] = dict(
-        block_sizes=[config.block_size], max_num_reqs=config.max_num_reqs,
+        block_sizes=sizes, max_num_reqs=config.max_num_reqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_blocks_per_group=[blocks_per_request(config)], device=device,
+        max_num_blocks_per_group=[blocks_per_request(config, g) for g in groups], device=device,
         cp_size=config.dcp_size, cp_rank=dcp_rank, cp_interleave=1)
     if "kernel_block_sizes" in params:
-        kwargs["kernel_block_sizes"] = [config.block_size]
+        kwargs["kernel_block_sizes"] = list(sizes)
     if "dcp_sharded" in params:
-        kwargs["dcp_sharded"] = [config.dcp_size > 1]
+        kwargs["dcp_sharded"] = [config.dcp_size > 1] * len(sizes)
+    if "sliding_window_reach" in params:
+        # as initialize_kv_cache computes it: the spec's num_retained_tokens for
+        # a sliding-window group, 0 for full attention
+        specs = [g.kv_cache_spec for g in kv_cache_config(config).kv_cache_groups]
+        kwargs["sliding_window_reach"] = [getattr(spec, "num_retained_tokens", 0) for spec in specs]
     return BlockTables(**kwargs)
 
 
@@ -120,7 +143,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.step_timing = _step_timing()
     runner.kv_cache_config = kv_cache_config(config)
     runner.block_tables = tables if tables is not None else block_tables(config, device)
-    runner.attn_groups = [[]]
+    runner.attn_groups = [[] for _ in range(config.num_kv_groups)]
     runner.model = standins.ModelStandIn(torch, device, SYNTH_VOCAB_SIZE)
     runner.model_state = standins.ModelStateStandIn(config.max_model_len)
     runner.lora_state = lora.lora_state(config)

@@ -122,12 +122,13 @@ def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
-def simrig_checker() -> Callable[..., Any]:
+def simrig_checker(simrig_api: Any) -> Callable[..., Any]:
     """Factory: ``simrig_checker(config, adversarial=False)`` -> a fresh Checker."""
     from simrig.checks.checker import Checker
 
     def make(config: Any, adversarial: bool = False, trace: str = "pytest") -> Any:
-        return Checker(config, adversarial=adversarial, trace=trace)
+        return Checker(config, adversarial=adversarial, trace=trace,
+                       nulls_below_window=simrig_api.shape.nulls_below_window)
 
     return make
 

@@ -13,20 +13,28 @@
                                                  IDs instead of appending"
     ROWS: row i of group g starts with the     BlockTables.gather_block_tables: "Gather the batch's
       blocks of the batch's i-th request         block-table rows into the forward-pass tables"
+    BELOW WINDOW: in a sliding-window group    BlockTables.gather_block_tables (0.33): "sliding-
+      (window W, block size B), row i's first    window groups get every entry wholly below the
+      max(0, c_i - (W - 1)) // B entries, c_i    window of the request's first scheduled token
+      = request i's computed tokens, are the     replaced by the null block" (reach = SlidingWindow-
+      null block where the release nulls them,   Spec.num_retained_tokens: "Tokens below a request's
+      else the ids sent (releases without        first scheduled position that must stay readable",
+      sliding_window_reach gather rows as        W - 1); no such entry is ever read: attention of a
+      they are); unknown release: either         query at p >= c_i reads positions > p - W
     PAST n_i: entries past a request's block   nothing documents them (attention reads only the
       count are not judged                       blocks that cover seq_len); rule chosen: free
     PADDED ROWS: rows past the batch's         gather kernel: "Zero out padded rows";
       requests hold only the null block 0        gather_block_tables: "Also clear rows left by a
                                                  larger batch"; utils.NULL_BLOCK_ID = 0
-    SLOT: token at position p, B = block_size  utils.PAD_SLOT_ID = -1; a scheduler block spans
-      without DCP: blocks[p // B] * B + p % B    B * dcp tokens (kv_cache_utils.
-      with DCP (size D, rank d, interleave I):   resolve_dcp_kv_block_size: "the token span of a
-      the token lives on rank (p // I) % D;      cache block under DCP"); cp_kv_cache_interleave_
-      elsewhere PAD_SLOT_ID; on its rank the     size: "Store interleave_size tokens on dcp_rank i,
-      slot is blocks[p // (B*D)] * B + k,        then store next interleave_size tokens on dcp_rank
-      k = how many of that virtual block's       i+1" and "Tokens are then stored in (rank i+1,
-      tokens before p the rank also holds        block j) only after (rank i, block j) is fully
-                                                 occupied": rank d fills its block j in token order
+    SLOT: per group g (B = its block size),    utils.PAD_SLOT_ID = -1; a scheduler block spans
+      token at position p, without DCP:          B * dcp tokens (kv_cache_utils.
+      blocks_g[p // B] * B + p % B               resolve_dcp_kv_block_size: "the token span of a
+      with DCP (size D, rank d, interleave I):   cache block under DCP"); cp_kv_cache_interleave_
+      the token lives on rank (p // I) % D;      size: "Store interleave_size tokens on dcp_rank i,
+      elsewhere PAD_SLOT_ID; on its rank the     then store next interleave_size tokens on dcp_rank
+      slot is blocks[p // (B*D)] * B + k,        i+1" and "Tokens are then stored in (rank i+1,
+      k = how many of that virtual block's       block j) only after (rank i, block j) is fully
+      tokens before p the rank also holds        occupied": rank d fills its block j in token order
     PADDED TOKENS: slots past the batch's      compute_slot_mappings kernel: "Pad remaining slots
       tokens are PAD_SLOT_ID                     to -1 ... Start from actual token count (not
                                                  padded)"; prepare_attn: "Kernel pads beyond
@@ -38,6 +46,11 @@
       multiset only)
     DCP LOCAL SEQ LENS: rank d holds the       the interleave docstring above; padded rows hold
       tokens t < seq_len with (t // I) % D == d  0 (seq_lens: "pad unused seq_lens as 0")
+
+In a sliding-window group every scheduled token's slot is judged: a token at
+p >= c_i lies past the skipped tokens (SlidingWindowManager.get_num_skipped_tokens:
+"the tokens that are prior to the current sliding window", c_i - W + 1 <= p), so
+its block is one the scheduler still holds for the request.
 
 A request whose trace gave fewer blocks than its positions need (traces from
 before block ids were recorded carry none) breaks the scheduler's side of the
@@ -57,7 +70,7 @@ from simrig.checks.comparer import short
 from simrig.checks.findings import Finding, guarded
 from simrig.checks.reference import GlobalBatch
 from simrig.observe import StageObs
-from simrig.step import RunnerConfig, Step
+from simrig.step import RunnerConfig, Step, block_groups
 
 PAD_SLOT_ID = -1  # vllm.v1.attention.backends.utils.PAD_SLOT_ID
 NULL_BLOCK_ID = 0  # vllm.v1.attention.backends.utils.NULL_BLOCK_ID
@@ -81,13 +94,14 @@ class BlockTracker:
         for req_id in (*step.finished, *step.preempted):
             self.blocks.pop(req_id, None)
         for req in step.new_requests:
-            self.blocks[req.req_id] = [list(req.block_ids)] + [[] for _ in range(self.num_groups - 1)]
+            self.blocks[req.req_id] = block_groups(req.block_ids, self.num_groups)
         for upd in step.cached:
             if upd.new_block_ids is None:
                 continue
             if upd.resumed or upd.req_id not in self.blocks:
                 self.blocks[upd.req_id] = [[] for _ in range(self.num_groups)]
-            self.blocks[upd.req_id][0].extend(upd.new_block_ids)
+            for held, new in zip(self.blocks[upd.req_id], block_groups(upd.new_block_ids, self.num_groups)):
+                held.extend(new)
 
     def of(self, req_id: str, group: int = 0) -> list[int]:
         groups = self.blocks.get(req_id)
@@ -121,6 +135,15 @@ def _array(stage: StageObs, name: str) -> np.ndarray | None:
     return obs.values
 
 
+def below_window(config: RunnerConfig, group: int, num_computed: int) -> int:
+    """Rule BELOW WINDOW: leading entries of ``group`` wholly below the window of a
+    request whose first scheduled position is ``num_computed`` (0: none)."""
+    spec = config.kv_groups[group]
+    if spec.kind != "sliding_window" or config.dcp_size > 1 or config.pcp_size > 1:
+        return 0
+    return max(0, num_computed - (spec.window - 1)) // config.group_block_size(group)
+
+
 def _token_slots(config: RunnerConfig, tracker: BlockTracker, batch: GlobalBatch, group: int,
                  dcp_rank: int) -> list[int | None]:
     """Rule SLOT for every real token of ``batch`` (None: the trace gave too few blocks)."""
@@ -129,14 +152,15 @@ def _token_slots(config: RunnerConfig, tracker: BlockTracker, batch: GlobalBatch
     for i, req_id in enumerate(batch.req_ids):
         blocks = tracker.of(req_id, group)
         for t in range(qsl[i], qsl[i + 1]):
-            out.append(expected_slot(blocks, int(batch.positions[t]), config.block_size,
+            out.append(expected_slot(blocks, int(batch.positions[t]), config.group_block_size(group),
                                      config.dcp_size, dcp_rank))
     return out
 
 
 @guarded("blocks")
 def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, stage: StageObs,
-                      batch: GlobalBatch, row_req_ids: Sequence[str] | None = None) -> list[Finding]:
+                      batch: GlobalBatch, row_req_ids: Sequence[str] | None = None,
+                      nulls_below_window: bool | None = None) -> list[Finding]:
     """Findings for the prepare stage's block tables, slot mappings and DCP local seq lens.
 
     The caller passes:
@@ -151,10 +175,13 @@ def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, s
                    query_start_loc, positions, num_computed, query_lens
       row_req_ids  the requests of the block-table rows, in order, when they are not
                    ``batch.req_ids`` (under PCP: the rank-local batch's requests)
+      nulls_below_window  whether the release nulls sliding-window entries below the
+                   window (rule BELOW WINDOW; None: either form is accepted)
     """
     rows = list(batch.req_ids if row_req_ids is None else row_req_ids)
     dcp_rank = stage.dcp_rank if config.dcp_size > 1 else 0
     out: list[Finding] = []
+    computed = {r: int(c) for r, c in zip(batch.req_ids, batch.num_computed)}
 
     def mismatch(name: str, ids: Sequence[str], expected: Any, actual: Any, rule: str) -> None:
         out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage, check="blocks",
@@ -174,9 +201,14 @@ def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, s
         for i, req_id in enumerate(rows):
             blocks = tracker.of(req_id, group)
             got = table[i, :len(blocks)].tolist()
-            if got != blocks:
-                mismatch(name, (req_id,), blocks, got,
-                         f"ROWS: row {i} must start with request {req_id}'s blocks")
+            skipped = min(below_window(config, group, computed.get(req_id, 0)), len(blocks))
+            nulled = [NULL_BLOCK_ID] * skipped + blocks[skipped:]
+            allowed = {True: [nulled], False: [blocks], None: [blocks, nulled]}[nulls_below_window]
+            if got not in allowed:
+                mismatch(name, (req_id,), allowed[0], got,
+                         f"ROWS: row {i} must start with request {req_id}'s blocks"
+                         + (f" (BELOW WINDOW: its first {skipped} null)" if skipped and nulls_below_window
+                            else ""))
         padded = table[len(rows):]
         if padded.size and np.any(padded != NULL_BLOCK_ID):
             bad = len(rows) + int(np.argwhere(np.any(padded != NULL_BLOCK_ID, axis=1))[0][0])

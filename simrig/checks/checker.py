@@ -62,14 +62,17 @@ ExtraCheck = Callable[[int, Step, StepObs], list[Finding]]
 
 class Checker:
     def __init__(self, config: RunnerConfig, *, adversarial: bool = False, trace: str = "",
-                 known: KnownFindings | None = None):
+                 known: KnownFindings | None = None, nulls_below_window: bool | None = None):
         self.config = config
+        # whether the release nulls sliding-window entries below the window
+        # (ApiShape.nulls_below_window; None: blocks.py accepts either form)
+        self.nulls_below_window = nulls_below_window
         self.adversarial = adversarial
         self.trace = trace
         self.known = known if known is not None else load_known_findings(installed_vllm_version())
         self.lifecycle = SchedulerContract(config, adversarial=adversarial)
         self.reference = ReferenceModel(config)
-        self.blocks = BlockTracker()
+        self.blocks = BlockTracker(config.num_kv_groups)
         self.adapters = AdapterTracker()  # each live request's LoRA adapter
         # the capture dummy of every captured descriptor (observed before step 0)
         self.captured: dict[tuple, Any] = {}
@@ -240,11 +243,12 @@ class Checker:
             if local is None or local.error is not None or "req_ids" not in local.fields:
                 return []
             return check_attn_blocks(config, self.blocks, index, local, batch,
-                                     list(local.fields["req_ids"].values))
+                                     list(local.fields["req_ids"].values), self.nulls_below_window)
         real = obs.get(PREPARE)
         if real is None or real.error is not None:
             return []
-        return check_attn_blocks(config, self.blocks, index, real, batch)
+        return check_attn_blocks(config, self.blocks, index, real, batch,
+                                 nulls_below_window=self.nulls_below_window)
 
 
 def _label_capture(found: list[Finding], capture: Any) -> list[Finding]:

@@ -19,9 +19,13 @@ _FIELDS = "fields (model prediction, fields.py)"
 
 VALUE_CHECKED: dict[tuple[str, str], str] = {
     # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
-    ("prepare", "attn.block_tables.0"): "blocks", ("prepare", "attn.slot_mappings"): "blocks",
+    # (one block table per KV cache group: strategies draw up to 3 groups)
+    **{("prepare", f"attn.block_tables.{g}"): "blocks (per group; sliding window: BELOW WINDOW)"
+       for g in range(3)},
+    ("prepare", "attn.slot_mappings"): "blocks",
     ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise)",
-    ("partition", "attn.block_tables.0"): "blocks (PCP rank 0, the rank the runner drives)",
+    **{("partition", f"attn.block_tables.{g}"): "blocks (PCP rank 0, the rank the runner drives)"
+       for g in range(3)},
     ("partition", "attn.slot_mappings"): "blocks (PCP: the gathered mapping)",
     ("lifecycle", "runner.live_ids"): "runner_state: the model's live set",
     ("lifecycle", "runner.live_slots"): "runner_state: with the free slots, every slot once",

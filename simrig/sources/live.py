@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from simrig.sources.trace import TraceHeader, TraceWriter, step_to_json
-from simrig.step import NewRequest, RunnerConfig, Step
+from simrig.step import NewRequest, RunnerConfig, Step, block_groups, step_block_ids
 
 log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"
@@ -46,7 +46,7 @@ class RunnerMirror:
     """What the runner holds after each step, kept from the Steps alone."""
 
     def __init__(self) -> None:
-        # req_id -> [prompt_len, prefill_len, computed, max_tokens, block_ids]
+        # req_id -> [prompt_len, prefill_len, computed, max_tokens, block ids per group]
         self.held: dict[str, list[Any]] = {}
 
     def apply(self, step: Step) -> None:
@@ -54,13 +54,16 @@ class RunnerMirror:
             self.held.pop(req_id, None)
         for r in step.new_requests:
             self.held[r.req_id] = [r.prompt_len, r.num_prefill_tokens, r.num_computed_tokens,
-                                   r.max_tokens, list(r.block_ids)]
+                                   r.max_tokens, block_groups(r.block_ids)]
         for c in step.cached:
             state = self.held.get(c.req_id)
             if state is not None:
                 state[2] = c.num_computed_tokens
                 if c.new_block_ids:
-                    state[4].extend(c.new_block_ids)
+                    new = block_groups(c.new_block_ids)
+                    state[4] += [[] for _ in range(len(new) - len(state[4]))]
+                    for held, added in zip(state[4], new):
+                        held.extend(added)
         for req_id in step.num_scheduled_tokens:
             state = self.held.get(req_id)
             if state is not None:
@@ -75,7 +78,7 @@ class RunnerMirror:
             new.append(NewRequest(req_id=req_id, prompt_len=prompt_len, num_computed_tokens=computed,
                                   max_tokens=max_tokens,
                                   prefill_len=known if known != prompt_len else None,
-                                  block_ids=list(blocks)))
+                                  block_ids=step_block_ids(blocks)))
         return Step(new_requests=new)
 
 

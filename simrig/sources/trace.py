@@ -39,7 +39,7 @@ from simrig.sources.trace_format import (  # noqa: F401 -- re-exported
     parse_step,
 )
 from simrig.sources.trace_writer import TraceWriter, step_to_json, write_trace  # noqa: F401
-from simrig.step import RunnerConfig, Step
+from simrig.step import BlockIds, RunnerConfig, Step
 
 TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 
@@ -137,6 +137,10 @@ class _LiveIds:
         for i, upd in enumerate(step.cached):
             if upd.req_id not in self.live:
                 raise ln.fail(f"cached_requests[{i}].id", f"unknown cached request id {upd.req_id!r}")
+        for name, ids in [*((f"new_requests[{i}].block_ids", r.block_ids) for i, r in enumerate(step.new_requests)),
+                          *((f"cached_requests[{i}].new_block_ids", c.new_block_ids)
+                            for i, c in enumerate(step.cached))]:
+            self._check_groups(name, ids, ln)
         limit = self.config.num_speculative_tokens
         for req_id, k in step.spec_tokens.items():
             if k > limit:
@@ -152,6 +156,16 @@ class _LiveIds:
         if len(active) > self.config.max_loras:
             raise ln.fail("num_scheduled_tokens", f"the batch holds {len(active)} LoRA adapters "
                           f"{sorted(active)}, config.max_loras is {self.config.max_loras}")
+
+
+    def _check_groups(self, name: str, ids: BlockIds | None, ln: _Line) -> None:
+        """Block ids name one list per KV cache group (a flat list: the one group's)."""
+        groups = self.config.num_kv_groups
+        nested = bool(ids) and isinstance(ids[0], list)
+        if nested and len(ids) != groups:
+            raise ln.fail(name, f"has {len(ids)} lists, the config has {groups} KV cache group(s)")
+        if ids and not nested and groups > 1:
+            raise ln.fail(name, f"must be one list per KV cache group ({groups} groups)")
 
 
 class TraceReader:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.step import KV_GROUP_KINDS, BlockIds, CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step
 
 FORMAT_NAME = "simrig-trace"
 FORMAT_VERSION = 1
@@ -179,6 +179,14 @@ class _Line:
             raise self.fail(name, "must be a list of non-negative integers")
         return value
 
+    def block_ids(self, value: Any, name: str) -> BlockIds:
+        """One list of block ids (one-group traces) or one list per KV cache group."""
+        if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+            return [self.int_list(group, f"{name}[{g}]") for g, group in enumerate(value)]
+        if isinstance(value, list) and any(isinstance(v, list) for v in value):
+            raise self.fail(name, "must be a list of integers or a list of lists, not a mix")
+        return self.int_list(value, name)
+
     def id_map(self, obj: dict, key: str, name: str, minimum: int) -> dict[str, int]:
         raw = self.dict_(obj, key, name)
         return {req_id: self.int_(raw, req_id, f"{name}.{req_id}", minimum=minimum)
@@ -207,8 +215,42 @@ _BOOL_CONFIG_KEYS = ("shard_decode_requests", "varlen_decode", "specialize_activ
 def config_to_json(config: RunnerConfig) -> dict[str, Any]:
     out = asdict(config)
     out["capture_sizes"] = list(config.capture_sizes)
+    out["kv_groups"] = [_kv_group_to_json(g) for g in config.kv_groups]
+    if config.kv_groups == (KvGroup(),):  # one full group: traces read as before
+        del out["kv_groups"]
     omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS}
     return {k: v for k, v in out.items() if omitted.get(k, ...) != v}
+
+
+def _kv_group_to_json(group: KvGroup) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": group.kind}
+    if group.window:
+        out["window"] = group.window
+    if group.block_size:
+        out["block_size"] = group.block_size
+    return out
+
+
+def parse_kv_groups(raw: Any, ln: _Line) -> tuple[KvGroup, ...]:
+    """config.kv_groups: [{"kind": "full"}, {"kind": "sliding_window", "window": 8,
+    "block_size": 4}, ...]; value rules beyond the types are RunnerConfig.validate's."""
+    if not isinstance(raw, list) or not raw:
+        raise ln.fail("config.kv_groups", f"must be a non-empty list of groups, got {raw!r}")
+    groups = []
+    for i, item in enumerate(raw):
+        name = f"config.kv_groups[{i}]"
+        if not isinstance(item, dict):
+            raise ln.fail(name, "must be an object")
+        unknown = set(item) - {"kind", "window", "block_size"}
+        if unknown:
+            raise ln.fail(f"{name}.{min(unknown)}", "unknown field")
+        kind = item.get("kind", "full")
+        if kind not in KV_GROUP_KINDS:
+            raise ln.fail(f"{name}.kind", f"must be one of {', '.join(KV_GROUP_KINDS)}, got {kind!r}")
+        groups.append(KvGroup(kind=kind, window=ln.int_(item, "window", f"{name}.window", default=0),
+                              block_size=ln.int_(item, "block_size", f"{name}.block_size", default=0,
+                                                 minimum=1)))
+    return tuple(groups)
 
 
 def parse_header(obj: Any, path: str) -> TraceHeader:
@@ -236,6 +278,8 @@ def parse_header(obj: Any, path: str) -> TraceHeader:
             values[key] = value
         elif key == "capture_sizes":
             values[key] = tuple(ln.int_list(value, f"config.{key}"))
+        elif key == "kv_groups":
+            values[key] = parse_kv_groups(value, ln)
         else:
             values[key] = ln.int_(raw_config, key, f"config.{key}")
     config = RunnerConfig(**values)
@@ -284,7 +328,7 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
             req_id=req_id, prompt_len=prompt_len, num_computed_tokens=num_computed,
             max_tokens=ln.int_(raw, "max_tokens", f"{name}.max_tokens", default=16, minimum=1),
             prefill_len=prefill_len, prompt_token_ids=token_ids,
-            block_ids=ln.int_list(raw.get("block_ids", []), f"{name}.block_ids"),
+            block_ids=ln.block_ids(raw.get("block_ids", []), f"{name}.block_ids"),
             # LoRARequest: "id must be > 0"
             lora_id=ln.int_(raw, "lora_id", f"{name}.lora_id", default=None, minimum=1)))
     cached = []
@@ -299,7 +343,7 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
         cached.append(CachedUpdate(
             req_id=ln.str_(raw, "id", f"{name}.id"),
             num_computed_tokens=ln.int_(raw, "num_computed_tokens", f"{name}.num_computed_tokens"),
-            new_block_ids=None if blocks is None else ln.int_list(blocks, f"{name}.new_block_ids"),
+            new_block_ids=None if blocks is None else ln.block_ids(blocks, f"{name}.new_block_ids"),
             resumed=resumed))
     scheduled = ln.id_map(obj, "num_scheduled_tokens", "num_scheduled_tokens", minimum=1)
     spec = ln.id_map(obj, "spec_tokens", "spec_tokens", minimum=0)
