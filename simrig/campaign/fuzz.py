@@ -33,6 +33,7 @@ from simrig.campaign.options import (  # noqa: F401 -- re-exported: the campaign
     FindingClass,
     Key,
 )
+from simrig.campaign.repeatable import seed_only_draws
 from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.checks.findings import Finding
 from simrig.observe import DISPATCH
@@ -367,7 +368,8 @@ class Campaign:
             test._hypothesis_internal_database_key = key
             before = self.stats.steps
             try:
-                test()
+                with seed_only_draws():  # the same examples in every process (repeatable.py)
+                    test()
             except Exception as exc:  # noqa: BLE001 -- sorted below
                 self._after_failure(exc)
             self.tolerated.update(k for k, c in self.classes.items() if c.steps is not None)
