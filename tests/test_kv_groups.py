@@ -142,6 +142,7 @@ def _life(config: RunnerConfig, steps: list[Step]):
 def _multi_group_configs():
     return runner_configs(max_num_reqs=st.integers(1, 3), max_num_batched_tokens=st.just(16),
                           max_model_len=st.just(64), block_size=st.just(4), pcp_sizes=st.just(1),
+                          dcp_without_pcp=st.just(False),  # sliding windows need DCP 1
                           kv_groups=kv_group_lists(max_window=12).filter(lambda g: len(g) > 1))
 
 
@@ -183,9 +184,15 @@ def test_no_sliding_window_group_is_drawn_under_context_parallelism(config):
 
 
 @FAST
-@given(runner_configs())
-def test_one_full_group_is_the_default(config):
+@given(runner_configs(multi_kv_groups=st.just(False)))
+def test_one_full_group_without_multi_kv_groups(config):
     assert config.kv_groups == (KvGroup(),)
+
+
+def test_campaign_configs_draw_several_groups_by_default():
+    config = find(runner_configs(), lambda c: c.num_kv_groups > 1,
+                  settings=settings(database=None, suppress_health_check=list(HealthCheck)))
+    assert 2 <= config.num_kv_groups <= 3
 
 
 def test_sliding_window_is_refused_with_dcp():
