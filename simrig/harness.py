@@ -21,10 +21,10 @@ result:
                   adapters/sampling.py): postprocess_sampled's counts and the
                   runner's output to the scheduler
       dummy       GPUModelRunner._dummy_run at the step's token count, in the
-                  runner's own buffers
+                  runner's own buffers (simrig.dummy_paths)
       capture     before the first step: GPUModelRunner.profile_run (its
                   exceptions only), then capture_model: each captured
-                  descriptor's dummy batch
+                  descriptor's dummy batch (simrig.dummy_paths)
 
 An exception stops the step where the real runner stops (the dummy still
 runs: cudagraph capture builds it independently). Nothing is raised out of
@@ -39,14 +39,13 @@ from typing import Any
 
 from simrig import observe as obs
 from simrig.adapters import cudagraph, platform, sampling
-from simrig.adapters.probes import desc_key as _desc_key
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import observe_batch as _observe_batch
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
-from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
 from simrig.adapters.probes import wrap as _wrap
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
+from simrig.dummy_paths import DummyPaths
 from simrig.step import RunnerConfig, Step
 
 
@@ -54,7 +53,7 @@ class _StopStep(Exception):
     """Raised by a probe when the stages the user asked for are done."""
 
 
-class Harness:
+class Harness(DummyPaths):
     """A model-less runner built from the installed vLLM, fed one Step at a time."""
 
     def __init__(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
@@ -325,96 +324,6 @@ class Harness:
             record.fields.update({"num_sampled": obs.observe_value(num_sampled),
                                   "num_rejected": obs.observe_value(num_rejected)})
         return call(idx_mapping, sampled, num_sampled, num_rejected, *args, **kwargs)
-
-    # ------------------------------------------------- vLLM's own dummy paths
-    def _capture_at_startup(self, result: obs.StepObs) -> None:
-        """GPUModelRunner.capture_model, once, before the first step (as the
-        worker captures at startup): vLLM's CudaGraphManager builds each
-        descriptor's dummy in the runner's own buffers and records the stand-in
-        forward; each captured dummy is observed as a capture stage."""
-        self._captured = True
-        self._profile_at_startup(result)
-        manager = self.runner.cudagraph_manager
-        if not manager.needs_capture():
-            return
-        manager._graphs_captured = False
-        self._mode, self._captures, self._capture_desc = "capture", {}, None
-        record = obs.StageObs(stage=obs.CAPTURE)
-        start = time.perf_counter()
-        try:
-            with _tap_capture_descriptors(manager, self._on_capture_desc), \
-                    platform.graph_capture_without_cuda():
-                self.runner.capture_model()
-        except Exception as exc:  # a failed capture is an observation (vLLM would not start)
-            record.error = _error_obs(exc, self._step)
-        finally:
-            self._mode = "step"
-            platform.unlock_workspace()
-        record.duration_s = time.perf_counter() - start
-        if record.error is not None:
-            result.stages.append(record)
-            return
-        if obs.DUMMY not in self.stages:
-            return
-        for desc, fields in self._captures.values():
-            stage = obs.StageObs(stage=obs.CAPTURE, fields=dict(fields[0]), declared=fields[1])
-            stage.fields.update({"desc." + k: obs.observe_value(v)
-                                 for k, v in cudagraph.describe(desc).items()})
-            stage.duration_s = record.duration_s / max(len(self._captures), 1)
-            result.stages.append(stage)
-
-    def _profile_at_startup(self, result: obs.StepObs) -> None:
-        """GPUModelRunner.profile_run, once, before capture (as the worker sizes
-        its KV cache): a dummy run at the whole token budget without attention
-        metadata, then the sampler's warm-up. An exception is a dummy-stage
-        observation: a worker that cannot profile does not start."""
-        self._mode = "profile"
-        start = time.perf_counter()
-        try:
-            with platform.profile_without_cuda(), platform.streams_without_cuda():
-                self.runner.profile_run()
-        except Exception as exc:  # vLLM's exceptions are observations
-            result.stages.append(obs.StageObs(stage=obs.DUMMY, error=_error_obs(exc, self._step),
-                                              duration_s=time.perf_counter() - start))
-        finally:
-            self._mode = "step"
-            self.runner.execute_model_state = None
-
-    def _on_capture_desc(self, desc: Any) -> None:
-        self._capture_desc = desc
-
-    def _on_attn(self, input_batch: Any, *args: Any, **kwargs: Any) -> None:
-        """The model-state stand-in's prepare_attn: the batch the forward runs."""
-        if self._mode == "capture" and self._capture_desc is not None:
-            # FULL descriptors are prepared twice (warmup, then capture): the last is kept
-            self._captures[_desc_key(self._capture_desc)] = (
-                self._capture_desc, (obs.observe_fields(input_batch), obs.declared_fields(input_batch)))
-        elif self._mode == "dummy" and self._dummy_record is not None:
-            self._dummy_record.fields.update(obs.observe_fields(input_batch))
-            self._dummy_record.declared = obs.declared_fields(input_batch) | {"desc"}
-
-    def _dummy_run(self, step: Step, result: obs.StepObs, desc: Any) -> obs.StepObs:
-        """GPUModelRunner._dummy_run for this step's token count, after the step,
-        in the runner's own buffers (what an idle data-parallel rank runs while
-        its peers run this batch); uniform when the step dispatched as a uniform
-        decode."""
-        num_tokens = step.total_num_scheduled_tokens
-        if obs.DUMMY not in self.stages or num_tokens <= 0:
-            return result
-        uniform = desc is not None and desc.uniform_token_count is not None
-        record = self._dummy_record = obs.StageObs(stage=obs.DUMMY)
-        result.stages.append(record)
-        self._mode = "dummy"
-        start = time.perf_counter()
-        try:
-            self.runner._dummy_run(num_tokens, uniform_decode=uniform)
-        except Exception as exc:  # vLLM's exceptions are observations
-            record.error = _error_obs(exc, step)
-        finally:
-            self._mode, self._dummy_record = "step", None
-            self.runner.execute_model_state = None
-        record.duration_s = time.perf_counter() - start
-        return result
 
     def _timed(self, result: obs.StepObs, stage: str, rank: int | None, step: Step,
                fn: Any, *args: Any, observe: bool = True, extra: Any = None) -> Any:

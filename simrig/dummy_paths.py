@@ -1,0 +1,128 @@
+"""vLLM's own dummy paths, as the harness drives them: the profile run and
+CUDA-graph capture once per runner before the first step (as a worker starts),
+and ``GPUModelRunner._dummy_run`` after every step, all in the runner's own
+buffers. Probes pass through in these modes; only the batch each path builds
+is observed (``capture`` and ``dummy`` stages).
+
+    startup     profile_run            exceptions only (a worker that cannot
+                                       profile does not start)
+                capture_model          one capture stage per captured descriptor
+    each step   _dummy_run(num_tokens) the dummy stage (uniform when the step
+                                       dispatched as a uniform decode)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from simrig import observe as obs
+from simrig.adapters import cudagraph, platform
+from simrig.adapters.probes import desc_key as _desc_key
+from simrig.adapters.probes import error_obs as _error_obs
+from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
+from simrig.step import Step
+
+
+class DummyPaths:
+    """The dummy-path half of ``simrig.harness.Harness`` (it sets ``runner``,
+    ``stages``, ``_step``, ``_mode``, ``_captured``, ``_captures``,
+    ``_capture_desc`` and ``_dummy_record``)."""
+
+    runner: Any
+    stages: frozenset[str]
+    _step: Step | None
+    _mode: str
+    _captured: bool
+    _captures: dict[tuple, tuple[Any, tuple]]
+    _capture_desc: Any
+    _dummy_record: obs.StageObs | None
+
+    def _capture_at_startup(self, result: obs.StepObs) -> None:
+        """GPUModelRunner.capture_model, once, before the first step (as the
+        worker captures at startup): vLLM's CudaGraphManager builds each
+        descriptor's dummy in the runner's own buffers and records the stand-in
+        forward; each captured dummy is observed as a capture stage."""
+        self._captured = True
+        self._profile_at_startup(result)
+        manager = self.runner.cudagraph_manager
+        if not manager.needs_capture():
+            return
+        manager._graphs_captured = False
+        self._mode, self._captures, self._capture_desc = "capture", {}, None
+        record = obs.StageObs(stage=obs.CAPTURE)
+        start = time.perf_counter()
+        try:
+            with _tap_capture_descriptors(manager, self._on_capture_desc), \
+                    platform.graph_capture_without_cuda():
+                self.runner.capture_model()
+        except Exception as exc:  # a failed capture is an observation (vLLM would not start)
+            record.error = _error_obs(exc, self._step)
+        finally:
+            self._mode = "step"
+            platform.unlock_workspace()
+        record.duration_s = time.perf_counter() - start
+        if record.error is not None:
+            result.stages.append(record)
+            return
+        if obs.DUMMY not in self.stages:
+            return
+        for desc, fields in self._captures.values():
+            stage = obs.StageObs(stage=obs.CAPTURE, fields=dict(fields[0]), declared=fields[1])
+            stage.fields.update({"desc." + k: obs.observe_value(v)
+                                 for k, v in cudagraph.describe(desc).items()})
+            stage.duration_s = record.duration_s / max(len(self._captures), 1)
+            result.stages.append(stage)
+
+    def _profile_at_startup(self, result: obs.StepObs) -> None:
+        """GPUModelRunner.profile_run, once, before capture (as the worker sizes
+        its KV cache): a dummy run at the whole token budget without attention
+        metadata, then the sampler's warm-up. An exception is a dummy-stage
+        observation: a worker that cannot profile does not start."""
+        self._mode = "profile"
+        start = time.perf_counter()
+        try:
+            with platform.profile_without_cuda(), platform.streams_without_cuda():
+                self.runner.profile_run()
+        except Exception as exc:  # vLLM's exceptions are observations
+            result.stages.append(obs.StageObs(stage=obs.DUMMY, error=_error_obs(exc, self._step),
+                                              duration_s=time.perf_counter() - start))
+        finally:
+            self._mode = "step"
+            self.runner.execute_model_state = None
+
+    def _on_capture_desc(self, desc: Any) -> None:
+        self._capture_desc = desc
+
+    def _on_attn(self, input_batch: Any, *args: Any, **kwargs: Any) -> None:
+        """The model-state stand-in's prepare_attn: the batch the forward runs."""
+        if self._mode == "capture" and self._capture_desc is not None:
+            # FULL descriptors are prepared twice (warmup, then capture): the last is kept
+            self._captures[_desc_key(self._capture_desc)] = (
+                self._capture_desc, (obs.observe_fields(input_batch), obs.declared_fields(input_batch)))
+        elif self._mode == "dummy" and self._dummy_record is not None:
+            self._dummy_record.fields.update(obs.observe_fields(input_batch))
+            self._dummy_record.declared = obs.declared_fields(input_batch) | {"desc"}
+
+    def _dummy_run(self, step: Step, result: obs.StepObs, desc: Any) -> obs.StepObs:
+        """GPUModelRunner._dummy_run for this step's token count, after the step,
+        in the runner's own buffers (what an idle data-parallel rank runs while
+        its peers run this batch); uniform when the step dispatched as a uniform
+        decode."""
+        num_tokens = step.total_num_scheduled_tokens
+        if obs.DUMMY not in self.stages or num_tokens <= 0:
+            return result
+        uniform = desc is not None and desc.uniform_token_count is not None
+        record = self._dummy_record = obs.StageObs(stage=obs.DUMMY)
+        result.stages.append(record)
+        self._mode = "dummy"
+        start = time.perf_counter()
+        try:
+            self.runner._dummy_run(num_tokens, uniform_decode=uniform)
+        except Exception as exc:  # vLLM's exceptions are observations
+            record.error = _error_obs(exc, step)
+        finally:
+            self._mode, self._dummy_record = "step", None
+            self.runner.execute_model_state = None
+        record.duration_s = time.perf_counter() - start
+        return result
