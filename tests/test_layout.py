@@ -17,7 +17,7 @@ SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest"
                "compare", "distributed", "coverage")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver, cli and the benchmark runner.
-CORE = {"__init__", "__main__", "bench", "cli", "errors", "harness", "interrupt", "observe",
+CORE = {"__init__", "__main__", "bench", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
         "progress", "replay", "step"}
 
 
