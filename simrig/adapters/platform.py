@@ -97,6 +97,23 @@ def apply_after_import() -> None:
 
 
 @contextlib.contextmanager
+def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Each ``(owner, name, value)``: ``owner.name = value`` for the length of the
+    block, restored in reverse order after it; a name the owner lacks (an
+    older or newer release) is left alone."""
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for owner, name, value in patches:
+            if hasattr(owner, name):
+                saved.append((owner, name, getattr(owner, name)))
+                setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+@contextlib.contextmanager
 def graph_capture_without_cuda() -> Iterator[None]:
     """CUDA graph capture's device plumbing as no-ops, for the length of one
     capture: the graph and its pool, the capture stream, the TP group's
@@ -114,13 +131,6 @@ def graph_capture_without_cuda() -> Iterator[None]:
         def replay(self) -> None:
             pass
 
-    saved: list[tuple[Any, str, Any]] = []
-
-    def patch(owner: Any, name: str, value: Any) -> None:
-        if hasattr(owner, name):
-            saved.append((owner, name, getattr(owner, name)))
-            setattr(owner, name, value)
-
     nothing = contextlib.nullcontext
     from vllm.v1.worker import workspace
 
@@ -128,27 +138,25 @@ def graph_capture_without_cuda() -> Iterator[None]:
         workspace.init_workspace_manager(torch.device(_choice.device if _choice else "cpu"))
     from vllm.v1.worker.gpu import model_runner
 
-    # a full gc.collect() twice per capture: it keeps graph memory from being
-    # collected on a GPU, and costs half a second per runner here
-    patch(model_runner, "freeze_gc_for_cudagraph_capture", lambda *a, **kw: nothing())
-    patch(cudagraph_utils, "graph_capture", lambda device=None: nothing())
-    patch(cudagraph_utils, "capture_pool", lambda pool, vllm_config: nothing(pool))
-    # 0.30-0.31 name the pool for NCCL: set_graph_pool_id(platform.graph_pool_handle())
-    patch(cudagraph_utils, "set_graph_pool_id", lambda pool: None)
-    patch(cudagraph_utils.current_platform, "graph_pool_handle", lambda: None)
-    patch(cudagraph_utils, "current_stream", lambda: None)
-    patch(cudagraph_utils, "is_global_first_rank", lambda: False)  # no progress bar
-    patch(torch.cuda, "CUDAGraph", _Graph)
-    patch(torch.cuda, "graph", lambda graph, pool=None, stream=None, **kw: nothing())
+    patches = [
+        # a full gc.collect() twice per capture: it keeps graph memory from being
+        # collected on a GPU, and costs half a second per runner here
+        (model_runner, "freeze_gc_for_cudagraph_capture", lambda *a, **kw: nothing()),
+        (cudagraph_utils, "graph_capture", lambda device=None: nothing()),
+        (cudagraph_utils, "capture_pool", lambda pool, vllm_config: nothing(pool)),
+        # 0.30-0.31 name the pool for NCCL: set_graph_pool_id(platform.graph_pool_handle())
+        (cudagraph_utils, "set_graph_pool_id", lambda pool: None),
+        (cudagraph_utils.current_platform, "graph_pool_handle", lambda: None),
+        (cudagraph_utils, "current_stream", lambda: None),
+        (cudagraph_utils, "is_global_first_rank", lambda: False),  # no progress bar
+        (torch.cuda, "CUDAGraph", _Graph),
+        (torch.cuda, "graph", lambda graph, pool=None, stream=None, **kw: nothing())]
     if hasattr(torch, "accelerator"):
-        patch(torch.accelerator, "empty_cache", lambda: None)
-        patch(torch.accelerator, "synchronize", lambda *a: None)
-        patch(torch.accelerator, "get_memory_info", lambda *a: (0, 0))
-    try:
+        patches += [(torch.accelerator, "empty_cache", lambda: None),
+                    (torch.accelerator, "synchronize", lambda *a: None),
+                    (torch.accelerator, "get_memory_info", lambda *a: (0, 0))]
+    with _patched(patches):
         yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
 
 
 @contextlib.contextmanager
@@ -163,16 +171,9 @@ def graph_manager_without_process_groups() -> Iterator[None]:
     from vllm.v1.worker.gpu import cudagraph_utils
 
     one_stage = SimpleNamespace(is_first_rank=True, is_last_rank=True)
-    saved = [(cudagraph_utils, "get_pp_group", cudagraph_utils.get_pp_group),
-             (cudagraph_utils.current_platform, "get_global_graph_pool",
-              cudagraph_utils.current_platform.get_global_graph_pool)]
-    cudagraph_utils.get_pp_group = lambda: one_stage
-    cudagraph_utils.current_platform.get_global_graph_pool = lambda: None
-    try:
+    with _patched([(cudagraph_utils, "get_pp_group", lambda: one_stage),
+                   (cudagraph_utils.current_platform, "get_global_graph_pool", lambda: None)]):
         yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
 
 
 def unlock_workspace() -> None:
@@ -231,18 +232,12 @@ def streams_without_cuda() -> Iterator[None]:
         return
     import torch
 
-    saved = [(name, getattr(torch.cuda, name)) for name in
-             ("Event", "Stream", "set_stream", "current_stream", "stream")]
-    torch.cuda.Event = EventStandIn
-    torch.cuda.Stream = lambda *args, **kwargs: StreamStandIn()
-    torch.cuda.set_stream = lambda stream: None
-    torch.cuda.current_stream = lambda device=None: StreamStandIn()
-    torch.cuda.stream = lambda stream: contextlib.nullcontext()
-    try:
+    with _patched([(torch.cuda, "Event", EventStandIn),
+                   (torch.cuda, "Stream", lambda *args, **kwargs: StreamStandIn()),
+                   (torch.cuda, "set_stream", lambda stream: None),
+                   (torch.cuda, "current_stream", lambda device=None: StreamStandIn()),
+                   (torch.cuda, "stream", lambda stream: contextlib.nullcontext())]):
         yield
-    finally:
-        for name, value in saved:
-            setattr(torch.cuda, name, value)
 
 
 class OneProcessGroup:
@@ -266,12 +261,8 @@ def pcp_group(world_size: int) -> Iterator[None]:
     (sampling restores the PCP-sharded hidden states with an all-gather)."""
     from vllm.distributed import parallel_state
 
-    saved = parallel_state._PCP
-    parallel_state._PCP = OneProcessGroup(world_size)
-    try:
+    with _patched([(parallel_state, "_PCP", OneProcessGroup(world_size))]):
         yield
-    finally:
-        parallel_state._PCP = saved
 
 
 @contextlib.contextmanager
@@ -283,13 +274,8 @@ def profile_without_cuda() -> Iterator[None]:
 
     import torch
 
-    saved: list[tuple[Any, str, Any]] = [(gc, "collect", gc.collect)]
-    gc.collect = lambda *args: 0
+    patches: list[tuple[Any, str, Any]] = [(gc, "collect", lambda *args: 0)]
     if _choice is not None and _choice.is_cpu and hasattr(torch, "accelerator"):
-        saved.append((torch.accelerator, "synchronize", torch.accelerator.synchronize))
-        torch.accelerator.synchronize = lambda *args: None
-    try:
+        patches.append((torch.accelerator, "synchronize", lambda *args: None))
+    with _patched(patches):
         yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
