@@ -9,6 +9,7 @@ identity checks) is ``simrig.sources.trace``; writing one is
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -90,13 +91,7 @@ def parse_expectations(raw: Any, ln: _Line) -> tuple[Expectation, ...]:
     if not isinstance(raw, list):
         raise ln.fail("expect", f"must be a list, got {type(raw).__name__}")
     out = []
-    for i, item in enumerate(raw):
-        name = f"expect[{i}]"
-        if not isinstance(item, dict):
-            raise ln.fail(name, "must be an object")
-        unknown = set(item) - _EXPECT_KEYS
-        if unknown:
-            raise ln.fail(f"{name}.{sorted(unknown)[0]}", "unknown field")
+    for name, item in ln.objects(raw, "expect", _EXPECT_KEYS):
         values: dict[str, Any] = {"kind": ln.str_(item, "kind", f"{name}.kind")}
         for key in ("stage", "field", "exception_type", "note"):
             if key in item:
@@ -173,6 +168,18 @@ class _Line:
             raise self.fail(name, f"must be an object, got {type(value).__name__}")
         return value
 
+    def objects(self, items: list, prefix: str, keys: set[str]) -> Iterator[tuple[str, dict]]:
+        """``(f"{prefix}[i]", item)`` for each item of a list of objects whose
+        fields are all in ``keys``."""
+        for i, item in enumerate(items):
+            name = f"{prefix}[{i}]"
+            if not isinstance(item, dict):
+                raise self.fail(name, "must be an object")
+            unknown = set(item) - keys
+            if unknown:
+                raise self.fail(f"{name}.{min(unknown)}", "unknown field")
+            yield name, item
+
     def int_list(self, value: Any, name: str) -> list[int]:
         if not isinstance(value, list) or not all(
                 isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
@@ -237,13 +244,7 @@ def parse_kv_groups(raw: Any, ln: _Line) -> tuple[KvGroup, ...]:
     if not isinstance(raw, list) or not raw:
         raise ln.fail("config.kv_groups", f"must be a non-empty list of groups, got {raw!r}")
     groups = []
-    for i, item in enumerate(raw):
-        name = f"config.kv_groups[{i}]"
-        if not isinstance(item, dict):
-            raise ln.fail(name, "must be an object")
-        unknown = set(item) - {"kind", "window", "block_size"}
-        if unknown:
-            raise ln.fail(f"{name}.{min(unknown)}", "unknown field")
+    for name, item in ln.objects(raw, "config.kv_groups", {"kind", "window", "block_size"}):
         kind = item.get("kind", "full")
         if kind not in KV_GROUP_KINDS:
             raise ln.fail(f"{name}.kind", f"must be one of {', '.join(KV_GROUP_KINDS)}, got {kind!r}")
