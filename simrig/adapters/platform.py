@@ -93,7 +93,10 @@ def apply_after_import() -> None:
     from vllm.v1.worker.gpu import buffer_utils
 
     buffer_utils.is_uva_available = lambda: False
+    from simrig.adapters import interpreter
 
+    interpreter.skip_dead_overflow_checks()
+    interpreter.patch_language_once()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,81 @@
+"""Triton's interpreter, run as a GPU runs a kernel compiled without debug.
+
+On CPU every MRV2 kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``).
+With ``sanitize_overflow`` on (the interpreter's default), every integer
+``+``, ``-`` and ``*`` narrower than 64 bits is recomputed in int64 and
+compared against the type's bounds, and the result handed to
+``device_assert``, which ``semantic.device_assert`` drops unless
+``options.debug`` is set:
+
+    if not self.builder.options.debug:
+        return
+
+So without debug the check is computed and thrown away: about a seventh of a
+campaign's wall time on CPU, for no observable effect. A compiled kernel on a
+GPU has no such check either (assertions are compiled out without debug).
+This module switches the dead work off, and only while the interpreter's
+options say debug is off (a user who turns debug on keeps both).
+
+Platform plumbing only: no vLLM code and no kernel body is changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def skip_dead_overflow_checks() -> bool:
+    """Turn ``sanitize_overflow`` off in the interpreter's builder when its
+    assertions are off. Returns whether it did (False: debug on, or a Triton
+    without this interpreter layout, which is then left as it is)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or getattr(options, "debug", True) or not getattr(options, "sanitize_overflow", False):
+        return False
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    return True
+
+
+class _KeepPatched:
+    """The scope ``GridExecutor`` restores after each launch: nothing to restore."""
+
+    def restore(self) -> None:
+        pass
+
+
+def patch_language_once() -> bool:
+    """Patch ``triton.language`` for the interpreter once, instead of around
+    every kernel launch.
+
+    Before each launch the interpreter's ``_patch_lang(fn)`` points every
+    builtin of ``tl`` and ``tl.core`` (those visible from the kernel's
+    globals) at its numpy semantics, and restores them all after the launch:
+    hundreds of ``setattr`` calls per launch, the same ones every time, since
+    the patch depends only on which of the two modules the kernel sees. In
+    CPU mode no kernel is ever compiled, so the patched language is the only
+    one in use: it is applied once, for both modules, and kept. Returns
+    whether it did (False: a Triton without this interpreter layout).
+    """
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    original = getattr(interpreter, "_patch_lang", None)
+    if original is None or getattr(original, "__simrig_once__", False):
+        return False
+
+    # _patch_lang reads only fn.__globals__: a stand-in that sees both modules
+    fake = type("Kernel", (), {"__globals__": {"tl": tl, "core": tl.core}})()
+    original(fake)  # patched for good: its scope is never restored
+
+    def patch_lang(fn: object) -> _KeepPatched:
+        return _KeepPatched()
+
+    patch_lang.__simrig_once__ = True  # type: ignore[attr-defined]
+    interpreter._patch_lang = patch_lang
+    return True
