@@ -88,7 +88,9 @@ class Harness(DummyPaths):
         self._captures: dict[tuple, tuple[Any, tuple]] = {}
         self._capture_desc: Any = None
         self._dummy_record: obs.StageObs | None = None
-        self.runner.model_state.observer = self._on_attn
+        # the probes' own bookkeeping inside vLLM's calls (not vLLM's time: StepObs.vllm_s)
+        self._probe_rig_s = 0.0
+        self.runner.model_state.observer = self._rig_timed(self._on_attn)
         self._install_probes()
 
     # The hot path: one real execute_model, then the ranks it does not drive.
@@ -97,6 +99,8 @@ class Harness(DummyPaths):
         self.num_steps += 1
         so = self.api.scheduler_output(step, self.config.num_kv_groups)
         self._step, self._result, self._global_batch, self._desc = step, result, None, None
+        self._probe_rig_s = 0.0
+        start = time.perf_counter()
         if not self._captured:
             self._capture_at_startup(result)
         try:
@@ -105,8 +109,9 @@ class Harness(DummyPaths):
             pass
         except Exception as exc:  # vLLM's exceptions are observations
             self._unclaimed_error(exc, step, result)
-        else:
-            self._observe_dcp_local_seq_lens(result)
+        in_execute = time.perf_counter() - start
+        staged = len(result.stages)
+        self._observe_dcp_local_seq_lens(result)
         batch, desc = self._global_batch, self._desc
         try:
             if batch is not None and desc is not None and obs.PREPARE in self.stages \
@@ -115,7 +120,11 @@ class Harness(DummyPaths):
                 self._sample_tokens(step, batch, result)
         finally:
             self.runner.execute_model_state = None
-        return self._dummy_run(step, result, desc)
+        self._dummy_run(step, result, desc)
+        # startup and execute_model whole, then the calls after it (their stage rows)
+        result.vllm_s = max(0.0, in_execute + sum(st.duration_s for st in result.stages[staged:])
+                            - self._probe_rig_s)
+        return result
 
     # ---------------------------------------------------------------- probes
     def _install_probes(self) -> None:
@@ -136,13 +145,36 @@ class Harness(DummyPaths):
         """Probes record real steps only; in vLLM's dummy paths they pass through
         (the dummy run's descriptor is kept on its record)."""
         def run(call: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._mode == "step":
-                return probe(call, *args, **kwargs)
-            value = call(*args, **kwargs)
-            if probe == self._probe_dispatch and self._dummy_record is not None:
-                self._dummy_record.fields.update(
-                    {"desc." + k: obs.observe_value(v) for k, v in cudagraph.describe(value).items()})
-            return value
+            outer, inner = time.perf_counter(), 0.0
+
+            def real(*a: Any, **k: Any) -> Any:
+                nonlocal inner
+                start = time.perf_counter()
+                try:
+                    return call(*a, **k)
+                finally:
+                    inner += time.perf_counter() - start
+            try:
+                if self._mode == "step":
+                    return probe(real, *args, **kwargs)
+                value = real(*args, **kwargs)
+                if probe == self._probe_dispatch and self._dummy_record is not None:
+                    self._dummy_record.fields.update(
+                        {"desc." + k: obs.observe_value(v) for k, v in cudagraph.describe(value).items()})
+                return value
+            finally:
+                self._probe_rig_s += time.perf_counter() - outer - inner
+        return run
+
+    def _rig_timed(self, observer: Any) -> Any:
+        """An observer vLLM calls back (the model-state stand-in's prepare_attn):
+        its time is the rig's, not vLLM's."""
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return observer(*args, **kwargs)
+            finally:
+                self._probe_rig_s += time.perf_counter() - start
         return run
 
     def _probe_lifecycle_start(self, call: Any, *args: Any, **kwargs: Any) -> Any:

@@ -71,6 +71,12 @@ class StepObs:
 
     index: int
     stages: list[StageObs] = field(default_factory=list)
+    # Wall seconds inside the installed vLLM's own calls for this step: the whole
+    # execute_model (prepare_attn's kernels, staged writes and its own glue
+    # included, the probes' bookkeeping excluded), the other ranks, sample_tokens,
+    # the dummy run, and the profile run and capture before a runner's first step.
+    # The stage rows' durations are the probed parts of it.
+    vllm_s: float = 0.0
 
     def get(self, stage: str, rank: int | None = None) -> StageObs | None:
         for obs in self.stages:

@@ -125,12 +125,16 @@ class SchedulerContractMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ set-up
     @initialize(data=st.data())
     def setup(self, data: st.DataObject) -> None:
+        self.model = SchedulerModel(data.draw(self.machine_settings.configs, label="config"))
+
+    def _real_code(self) -> None:
+        """The runner and its checker, built when the example sends its first
+        step: an example that never sends one (Hypothesis runs many while it
+        generates and shrinks) costs no runner."""
         from simrig.checks.checker import Checker
         from simrig.harness import Harness
 
-        ms = self.machine_settings
-        config = data.draw(ms.configs, label="config")
-        self.model = SchedulerModel(config)
+        ms, config = self.machine_settings, self.config
         self.harness = Harness(config, stages=ms.stages)
         # a harness stand-in without the adapter (tests): either below-window form is accepted
         api = getattr(self.harness, "api", None)
@@ -232,6 +236,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
             self.violations[index] = violation
         from simrig.harness import run_step_guarded
 
+        if self.harness is None:
+            self._real_code()
         obs, rig_errors = run_step_guarded(self.harness, step, "hypothesis")
         found = rig_errors or check_step(self.checker, ms.extra_checks, index, step, obs, violation,
                                          "hypothesis")

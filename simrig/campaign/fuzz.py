@@ -142,6 +142,7 @@ class Campaign:
         st = self.stats
         st.steps += 1
         st.findings += len(found)
+        st.vllm_s += obs.vllm_s if obs is not None else 0.0
         configured = machine.config.cudagraph_mode
         st.steps_by_cudagraph_mode[configured] = st.steps_by_cudagraph_mode.get(configured, 0) + 1
         dispatch = obs.get(DISPATCH) if obs is not None else None
@@ -253,6 +254,11 @@ class Campaign:
         api = load()  # the one-off vLLM import (~15 s) is not part of the budget
         self.vllm_version, self.device = api.version, f"{api.device} ({api.platform.mode})"
         self.coverage.start()  # after the import: only what the campaign reaches
+        sampler = None
+        if o.profile:
+            from simrig.report.profile import StackSampler
+
+            sampler = StackSampler().start()
         with StopRequests(on_first=self._interrupt, second_raises=False,
                           note="stopping; the report will hold everything found so far") as stop:
             self._start = time.perf_counter()
@@ -277,8 +283,18 @@ class Campaign:
                 self.stats.stopped_by = self._stopped_by()
                 self.stats.elapsed_s = round(self._elapsed(), 3)
                 self._progress.close()
+                if sampler is not None:
+                    sampler.stop()  # the report is not part of the campaign's profile
                 self.finish()
+                if sampler is not None:
+                    self._write_profile(sampler)
         return self.exit_status()
+
+    def _write_profile(self, sampler: Any) -> None:
+        out = Path(self.options.out_dir)
+        if out.is_dir():
+            sampler.write(out / "profile")
+            self.report_summary["profile"] = sampler.split()
 
     def replay_regressions(self) -> None:
         from simrig.sources.trace import trace_files_in
@@ -410,7 +426,7 @@ class Campaign:
 
         result = self.recorder.result([], list(self.options.pcp_sizes), self.options.stages)
         return ReportTables(result.steps, result.findings, result.contract, self.stats.elapsed_s,
-                            title=f"simrig fuzz campaign ({self.options.mode})")
+                            title=f"simrig fuzz campaign ({self.options.mode})", vllm_s=self.stats.vllm_s)
 
     def rig_error(self, exc: BaseException, check: str) -> None:
         """Record an exception of the campaign's own code as a rig_error class

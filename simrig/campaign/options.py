@@ -56,6 +56,8 @@ class CampaignOptions:
     # and examples that reached new arcs kept as traces in corpus_dir, replayed first next time
     steer: bool = False
     corpus_dir: Path | None = None
+    # sample the stack (simrig.report.profile): OUT/profile/ holds the vLLM / Hypothesis / rig split
+    profile: bool = False
 
 
 @dataclass
@@ -95,6 +97,7 @@ class CampaignStats:
     regression_traces: int = 0
     regression_steps: int = 0
     elapsed_s: float = 0.0
+    vllm_s: float = 0.0  # inside vLLM's calls, examples' steps only (StepObs.vllm_s summed)
     stopped_by: str = "budget"
     rig_errors: list[str] = field(default_factory=list)
     # steps per configured cudagraph mode, and per mode vLLM's dispatch chose

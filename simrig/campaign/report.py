@@ -38,6 +38,7 @@ class ReportTables:
     busy_s: float  # wall seconds the steps were run in (summed over shards)
     title: str
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the shards table
+    vllm_s: float | None = None  # time inside vLLM's calls (StepObs.vllm_s summed)
 
 
 def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
                 cov_tables["coverage_timeline"] = pd.DataFrame(timeline)
         summary = campaign.summary()
         summary.update(cov_summary)
-        summary["time_share"] = time_share(tables.steps, tables.busy_s)
+        summary["time_share"] = time_share(tables.steps, tables.busy_s, tables.vllm_s)
         _choose_reproducers(campaign)
         classes = class_frame(campaign.tally.classes.values())
         write_report(report, tables.steps, campaign.findings_frame(), tables.contract, summary,

@@ -4,9 +4,9 @@
 ``"*"`` as the stage means every batch stage (prepare, partition, dummy,
 capture). ``tests/test_field_coverage.py`` drives the real vLLM through every
 stage and fails when a stage observes a field neither table names, when a
-field is in both, and when the README's table of unchecked fields is not
-``readme_table()``. Every field also has its dtype checked (contract.py)
-where the contract declares it; that is not a value check.
+field is in both, and when the oracle page's table of unchecked fields
+(docs/oracle.md) is not ``readme_table()``. Every field also has its dtype
+checked (contract.py) where the contract declares it; that is not a value check.
 """
 
 from __future__ import annotations
@@ -171,7 +171,8 @@ def lookup(table: dict[tuple[str, str], str], stage: str, field: str) -> str | N
 
 
 def readme_table() -> str:
-    """The README's table of fields with no value expectation, generated from UNCHECKED."""
+    """The table of fields with no value expectation on the oracle page (docs/oracle.md),
+    generated from UNCHECKED."""
     rows = ["| stage | field | why it has no value expectation |", "|---|---|---|"]
     for (stage, field), why in sorted(UNCHECKED.items()):
         rows.append(f"| {'every batch' if stage == '*' else stage} | `{field}` | {why} |")

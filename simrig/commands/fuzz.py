@@ -68,6 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(off by default: see README, Coverage, for the measurement)")
     p.add_argument("--corpus", default=".cache/coverage-corpus", metavar="DIR",
                    help="where --steer keeps examples that reached new arcs ('none': keep none)")
+    p.add_argument("--profile", action="store_true",
+                   help="sample the campaign's stack every 5 ms and write OUT/profile/: the time split "
+                        "between vLLM's calls, Hypothesis and the rig, the top functions of each, and "
+                        "collapsed stacks for a flame graph (costs well under 1%%)")
     from simrig.distributed.cluster import add_distributed_arguments
 
     add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
@@ -148,7 +152,8 @@ def options_from_args(args: argparse.Namespace):
         coverage=steer or CoverageRun.begin(args).enabled,  # a malformed reasons file: exit 2 here
         fail_on_unexplained_coverage=args.fail_on_unexplained_coverage, steer=steer,
         unreached=Path(args.unreached) if args.unreached else None,
-        corpus_dir=None if str(args.corpus).lower() == "none" else Path(args.corpus))
+        corpus_dir=None if str(args.corpus).lower() == "none" else Path(args.corpus),
+        profile=bool(getattr(args, "profile", False)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,5 +199,9 @@ def run(args: argparse.Namespace) -> int:
 
     if coverage_line(s):
         print(coverage_line(s))
+    if s.get("profile"):
+        shares = s["profile"]["shares"]
+        print("profile: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v >= 0.005)
+              + f" of the samples -- {options.out_dir / 'profile' / 'profile.txt'}")
     print(f"report: {options.out_dir / 'report.html'}")
     return status

@@ -63,6 +63,7 @@ class ShardRow:
     examples: int = 0
     steps: int = 0
     elapsed_s: float = 0.0
+    vllm_s: float = 0.0  # inside vLLM's calls (StepObs.vllm_s summed)
     steps_per_s: float = 0.0
     examples_per_s: float = 0.0
     classes: int = 0
@@ -117,6 +118,7 @@ class MergedCampaign(Campaign):
         return ReportTables(steps, concat_frames([r.occurrences for r in results]),
                             merge_contract([r.contract for r in results]),
                             busy_s=sum(r.elapsed_s for r in self.sharded.rows),
+                            vllm_s=sum(r.vllm_s for r in self.sharded.rows),
                             title=f"simrig fuzz campaign on {self.sharded.workers} Ray workers",
                             extra={"shards": shards})
 
@@ -274,7 +276,8 @@ class ShardedCampaign:
                 shard=name, worker=(result.worker if result else state.worker if state else ""),
                 seed=spec.seed, mode=spec.mode, pcp_sizes=",".join(map(str, spec.pcp_sizes)),
                 status=self.status.get(name, "lost"), examples=examples, steps=steps,
-                elapsed_s=round(elapsed, 3), steps_per_s=round(steps / max(elapsed, 1e-9), 3),
+                elapsed_s=round(elapsed, 3), vllm_s=round(float(stats.get("vllm_s", 0.0)), 3),
+                steps_per_s=round(steps / max(elapsed, 1e-9), 3),
                 examples_per_s=round(examples / max(elapsed, 1e-9), 3),
                 classes=sum(1 for by in self.found_by.values() if name in by),
                 note=self.notes.get(name, "")))

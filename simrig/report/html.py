@@ -220,7 +220,8 @@ def coverage_section(cov: dict[str, Any], tables: dict[str, pd.DataFrame]) -> st
 
 def time_table(share: dict[str, Any]) -> str:
     rows = [("vLLM calls (all stages)", share["vllm_s"], share["vllm_share"])]
-    rows += [(f"  {stage}", v["s"], v["share"]) for stage, v in share.get("stages", {}).items()]
+    rows += [(f"  {stage}" if stage != "unstaged" else "  unstaged (prepare_attn kernels, glue, startup)",
+              v["s"], v["share"]) for stage, v in share.get("stages", {}).items()]
     rows.append(("rig (generation, checks, bookkeeping)", share["rig_s"], share["rig_share"]))
     body = "".join(f"<tr><td>{html.escape(name)}</td><td>{s:,.3f}</td><td>{frac:.1%}</td></tr>"
                    for name, s, frac in rows)

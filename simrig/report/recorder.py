@@ -50,6 +50,7 @@ class ReplayResult:
     stages: tuple[str, ...]
     num_steps: int  # step replays (a trace replayed at 3 PCP sizes counts 3x)
     replay_s: float  # wall time inside the step loops
+    vllm_s: float | None = None  # time inside vLLM's calls (StepObs.vllm_s summed)
     vllm_version: str = ""
     device: str = ""
     known_elided: dict[str, int] = field(default_factory=dict)  # kind -> known rows not listed
@@ -97,7 +98,7 @@ class ReplayResult:
             "new": self.num_new,
             "rig_errors": self.num_rig_errors,
             "replay_s": round(self.replay_s, 3),
-            "time_share": time_share(self.steps, self.replay_s),
+            "time_share": time_share(self.steps, self.replay_s, self.vllm_s),
             "steps_per_s": round(self.num_steps / self.replay_s, 2) if self.replay_s > 0 else 0.0,
             "traces": list(self.traces),
             "pcp_sizes": list(self.pcp_sizes),
@@ -122,6 +123,7 @@ class ReplayRecorder:
     num_new: int = 0
     num_steps: int = 0
     replay_s: float = 0.0
+    vllm_s: float = 0.0  # StepObs.vllm_s summed over the recorded steps
     known_seen: dict[tuple, int] = field(default_factory=dict)
     known_elided: dict[str, int] = field(default_factory=dict)  # kind -> rows not listed
     classes: ClassTally = field(default_factory=ClassTally)
@@ -150,6 +152,7 @@ class ReplayRecorder:
                 else:
                     entry[0] += 1
         self.num_steps += 1
+        self.vllm_s += observation.vllm_s
         where = self.where if self.where is not None and self.where.trace == trace else None
         for finding in found:
             self.classes.add(finding, where or Where(trace, pcp_size))
@@ -186,7 +189,7 @@ class ReplayRecorder:
             contract=self.contract_frame(),
             first_findings=sorted(self.first_findings, key=lambda f: f.known), traces=list(traces),
             pcp_sizes=list(pcp_sizes), stages=tuple(stages), num_steps=self.num_steps,
-            replay_s=self.replay_s, vllm_version=vllm_version, device=device,
+            replay_s=self.replay_s, vllm_s=self.vllm_s, vllm_version=vllm_version, device=device,
             known_elided=dict(self.known_elided), classes=self.classes.frame(),
             unavailable=list(self.unavailable))
 

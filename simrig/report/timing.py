@@ -6,8 +6,15 @@ partition, make_dummy), measured around that call only. What remains of the
 wall time is the rig: trace parsing or example generation, checks, the
 reference model, bookkeeping.
 
-    wall_s ─┬─ vllm_s ── per stage: lifecycle, gather, prepare, postprocess, partition, dummy
+    wall_s ─┬─ vllm_s ─┬─ per stage: lifecycle, gather, prepare, postprocess, partition, dummy
+            │          └─ unstaged: vLLM's own time outside the probed calls (prepare_attn's
+            │             block-table and slot kernels, staged writes, execute_model's glue,
+            │             sample_tokens past postprocess, profile run and capture)
             └─ rig_s  ── generation, checks, bookkeeping (wall - vllm)
+
+``vllm_s`` is the harness's own measure of every vLLM call (``StepObs.vllm_s``)
+when it is known; before it was measured, only the stage rows were summed, which
+left the unstaged part on the rig's side.
 """
 
 from __future__ import annotations
@@ -19,8 +26,14 @@ import pandas as pd
 from simrig.observe import STAGES
 
 
-def time_share(steps: pd.DataFrame, wall_s: float) -> dict[str, Any]:
-    """{"wall_s", "vllm_s", "rig_s", "vllm_share", "rig_share", "stages": {stage: {"s", "share"}}}."""
+UNSTAGED = "unstaged"  # vLLM time outside the probed stage calls
+
+
+def time_share(steps: pd.DataFrame, wall_s: float, vllm_s: float | None = None) -> dict[str, Any]:
+    """{"wall_s", "vllm_s", "rig_s", "vllm_share", "rig_share", "stages": {stage: {"s", "share"}}}.
+
+    ``vllm_s``: the measured time inside vLLM's calls (``StepObs.vllm_s`` summed);
+    what it holds beyond the stage rows is the ``unstaged`` entry."""
     wall = float(wall_s) if wall_s and wall_s > 0 else 0.0
     per_stage: dict[str, float] = {}
     if not steps.empty and {"stage", "duration_ms"} <= set(steps.columns):
@@ -29,6 +42,9 @@ def time_share(steps: pd.DataFrame, wall_s: float) -> dict[str, Any]:
         for stage in sorted(sums.index, key=lambda s: order.get(s, len(order))):
             per_stage[stage] = float(sums[stage]) / 1e3
     vllm = sum(per_stage.values())
+    if vllm_s is not None and vllm_s > vllm:
+        per_stage[UNSTAGED] = vllm_s - vllm
+        vllm = vllm_s
     wall = max(wall, vllm)  # a wall clock can never be shorter than what it contains
 
     def share(x: float) -> float:
