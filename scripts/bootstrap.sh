@@ -26,6 +26,6 @@ else
 fi
 # The [ray] extra (pinned Ray) so --workers/--ray work out of the box; every
 # command also runs without it.
-"$venv/bin/pip" install "${pipq[@]}" -e ".[ray]"
+"$venv/bin/pip" install "${pipq[@]}" -e ".[ray,docs]"
 touch "$venv/.simrig-installed"
 echo "bootstrap: done; try $venv/bin/simrig doctor"
