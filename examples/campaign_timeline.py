@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     classes, timeline, summary = load(args.report)
     for row in class_timeline(classes).itertuples():
-        where = "regressions" if row.first_example < 0 else f"example {row.first_example}, {row.first_s:.1f} s"
+        where = ("regressions" if row.first_example < 0
+                 else f"example {row.first_example}, {row.first_s:.1f} s")
         print(f"  [{row.verdict}] {row.signature}: first at {where}, {row.occurrences} occurrence(s)")
     counts = classes["verdict"].value_counts()
     print(f"classes: {len(classes)} ({', '.join(f'{v} {counts.get(v, 0)}' for v in VERDICT_COLOURS)})")

@@ -46,7 +46,8 @@ def test_campaign_timeline_plots_a_fuzz_report(fuzz_report, tmp_path):
     printed = re.search(r"^classes: (\d+) ", done.stdout, flags=re.MULTILINE)
     assert printed, done.stdout
     assert int(printed.group(1)) == summary["classes"]["classes"]
-    assert re.search(r"^coverage: \d+ MRV2 arcs after 6 examples$", done.stdout, flags=re.MULTILINE), done.stdout
+    coverage = re.search(r"^coverage: \d+ MRV2 arcs after 6 examples$", done.stdout, flags=re.MULTILINE)
+    assert coverage, done.stdout
 
 
 def test_campaign_timeline_refuses_a_folder_that_is_no_report(tmp_path):
