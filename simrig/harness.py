@@ -33,6 +33,7 @@ runs: cudagraph capture builds it independently). Nothing is raised out of
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -90,6 +91,12 @@ class Harness(DummyPaths):
         self._dummy_record: obs.StageObs | None = None
         # the probes' own bookkeeping inside vLLM's calls (not vLLM's time: StepObs.vllm_s)
         self._probe_rig_s = 0.0
+        # reuse (simrig.runners): the state after start-up, kept when asked for
+        self.keep_startup_state = False
+        self.pool_key: tuple | None = None
+        self._startup_state: Any = None
+        self._startup_stages: list[obs.StageObs] = []
+        self._report_startup = False
         self.runner.model_state.observer = self._rig_timed(self._on_attn)
         self._install_probes()
 
@@ -102,7 +109,11 @@ class Harness(DummyPaths):
         self._probe_rig_s = 0.0
         start = time.perf_counter()
         if not self._captured:
-            self._capture_at_startup(result)
+            self._start_up(result)
+        elif self._report_startup:
+            self._report_startup = False
+            result.stages.extend(dataclasses.replace(st, fields=dict(st.fields), duration_s=0.0)
+                                 for st in self._startup_stages)
         try:
             self.runner.execute_model(so)
         except _StopStep:
@@ -125,6 +136,37 @@ class Harness(DummyPaths):
         result.vllm_s = max(0.0, in_execute + sum(st.duration_s for st in result.stages[staged:])
                             - self._probe_rig_s)
         return result
+
+    # ---------------------------------------------------------------- reuse
+    def _start_up(self, result: obs.StepObs) -> None:
+        """Profile and capture (simrig.dummy_paths); with keep_startup_state,
+        the runner's state right after them is kept for ``reset``."""
+        first = len(result.stages)
+        self._capture_at_startup(result)
+        self._startup_stages = list(result.stages[first:])
+        if self.keep_startup_state:
+            from simrig.adapters.reuse import RunnerState
+
+            self._startup_state = RunnerState(self._state_roots())
+
+    def _state_roots(self) -> list[Any]:
+        return [self.runner, self.pcp_managers, self.dcp_peers, self.dispatcher, self.dummy_buffers]
+
+    def reset(self) -> list[str]:
+        """Put the runner back as it was right after start-up, and check it:
+        returns what still differs (empty: clean, as a fresh build would be at
+        its first step, whose start-up observations it reports again)."""
+        if self.num_steps == 0:
+            return []  # never stepped: as built
+        if self._startup_state is None:
+            return ["the state after start-up was not kept (keep_startup_state off)"]
+        self._startup_state.restore()
+        dirty = self._startup_state.differences()
+        if not dirty:
+            self.num_steps = 0
+            self._step = self._result = self._global_batch = self._desc = None
+            self._report_startup = True
+        return dirty
 
     # ---------------------------------------------------------------- probes
     def _install_probes(self) -> None:

@@ -258,14 +258,14 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     """
     from simrig.adapters.runner import load
     from simrig.checks import findings as fk
-    from simrig.checks.checker import Checker, check_step
-    from simrig.checks.expected import mark_expected, missing_expectations
-    from simrig.harness import Harness, run_step_guarded
+    from simrig.checks.checker import Checker
+    from simrig.runners import shared_pool
 
     config = config if config is not None else header.config
     violations = {int(k): v for k, v in (header.source.get("violation_steps") or {}).items()}
+    runners = shared_pool()
     try:
-        harness = Harness(config, stages=stages, api=api if api is not None else load())
+        harness = runners.acquire(config, stages, api if api is not None else load())
         shape = getattr(getattr(harness, "api", None), "shape", None)  # None: a harness stand-in
         checker = Checker(config, adversarial=header.adversarial, trace=name,
                           nulls_below_window=shape.nulls_below_window if shape is not None else None)
@@ -275,6 +275,20 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
         failure = fk.rig_error(exc, step=0, stage="setup", check="harness", trace=name)
         yield ReplayedStep(0, Step(), obs.StepObs(index=0), [failure])
         return
+    try:
+        yield from _replay_loop(harness, checker, header, lines_and_steps, name, extra_checks,
+                                violations, stop)
+    finally:
+        runners.release(harness)
+
+
+def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
+                 lines_and_steps: Iterable[tuple[int, Step]], name: str, extra_checks: Sequence[Any],
+                 violations: dict[int, str], stop: Callable[[], bool] | None) -> Iterator[ReplayedStep]:
+    from simrig.checks.checker import check_step
+    from simrig.checks.expected import mark_expected, missing_expectations
+    from simrig.harness import run_step_guarded
+
     met: set[int] = set()  # indices of header.expect seen so far
     held: ReplayedStep | None = None  # one step held back: missing expectations join the last
     stopped = False

@@ -75,6 +75,9 @@ class MachineSettings:
     on_teardown: Callable[[Any], None] | None = None
     # True -> rules stop running the real code (a campaign that ran out of time).
     stopped: Callable[[], bool] = lambda: False
+    # A simrig.runners.RunnerPool: examples of one config share a runner, reset
+    # and checked clean between them (None: a fresh runner per example).
+    runners: Any = None
 
     def validate(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -135,7 +138,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         from simrig.harness import Harness
 
         ms, config = self.machine_settings, self.config
-        self.harness = Harness(config, stages=ms.stages)
+        self.harness = (ms.runners.acquire(config, ms.stages) if ms.runners is not None
+                        else Harness(config, stages=ms.stages))
         # a harness stand-in without the adapter (tests): either below-window form is accepted
         api = getattr(self.harness, "api", None)
         self.checker = Checker(config, adversarial=ms.mode == "adversarial", trace="hypothesis",
@@ -248,6 +252,10 @@ class SchedulerContractMachine(RuleBasedStateMachine):
             raise NewFinding(failing, list(self.steps), dict(self.violations), self.config)
 
     def teardown(self) -> None:
-        if self.machine_settings.on_teardown is not None and self.model is not None:
-            self.machine_settings.on_teardown(self)
+        ms = self.machine_settings
+        if ms.on_teardown is not None and self.model is not None:
+            ms.on_teardown(self)
+        if ms.runners is not None and self.harness is not None:
+            ms.runners.release(self.harness)
+            self.harness = None
 

@@ -18,7 +18,7 @@ SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest"
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver, cli and the benchmark runner.
 CORE = {"__init__", "__main__", "bench", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
-        "progress", "replay", "step"}
+        "progress", "replay", "runners", "step"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -75,8 +75,15 @@ def mutated_source(mutant: Mutant) -> str:
     return source.replace(mutant.old, mutant.new)
 
 
+# Bumped by every apply: runners built before a mutant are never reused after it
+# (their start-up ran the code before the edit; simrig.runners keys on this).
+generation = 0
+
+
 def apply(mutant: Mutant) -> None:
     """Apply ``mutant`` to the running process (irreversible: use a child process)."""
+    global generation
+    generation += 1
     owner, attr, fn = _owner_and_function(mutant)
     wrapper = type(fn) if isinstance(fn, (classmethod, staticmethod)) else None
     raw = fn.__func__ if wrapper else fn

@@ -352,6 +352,7 @@ class Campaign:
         from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
         from hypothesis.stateful import get_state_machine_test
 
+        from simrig.runners import shared_pool
         from strategies.machine import VIOLATIONS, MachineSettings, SchedulerContractMachine
 
         o = self.options
@@ -360,7 +361,8 @@ class Campaign:
                 o.pcp_sizes, o.cudagraph_modes),
             stages=o.stages, extra_checks=tuple(o.extra_checks),
             violations=o.violations if o.violations is not None else VIOLATIONS,
-            on_step=self._on_step, on_teardown=self._on_teardown, stopped=self.stopped)
+            on_step=self._on_step, on_teardown=self._on_teardown, stopped=self.stopped,
+            runners=shared_pool())
         machine = SchedulerContractMachine.bind(machine_settings)
         database = o.database if isinstance(o.database, ExampleDatabase) else (
             DirectoryBasedExampleDatabase(str(o.database)) if o.database else None)
@@ -485,6 +487,7 @@ class Campaign:
             "findings_by_kind": dict(sorted(by_kind.items())),
             "regression_traces": st.regression_traces, "regression_steps": st.regression_steps,
             "rig_errors": len(st.rig_errors), "exit_status": self.exit_status(),
+            "runners": _runner_stats(),
             **({"steer": o.steer, "corpus_kept": self.corpus_kept, "corpus_replayed": self.corpus_replayed,
                 "coverage_arcs": len(self._seen_arcs), **plateau(self.coverage_timeline)}
                if o.coverage else {}),
@@ -497,6 +500,13 @@ class Campaign:
         from simrig.campaign.report import findings_frame
 
         return findings_frame(self)
+
+
+def _runner_stats() -> dict[str, int]:
+    """Runners built, reused and dropped (not clean after a reset) in this process."""
+    from simrig.runners import shared_pool
+
+    return shared_pool().stats()
 
 
 def plateau(timeline: list[dict[str, Any]], share: float = 0.95) -> dict[str, Any]:

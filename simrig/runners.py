@@ -1,0 +1,105 @@
+"""Built runners kept between examples and traces: one per (config, stages).
+
+A worker builds its runner, profiles and captures once, then serves request
+after request. The rig does the same: ``RunnerPool.acquire`` hands out an idle
+harness built for the same trace config (or builds one), and ``release``
+puts it back only once it is as clean as a fresh build, checked:
+
+    acquire(config) ── idle one for config? ──yes──► harness (state as after start-up)
+                              │no
+                              └──► Harness(config)  (start-up at its first step;
+                                                     its state is kept: adapters/reuse.py)
+    release(harness) ─► harness.reset(): restore the kept state, then compare
+                         every object, container and buffer with it
+                           ├─ clean  ─► idle, for the next acquire of its config
+                           └─ dirty  ─► dropped (counted in ``dropped``, the first
+                                        differences kept in ``last_dirty``)
+
+A reused runner reports its start-up (the profile run's failure, the capture
+stages) on its first step again, from what start-up observed, so every
+example is judged on the same observations as with a fresh runner. The pool
+holds at most ``capacity`` idle runners, least recently used first out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from simrig import observe as obs
+from simrig.step import RunnerConfig
+
+DEFAULT_CAPACITY = 8
+
+
+class RunnerPool:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+        if capacity < 0:
+            raise ValueError(f"capacity: must be >= 0, got {capacity!r}")
+        self.capacity = capacity
+        self._idle: OrderedDict[tuple, Any] = OrderedDict()
+        self.built = 0
+        self.reused = 0
+        self.dropped = 0
+        self.last_dirty: list[str] = []
+
+    @staticmethod
+    def _key(config: RunnerConfig, stages: frozenset[str], api: Any) -> tuple:
+        from simrig.adapters import mutate
+
+        return (config, stages, id(api), mutate.generation)
+
+    def acquire(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
+                api: Any = None) -> Any:
+        """A harness for ``config`` whose runner is as after start-up."""
+        from simrig import harness as harness_module
+        from simrig.adapters.runner import load
+
+        api = api if api is not None else load()
+        stages = frozenset(stages)
+        key = self._key(config, stages, api)
+        harness = self._idle.pop(key, None)
+        if harness is not None:
+            self.reused += 1
+            return harness
+        self.built += 1
+        harness = harness_module.Harness(config, stages=stages, api=api)
+        if hasattr(harness, "reset"):  # a stand-in harness (tests) is never pooled
+            harness.pool_key = key
+            harness.keep_startup_state = bool(self.capacity)
+        return harness
+
+    def release(self, harness: Any) -> bool:
+        """Back to the pool if it resets clean; returns whether it was kept."""
+        key = getattr(harness, "pool_key", None)
+        reset = getattr(harness, "reset", None)
+        if key is None or reset is None or not self.capacity:
+            return False
+        try:
+            dirty = reset()
+        except Exception as exc:  # noqa: BLE001 -- a runner that cannot reset is not reused
+            dirty = [f"reset raised {type(exc).__name__}: {exc}"]
+        if dirty:
+            self.dropped += 1
+            self.last_dirty = dirty
+            return False
+        self._idle[key] = harness
+        self._idle.move_to_end(key)
+        while len(self._idle) > self.capacity:
+            self._idle.popitem(last=False)
+        return True
+
+    def stats(self) -> dict[str, int]:
+        return {"built": self.built, "reused": self.reused, "dropped": self.dropped, "idle": len(self._idle)}
+
+
+_shared: RunnerPool | None = None
+
+
+def shared_pool() -> RunnerPool:
+    """The process's pool (replays, shrink confirmation, the self-test's children)."""
+    global _shared
+    if _shared is None:
+        _shared = RunnerPool()
+    return _shared
