@@ -43,6 +43,9 @@ class RunnerPool:
         self.reused = 0
         self.dropped = 0
         self.last_dirty: list[str] = []
+        # configs built before: only their later builds keep the state after start-up
+        # (taking it costs a copy of every buffer; a campaign's configs rarely repeat)
+        self._seen: set[tuple] = set()
 
     @staticmethod
     def _key(config: RunnerConfig, stages: frozenset[str], api: Any) -> tuple:
@@ -67,7 +70,8 @@ class RunnerPool:
         harness = harness_module.Harness(config, stages=stages, api=api)
         if hasattr(harness, "reset"):  # a stand-in harness (tests) is never pooled
             harness.pool_key = key
-            harness.keep_startup_state = bool(self.capacity)
+            harness.keep_startup_state = bool(self.capacity) and key in self._seen
+        self._seen.add(key)
         return harness
 
     def release(self, harness: Any) -> bool:
@@ -76,6 +80,8 @@ class RunnerPool:
         reset = getattr(harness, "reset", None)
         if key is None or reset is None or not self.capacity:
             return False
+        if not harness.keep_startup_state and harness.num_steps:
+            return False  # a first build of its config: nothing kept to reset to
         try:
             dirty = reset()
         except Exception as exc:  # noqa: BLE001 -- a runner that cannot reset is not reused
@@ -93,6 +99,13 @@ class RunnerPool:
     def clear(self) -> None:
         """Drop every idle runner (the next acquire of each config builds anew)."""
         self._idle.clear()
+
+    def prefer_reuse(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
+                     api: Any = None) -> None:
+        """Keep the start-up state from the first build of ``config`` on."""
+        from simrig.adapters.runner import load
+
+        self._seen.add(self._key(config, frozenset(stages), api if api is not None else load()))
 
     def stats(self) -> dict[str, int]:
         return {"built": self.built, "reused": self.reused, "dropped": self.dropped, "idle": len(self._idle)}

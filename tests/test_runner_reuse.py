@@ -49,6 +49,7 @@ def test_a_reused_runner_observes_exactly_what_a_fresh_one_does(name, vllm_api):
     header, steps = read_trace(SAMPLES / name)
     fresh = observed(Harness(header.config, api=vllm_api), steps)
     pool = RunnerPool()
+    pool.prefer_reuse(header.config, api=vllm_api)
     first = pool.acquire(header.config, api=vllm_api)
     observed(first, steps)  # leaves requests, drafts, buffers and tables behind
     assert pool.release(first), pool.last_dirty
@@ -60,6 +61,7 @@ def test_a_reused_runner_observes_exactly_what_a_fresh_one_does(name, vllm_api):
 def test_a_reused_runner_holds_no_request_of_the_example_before(vllm_api):
     header, steps = read_trace(SAMPLES / "preempt_resume.jsonl")
     pool = RunnerPool()
+    pool.prefer_reuse(header.config, api=vllm_api)
     harness = pool.acquire(header.config, api=vllm_api)
     harness.run_step(steps[0])
     held = dict(harness.runner.req_states.req_id_to_index)
@@ -72,6 +74,7 @@ def test_a_reused_runner_holds_no_request_of_the_example_before(vllm_api):
 def test_a_runner_that_does_not_reset_clean_is_dropped(vllm_api, monkeypatch):
     header, steps = read_trace(SAMPLES / "spec_decode.jsonl")
     pool = RunnerPool()
+    pool.prefer_reuse(header.config, api=vllm_api)
     harness = pool.acquire(header.config, api=vllm_api)
     for step in steps[:3]:
         harness.run_step(step)
@@ -95,6 +98,7 @@ def test_a_runner_that_does_not_reset_clean_is_dropped(vllm_api, monkeypatch):
 def test_scribbled_buffers_are_put_back(vllm_api):
     header, steps = read_trace(SAMPLES / "chunked_prefill.jsonl")
     pool = RunnerPool()
+    pool.prefer_reuse(header.config, api=vllm_api)
     harness = pool.acquire(header.config, api=vllm_api)
     harness.run_step(steps[0])
     before = harness._startup_state
@@ -108,8 +112,21 @@ def test_scribbled_buffers_are_put_back(vllm_api):
 def test_a_stepless_runner_is_clean_as_built(vllm_api):
     header, _ = read_trace(SAMPLES / "spec_decode.jsonl")
     pool = RunnerPool()
+    pool.prefer_reuse(header.config, api=vllm_api)
     harness = pool.acquire(header.config, api=vllm_api)
     assert pool.release(harness) and pool.acquire(header.config, api=vllm_api) is harness
+
+
+def test_the_first_build_of_a_config_keeps_no_state_the_second_does(vllm_api):
+    header, steps = read_trace(SAMPLES / "spec_decode.jsonl")
+    pool = RunnerPool()
+    first = pool.acquire(header.config, api=vllm_api)
+    first.run_step(steps[0])
+    assert not pool.release(first) and pool.stats()["dropped"] == 0  # nothing kept: not dirty
+    second = pool.acquire(header.config, api=vllm_api)
+    assert second is not first
+    second.run_step(steps[0])
+    assert pool.release(second) and pool.acquire(header.config, api=vllm_api) is second
 
 
 def test_capacity_bounds_the_idle_runners(vllm_api):
