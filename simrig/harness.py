@@ -152,14 +152,19 @@ class Harness(DummyPaths):
     def _state_roots(self) -> list[Any]:
         return [self.runner, self.pcp_managers, self.dcp_peers, self.dispatcher, self.dummy_buffers]
 
+    @property
+    def resettable(self) -> bool:
+        """Never stepped (as built), or its state after start-up was kept."""
+        return self.num_steps == 0 or self._startup_state is not None
+
     def reset(self) -> list[str]:
         """Put the runner back as it was right after start-up, and check it:
         returns what still differs (empty: clean, as a fresh build would be at
         its first step, whose start-up observations it reports again)."""
+        if not self.resettable:
+            return ["the state after start-up was not kept (keep_startup_state off)"]
         if self.num_steps == 0:
             return []  # never stepped: as built
-        if self._startup_state is None:
-            return ["the state after start-up was not kept (keep_startup_state off)"]
         self._startup_state.restore()
         dirty = self._startup_state.differences()
         if not dirty:

@@ -80,7 +80,7 @@ class RunnerPool:
         reset = getattr(harness, "reset", None)
         if key is None or reset is None or not self.capacity:
             return False
-        if not harness.keep_startup_state and harness.num_steps:
+        if not harness.resettable:
             return False  # a first build of its config: nothing kept to reset to
         try:
             dirty = reset()

@@ -44,25 +44,27 @@ def observed(harness, steps) -> list:
     return out
 
 
+def kept_runner(name: str, api) -> tuple:
+    """(pool, a harness whose state after start-up the pool keeps, the trace's steps)."""
+    header, steps = read_trace(SAMPLES / name)
+    pool = RunnerPool()
+    pool.prefer_reuse(header.config, api=api)
+    return pool, pool.acquire(header.config, api=api), steps
+
+
 @pytest.mark.parametrize("name", TRACES)
 def test_a_reused_runner_observes_exactly_what_a_fresh_one_does(name, vllm_api):
-    header, steps = read_trace(SAMPLES / name)
-    fresh = observed(Harness(header.config, api=vllm_api), steps)
-    pool = RunnerPool()
-    pool.prefer_reuse(header.config, api=vllm_api)
-    first = pool.acquire(header.config, api=vllm_api)
+    pool, first, steps = kept_runner(name, vllm_api)
+    fresh = observed(Harness(first.config, api=vllm_api), steps)
     observed(first, steps)  # leaves requests, drafts, buffers and tables behind
     assert pool.release(first), pool.last_dirty
-    again = pool.acquire(header.config, api=vllm_api)
+    again = pool.acquire(first.config, api=vllm_api)
     assert again is first and pool.stats()["reused"] == 1
     assert observed(again, steps) == fresh
 
 
 def test_a_reused_runner_holds_no_request_of_the_example_before(vllm_api):
-    header, steps = read_trace(SAMPLES / "preempt_resume.jsonl")
-    pool = RunnerPool()
-    pool.prefer_reuse(header.config, api=vllm_api)
-    harness = pool.acquire(header.config, api=vllm_api)
+    pool, harness, steps = kept_runner("preempt_resume.jsonl", vllm_api)
     harness.run_step(steps[0])
     held = dict(harness.runner.req_states.req_id_to_index)
     assert held, "the first step admits requests"
@@ -72,10 +74,7 @@ def test_a_reused_runner_holds_no_request_of_the_example_before(vllm_api):
 
 
 def test_a_runner_that_does_not_reset_clean_is_dropped(vllm_api, monkeypatch):
-    header, steps = read_trace(SAMPLES / "spec_decode.jsonl")
-    pool = RunnerPool()
-    pool.prefer_reuse(header.config, api=vllm_api)
-    harness = pool.acquire(header.config, api=vllm_api)
+    pool, harness, steps = kept_runner("spec_decode.jsonl", vllm_api)
     for step in steps[:3]:
         harness.run_step(step)
     # a restore that misses the request states: what a state the rig cannot reach would look like
@@ -92,14 +91,11 @@ def test_a_runner_that_does_not_reset_clean_is_dropped(vllm_api, monkeypatch):
     assert not pool.release(harness)
     assert pool.stats() == {"built": 1, "reused": 0, "dropped": 1, "idle": 0}
     assert any("dict" in d for d in pool.last_dirty)
-    assert pool.acquire(header.config, api=vllm_api) is not harness  # a fresh build instead
+    assert pool.acquire(harness.config, api=vllm_api) is not harness  # a fresh build instead
 
 
 def test_scribbled_buffers_are_put_back(vllm_api):
-    header, steps = read_trace(SAMPLES / "chunked_prefill.jsonl")
-    pool = RunnerPool()
-    pool.prefer_reuse(header.config, api=vllm_api)
-    harness = pool.acquire(header.config, api=vllm_api)
+    _, harness, steps = kept_runner("chunked_prefill.jsonl", vllm_api)
     harness.run_step(steps[0])
     before = harness._startup_state
     harness.runner.input_buffers.input_ids.fill_(12345)
@@ -110,11 +106,8 @@ def test_scribbled_buffers_are_put_back(vllm_api):
 
 
 def test_a_stepless_runner_is_clean_as_built(vllm_api):
-    header, _ = read_trace(SAMPLES / "spec_decode.jsonl")
-    pool = RunnerPool()
-    pool.prefer_reuse(header.config, api=vllm_api)
-    harness = pool.acquire(header.config, api=vllm_api)
-    assert pool.release(harness) and pool.acquire(header.config, api=vllm_api) is harness
+    pool, harness, _ = kept_runner("spec_decode.jsonl", vllm_api)
+    assert pool.release(harness) and pool.acquire(harness.config, api=vllm_api) is harness
 
 
 def test_the_first_build_of_a_config_keeps_no_state_the_second_does(vllm_api):

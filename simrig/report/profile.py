@@ -118,7 +118,7 @@ class StackSampler:
         (for vLLM: the vLLM function whose kernels or own lines were running),
         with the share of all counted samples."""
         innermost: Counter[str] = Counter()
-        counted = sum(n for (o, _), n in self.samples.items() if o != STARTUP)
+        counted = self.split()["samples"]
         for (o, stack), n in self.samples.items():
             if o != owner:
                 continue
