@@ -23,6 +23,7 @@ from simrig.cli import main
     (["--violations", "nope"], "--violations"),
     (["--max-examples", "0"], "--max-examples"),
     (["--stages", "partition"], "--stages"),
+    (["--profile", "--workers", "2"], "--profile"),
 ])
 def test_usage_errors_are_one_line_exit_2(argv, message, capsys, tmp_path):
     assert main(["fuzz", "--out", str(tmp_path / "o"), *argv]) == 2

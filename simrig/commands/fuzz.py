@@ -166,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
     from simrig.report.timing import time_share_line
 
     options = options_from_args(args)
+    if options.profile and (args.workers is not None or args.ray is not None):
+        from simrig.errors import UsageError
+
+        raise UsageError("--profile: samples this process's campaign; run it without --workers/--ray")
     workers = distributed_workers(args)  # Ray missing / unreachable: exit 2 before anything runs
     sharded = None
     if workers is not None:

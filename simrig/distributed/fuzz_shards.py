@@ -88,6 +88,7 @@ class MergedCampaign(Campaign):
 
     def summary(self) -> dict[str, Any]:
         s, rows = super().summary(), self.sharded.rows
+        s.pop("runners", None)  # the driver's own pool: the shards build and reuse theirs
         s.update(workers=self.sharded.workers, shards=len(rows),
                  lost_shards=[r.shard for r in rows if r.status == "lost"],
                  reassigned={r.shard: r.note for r in rows if r.status == "lost"},

@@ -1,0 +1,48 @@
+"""``simrig fuzz --profile``: the stack sampler files each sample under vLLM,
+Hypothesis or the rig, and a campaign writes its split next to the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from simrig.cli import main
+from simrig.report.profile import StackSampler, _owner_of_file
+
+SITE = "/home/u/simrig/.venv/lib/python3.11/site-packages"
+
+
+@pytest.mark.parametrize("path, owner", [
+    (f"{SITE}/vllm/v1/worker/gpu/model_runner.py", "vllm"),
+    (f"{SITE}/hypothesis/core.py", "hypothesis"),  # a checkout named simrig is not the rig
+    (f"{SITE}/triton/runtime/interpreter.py", None),  # below a vLLM frame: vLLM's
+    ("/home/u/simrig/simrig/harness.py", "rig"),
+    ("/home/u/simrig/strategies/machine.py", "rig"),
+    ("<frozen runpy>", None),
+])
+def test_each_frame_belongs_to_its_package(path, owner):
+    assert _owner_of_file(path) == owner
+
+
+def test_the_interval_must_be_positive():
+    with pytest.raises(ValueError, match="interval_s"):
+        StackSampler(interval_s=0)
+
+
+@pytest.mark.vllm
+def test_a_profiled_campaign_writes_its_split(tmp_path, capsys):
+    out = tmp_path / "fuzz"
+    status = main(["fuzz", "--max-examples", "3", "--seed", "1", "--database", "none",
+                   "--no-regressions", "--pcp-sizes", "1", "--cudagraph-modes", "NONE",
+                   "--profile", "--quiet", "--out", str(out)])
+    assert status == 0
+    printed = capsys.readouterr().out
+    profile = json.loads((out / "profile" / "summary.json").read_text())
+    assert profile["samples"] > 0
+    assert abs(sum(profile["shares"].values()) - 1) < 0.01
+    assert profile["shares"]["vllm"] > 0.3  # the campaign runs the real execute_model
+    assert profile["top"]["vllm"] and all("(vllm/" in name for name, _ in profile["top"]["vllm"])
+    lines = (out / "profile" / "stacks.collapsed").read_text().splitlines()
+    assert lines and all(line.rsplit(" ", 1)[1].isdigit() for line in lines)
+    assert "profile: vllm" in printed and "profile.txt" in printed
