@@ -80,6 +80,7 @@ class UnitResult:
     classes: ClassTally = field(default_factory=ClassTally)  # true occurrences, first/last place
     unavailable: list[dict[str, Any]] = field(default_factory=list)  # stages this release lacks
     coverage: dict[str, set[tuple[int, int]]] | None = None  # arcs of vLLM's MRV2 code reached
+    vllm_s: float = 0.0  # inside vLLM's calls (StepObs.vllm_s summed)
 
 
 def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> UnitResult:
@@ -142,7 +143,8 @@ def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> 
                       rec.first_findings, rec.known_elided, rec.num_steps,
                       time.perf_counter() - started, api.version,
                       f"{api.device} ({api.platform.mode})", worker_name(), rec.classes,
-                      rec.unavailable, collector.data() if collector is not None else None)
+                      rec.unavailable, collector.data() if collector is not None else None,
+                      vllm_s=rec.vllm_s)
 
 
 @dataclass
@@ -177,6 +179,7 @@ def merge_units(results: list[UnitResult], traces: Sequence[str], pcp_sizes: Seq
         rec.trace_lengths[r.unit.path] = max(rec.trace_lengths.get(r.unit.path, 0), r.unit.stop)
     rec.classes = merge_tallies((r.classes, None) for r in results)
     rec.num_steps, rec.replay_s = sum(r.num_steps for r in results), wall_s
+    rec.vllm_s = sum(r.vllm_s for r in results)
     first = results[0] if results else None
     result = rec.result(list(traces), list(pcp_sizes), tuple(stages),
                         vllm_version=first.vllm_version if first else "",
