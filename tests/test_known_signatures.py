@@ -138,3 +138,26 @@ def test_the_pcp_only_entry_does_not_cover_a_plain_regression(plain):
     found = [f for i, (s, o) in enumerate(zip(steps, mutated(observations, step, drop)))
              for f in checker.check(i, s, o) if f.field == "prefill_runs_as_decode_np" and f.stage == "gather"]
     assert found and not any(f.known for f in found)
+
+
+def test_a_window_1_group_keeping_its_below_window_entries_is_known_and_only_that():
+    """The shrunk campaign trace (exactly as the shrinker wrote it): a sliding-window
+    group of window 1 whose entries below the window 0.33.0 does not null."""
+    from pathlib import Path
+
+    from simrig.replay import replay_trace
+
+    trace = Path(__file__).resolve().parent / "fixtures" / "sliding_window_1_kept.jsonl"
+    result = replay_trace(trace)
+    rows = result.findings[result.findings["field"].str.startswith("attn.block_tables")]
+    assert len(rows) and set(rows["verdict"]) == {"known"}
+    table = load_known_findings("0.33.0")
+    def rows(extra):
+        return [fk.Finding(kind=fk.VALUE_MISMATCH, step=1, stage="prepare", check="blocks",
+                           field="attn.block_tables.1", extra=extra)]
+
+    kept = {"pattern": "below_window_kept:window=1"}
+    assert table.apply(rows(kept))[0].known
+    for other in ({"pattern": "below_window_kept:window=2"}, {}):  # another window, another form: new
+        assert not table.apply(rows(other))[0].known
+    assert not load_known_findings("0.32.0").apply(rows(kept))[0].known

@@ -183,11 +183,12 @@ def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, s
     out: list[Finding] = []
     computed = {r: int(c) for r, c in zip(batch.req_ids, batch.num_computed)}
 
-    def mismatch(name: str, ids: Sequence[str], expected: Any, actual: Any, rule: str) -> None:
+    def mismatch(name: str, ids: Sequence[str], expected: Any, actual: Any, rule: str,
+                 pattern: str | None = None) -> None:
         out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage, check="blocks",
                            rank=stage.rank, req_ids=tuple(ids), field=name,
                            expected=short(expected), actual=short(actual), message=rule,
-                           extra={"dcp_rank": dcp_rank}))
+                           extra={"dcp_rank": dcp_rank, **({"pattern": pattern} if pattern else {})}))
 
     for group in range(tracker.num_groups):
         name = f"{BLOCK_TABLES}.{group}"
@@ -205,10 +206,14 @@ def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, s
             nulled = [NULL_BLOCK_ID] * skipped + blocks[skipped:]
             allowed = {True: [nulled], False: [blocks], None: [blocks, nulled]}[nulls_below_window]
             if got not in allowed:
+                # the one form a known finding names: the entries below the window kept
+                # as sent, in a release that nulls them, for a group of this window
+                kept = bool(skipped and nulls_below_window and got == blocks)
                 mismatch(name, (req_id,), allowed[0], got,
                          f"ROWS: row {i} must start with request {req_id}'s blocks"
                          + (f" (BELOW WINDOW: its first {skipped} null)" if skipped and nulls_below_window
-                            else ""))
+                            else ""),
+                         pattern=f"below_window_kept:window={config.kv_groups[group].window}" if kept else None)
         padded = table[len(rows):]
         if padded.size and np.any(padded != NULL_BLOCK_ID):
             bad = len(rows) + int(np.argwhere(np.any(padded != NULL_BLOCK_ID, axis=1))[0][0])
