@@ -254,6 +254,7 @@ class Campaign:
         api = load()  # the one-off vLLM import (~15 s) is not part of the budget
         self.vllm_version, self.device = api.version, f"{api.device} ({api.platform.mode})"
         self.coverage.start()  # after the import: only what the campaign reaches
+        runners_before = _runner_counts()
         sampler = None
         if o.profile:
             from simrig.report.profile import StackSampler
@@ -283,6 +284,7 @@ class Campaign:
                 self.stats.stopped_by = self._stopped_by()
                 self.stats.elapsed_s = round(self._elapsed(), 3)
                 self._progress.close()
+                self.stats.runners = {k: n - runners_before[k] for k, n in _runner_counts().items()}
                 if sampler is not None:
                     sampler.stop()  # the report is not part of the campaign's profile
                 self.finish()
@@ -487,7 +489,7 @@ class Campaign:
             "findings_by_kind": dict(sorted(by_kind.items())),
             "regression_traces": st.regression_traces, "regression_steps": st.regression_steps,
             "rig_errors": len(st.rig_errors), "exit_status": self.exit_status(),
-            "runners": _runner_stats(),
+            "runners": dict(st.runners),
             **({"steer": o.steer, "corpus_kept": self.corpus_kept, "corpus_replayed": self.corpus_replayed,
                 "coverage_arcs": len(self._seen_arcs), **plateau(self.coverage_timeline)}
                if o.coverage else {}),
@@ -502,11 +504,12 @@ class Campaign:
         return findings_frame(self)
 
 
-def _runner_stats() -> dict[str, int]:
-    """Runners built, reused and dropped (not clean after a reset) in this process."""
+def _runner_counts() -> dict[str, int]:
+    """Runners built, reused and dropped (not clean after a reset) in this process so far."""
     from simrig.runners import shared_pool
 
-    return shared_pool().stats()
+    stats = shared_pool().stats()
+    return {k: stats[k] for k in ("built", "reused", "dropped")}
 
 
 def plateau(timeline: list[dict[str, Any]], share: float = 0.95) -> dict[str, Any]:

@@ -98,6 +98,7 @@ class CampaignStats:
     regression_steps: int = 0
     elapsed_s: float = 0.0
     vllm_s: float = 0.0  # inside vLLM's calls, examples' steps only (StepObs.vllm_s summed)
+    runners: dict[str, int] = field(default_factory=dict)  # built / reused / dropped (simrig.runners)
     stopped_by: str = "budget"
     rig_errors: list[str] = field(default_factory=list)
     # steps per configured cudagraph mode, and per mode vLLM's dispatch chose

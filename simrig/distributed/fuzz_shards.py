@@ -88,7 +88,6 @@ class MergedCampaign(Campaign):
 
     def summary(self) -> dict[str, Any]:
         s, rows = super().summary(), self.sharded.rows
-        s.pop("runners", None)  # the driver's own pool: the shards build and reuse theirs
         s.update(workers=self.sharded.workers, shards=len(rows),
                  lost_shards=[r.shard for r in rows if r.status == "lost"],
                  reassigned={r.shard: r.note for r in rows if r.status == "lost"},
@@ -270,6 +269,8 @@ class ShardedCampaign:
             for fld in ("examples", "steps", "findings", "loud_rejections", "violations_sent",
                         "chunks", "regression_traces", "regression_steps"):
                 setattr(st, fld, getattr(st, fld) + int(stats.get(fld, 0)))
+            for fld, n in (stats.get("runners") or {}).items():  # each shard's own runners
+                st.runners[fld] = st.runners.get(fld, 0) + int(n)
             elapsed = float(stats.get("elapsed_s", 0.0))
             st.elapsed_s = max(st.elapsed_s, round(elapsed, 3))
             examples, steps = int(stats.get("examples", 0)), int(stats.get("steps", 0))
