@@ -46,6 +46,7 @@ from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.probes import wrap as _wrap
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
+from simrig.coverage.gate import rig_work, vllm_calls
 from simrig.dummy_paths import DummyPaths
 from simrig.step import RunnerConfig, Step
 
@@ -68,14 +69,15 @@ class Harness(DummyPaths):
         self.config = config
         self.stages = stages
         self.api = api or load()
-        block_tables = self.api.build_block_tables(config)
-        self.pcp_managers = self.api.build_pcp_managers(config, block_tables)
-        self.dcp_peers = self.api.build_dcp_peer_managers(config, block_tables)
-        self.dispatcher = self.api.build_dispatcher(config)
-        self.runner = self.api.build_runner(
-            config, self.dispatcher, self.pcp_managers[0] if self.pcp_managers else None,
-            block_tables)
-        self.dummy_buffers = self.api.dummy_buffers(config)
+        with vllm_calls():  # under coverage: the build is vLLM's code, traced
+            block_tables = self.api.build_block_tables(config)
+            self.pcp_managers = self.api.build_pcp_managers(config, block_tables)
+            self.dcp_peers = self.api.build_dcp_peer_managers(config, block_tables)
+            self.dispatcher = self.api.build_dispatcher(config)
+            self.runner = self.api.build_runner(
+                config, self.dispatcher, self.pcp_managers[0] if self.pcp_managers else None,
+                block_tables)
+            self.dummy_buffers = self.api.dummy_buffers(config)
         self.num_steps = 0
         self._step: Step | None = None
         self._result: obs.StepObs | None = None
@@ -102,6 +104,10 @@ class Harness(DummyPaths):
 
     # The hot path: one real execute_model, then the ranks it does not drive.
     def run_step(self, step: Step) -> obs.StepObs:
+        with vllm_calls():  # under coverage: traced, but for the probes' own work
+            return self._run_step(step)
+
+    def _run_step(self, step: Step) -> obs.StepObs:
         result = obs.StepObs(index=self.num_steps)
         self.num_steps += 1
         so = self.api.scheduler_output(step, self.config.num_kv_groups)
@@ -198,12 +204,14 @@ class Harness(DummyPaths):
                 nonlocal inner
                 start = time.perf_counter()
                 try:
-                    return call(*a, **k)
+                    with vllm_calls():
+                        return call(*a, **k)
                 finally:
                     inner += time.perf_counter() - start
             try:
                 if self._mode == "step":
-                    return probe(real, *args, **kwargs)
+                    with rig_work():
+                        return probe(real, *args, **kwargs)
                 value = real(*args, **kwargs)
                 if probe == self._probe_dispatch and self._dummy_record is not None:
                     self._dummy_record.fields.update(
@@ -219,7 +227,8 @@ class Harness(DummyPaths):
         def run(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
-                return observer(*args, **kwargs)
+                with rig_work():
+                    return observer(*args, **kwargs)
             finally:
                 self._probe_rig_s += time.perf_counter() - start
         return run

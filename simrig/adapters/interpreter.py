@@ -22,6 +22,7 @@ Platform plumbing only: no vLLM code and no kernel body is changed.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 def skip_dead_overflow_checks() -> bool:
@@ -79,3 +80,47 @@ def patch_language_once() -> bool:
     patch_lang.__simrig_once__ = True  # type: ignore[attr-defined]
     interpreter._patch_lang = patch_lang
     return True
+
+
+def sample_traced_launches() -> bool:
+    """Route every kernel launch through ``simrig.coverage.gate.launch``, so a
+    running coverage collector traces only the launches its sampler asks for
+    (a plain call while none runs). Returns whether it was installed (False:
+    a Triton without this interpreter layout, or already installed)."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    executor = getattr(interpreter, "GridExecutor", None)
+    original = getattr(executor, "__call__", None)
+    if original is None or getattr(original, "__simrig_sampled__", False):
+        return False
+    from simrig.coverage import gate
+
+    def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if gate.ACTIVE is None:
+            return original(self, *args, **kwargs)
+        return gate.launch(_specialization(self, args, kwargs), lambda: original(self, *args, **kwargs))
+
+    launch.__simrig_sampled__ = True  # type: ignore[attr-defined]
+    executor.__call__ = launch
+    return True
+
+
+def _specialization(executor: Any, args: tuple, kwargs: dict) -> tuple:
+    """A launch's kernel and its ``tl.constexpr`` values: what a compiled
+    kernel is specialised on, so the branches they fix count apart."""
+    names = executor.arg_names
+    values = []
+    for name in executor.constexprs:
+        if name in kwargs:
+            value = kwargs[name]
+        else:
+            at = names.index(name)
+            value = args[at] if at < len(args) else None
+        try:
+            hash(value)
+        except TypeError:
+            value = repr(value)
+        values.append(value)
+    return (executor.fn, tuple(values))

@@ -97,6 +97,7 @@ def apply_after_import() -> None:
 
     interpreter.skip_dead_overflow_checks()
     interpreter.patch_language_once()
+    interpreter.sample_traced_launches()
 
 
 @contextlib.contextmanager

@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_flags(p, "fuzz")
     from simrig.coverage.session import add_coverage_flags
 
-    add_coverage_flags(p, default=False)
+    add_coverage_flags(p, default=True)
     p.add_argument("--steer", action=argparse.BooleanOptionalAction, default=False,
                    help="steer the campaign by coverage (implies --coverage): Hypothesis' target() "
                         "on the MRV2 arcs each example reaches, and examples that reach new arcs "

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_output_flags(p, "replay")
     from simrig.coverage.session import add_coverage_flags
 
-    add_coverage_flags(p, default=False)
+    add_coverage_flags(p, default=True)
     from simrig.distributed.cluster import add_distributed_arguments
 
     add_distributed_arguments(p, "replay trace x PCP size x segment units on N Ray workers")

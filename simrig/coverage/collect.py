@@ -21,6 +21,9 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
+
+from simrig.coverage import gate
 
 SCOPE = "vllm/v1/worker/gpu"
 
@@ -51,9 +54,14 @@ ON_START: list[Callable[[], None]] = []
 class Collector:
     """One coverage.py session over the MRV2 folder; ``start``/``stop`` may
     alternate (time outside them is not measured), ``data()`` is what was
-    reached so far."""
+    reached so far.
 
-    def __init__(self) -> None:
+    Gated (the default), it traces only inside ``gate.vllm_calls()`` regions
+    (the harness's builds and steps) and samples kernel launches
+    (``simrig.coverage.gate``); ``gated=False`` traces everything between
+    ``start`` and ``stop`` and every launch."""
+
+    def __init__(self, gated: bool = True) -> None:
         import coverage
 
         root = vllm_root()
@@ -68,7 +76,9 @@ class Collector:
                                                       "module-not-imported"])
         self.running = False
         self._ever_started = False
-        self._taken: CoverageData = {}  # what take() handed out (data() still includes it)
+        self._taken: dict[str, set[Any]] = {}  # the tracer's raw arcs take() handed out, per file
+        self._relative_paths: dict[str, str | None] = {}
+        self.switch = gate.Switch(self._pause, self._resume, gated, self._arc_count)
 
     @property
     def tracer(self) -> str:
@@ -82,37 +92,61 @@ class Collector:
                     hook()
             self._cov.start()
             self.running = True
+            self.switch.tracing = True
+            gate.activate(self.switch)
+            self.switch.apply()  # gated and outside a region: paused at once
 
     def stop(self) -> None:
         if self.running:
+            gate.activate(None)
             self._cov.stop()
             self.running = False
 
+    @property
+    def launches(self) -> gate.LaunchSampler:
+        return self.switch.launches
+
+    # coverage.py's own pause/resume of its tracers (the collector its start made)
+    def _pause(self) -> None:
+        self._cov._collector.pause()
+
+    def _resume(self) -> None:
+        self._cov._collector.resume()
+
+    def _arc_count(self) -> int:
+        return sum(len(arcs) for arcs in self._cov._collector.data.values())
+
     def take(self) -> CoverageData:
-        """Arcs reached since the last ``take`` (one example's, for steering);
-        ``data()`` keeps counting them."""
-        was_running = self.running
-        self.stop()
-        fresh = self._current()
-        self._cov.erase()
-        self._taken = merge([self._taken, fresh])
-        if was_running:
-            self.start()
-        return fresh
+        """Arcs first reached since the last ``take`` (one example's, for
+        steering); ``data()`` keeps counting them."""
+        return self._arcs(fresh_only=True)
 
     def data(self) -> CoverageData:
         """Arcs reached so far, keyed by path relative to vLLM's parent folder."""
-        return merge([self._taken, self._current()])
+        return self._arcs(fresh_only=False)
 
-    def _current(self) -> CoverageData:
-        raw = self._cov.get_data()
+    def _arcs(self, fresh_only: bool) -> CoverageData:
+        """The tracer's own sets, read in place: coverage.py's data file (an
+        in-memory SQLite database) is never built, since per example it cost
+        more than the tracing. The sets only grow, which is what the launch
+        sampler counts on."""
+        collector = self._cov._collector
+        if collector is None:
+            return {}
+        unpack = _unpack if collector.core.packed_arcs else _as_arc
         out: CoverageData = {}
-        for filename in raw.measured_files():
-            rel = _relative(filename, self.root)
+        for filename, raw in list(collector.data.items()):
+            rel = self._relative_paths.get(filename, False)
+            if rel is False:
+                rel = self._relative_paths[filename] = _relative(filename, self.root)
             if rel is None:
                 continue
-            arcs = raw.arcs(filename) or []
-            out.setdefault(rel, set()).update((int(a), int(b)) for a, b in arcs)
+            if fresh_only:
+                seen = self._taken.setdefault(filename, set())
+                raw = raw - seen
+                seen |= raw
+            if raw:
+                out.setdefault(rel, set()).update(map(unpack, raw))
         return out
 
     def __enter__(self) -> Collector:
@@ -121,6 +155,18 @@ class Collector:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _unpack(packed: int) -> Arc:
+    """An arc as coverage.py's C tracer packs it: two 28-bit line numbers,
+    their signs in bits 56 and 57 (coverage/ctracer/tracer.c, CTracer_record_pair)."""
+    a = packed & 0xFFFFFFF
+    b = (packed >> 28) & 0xFFFFFFF
+    return (-a if packed & (1 << 56) else a, -b if packed & (1 << 57) else b)
+
+
+def _as_arc(pair: Any) -> Arc:
+    return (int(pair[0]), int(pair[1]))
 
 
 def _relative(filename: str, root: Path) -> str | None:
