@@ -266,9 +266,7 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     runners = shared_pool()
     try:
         harness = runners.acquire(config, stages, api if api is not None else load())
-        shape = getattr(getattr(harness, "api", None), "shape", None)  # None: a harness stand-in
-        checker = Checker(config, adversarial=header.adversarial, trace=name,
-                          nulls_below_window=shape.nulls_below_window if shape is not None else None)
+        checker = Checker(config, adversarial=header.adversarial, trace=name)
     except ValueError as exc:  # the trace's config is one the runner cannot take
         raise UsageError(f"{name or 'trace'}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 -- a rig bug: reported, the run goes on

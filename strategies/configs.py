@@ -82,7 +82,9 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     scheduler budget below one token per request slot is not a configuration
     vLLM accepts); ``dcp_size`` is drawn with PCP > 1, and with PCP 1 where
     ``dcp_without_pcp`` draws True (vLLM's ``ParallelConfig``: with PCP 1,
-    "DCP reuses the TP ranks"), and
+    "DCP reuses the TP ranks"); under PCP a DCP size drawn > 1 becomes the PCP
+    size (``ParallelConfig`` accepts only DCP 1, PCP or TP x PCP there, and the
+    rig runs TP 1: DCP 2 with PCP 4 or 8 is refused by vLLM), and
     ``shard_decode_requests`` only with PCP > 1 and DCP 1 (vLLM's
     ``ParallelConfig.pcp_shard_decode_requests``: DCP needs every decode on
     every rank). ``cudagraph_modes`` draws vLLM's cudagraph mode (a FULL draw
@@ -116,6 +118,12 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
         reqs = draw(max_num_reqs)
         pcp = draw(pcp_sizes)
         dcp = draw(dcp_sizes) if pcp > 1 or draw(dcp_without_pcp) else 1
+        if pcp > 1 and dcp > 1:
+            # vLLM's ParallelConfig refuses any other DCP size under PCP: "When PCP is
+            # enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP
+            # axis" (vllm/config/parallel.py, ``dcp not in (1, pcp, tp * pcp)``, 0.30.0
+            # to 0.33.0). The rig runs TP 1, so a DCP drawn under PCP spans the PCP axis.
+            dcp = pcp
         budget = max(draw(max_num_batched_tokens), reqs)
         mode = draw(cudagraph_modes)
         if mode not in CUDAGRAPH_MODES:

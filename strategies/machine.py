@@ -140,10 +140,7 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         ms, config = self.machine_settings, self.config
         self.harness = (ms.runners.acquire(config, ms.stages) if ms.runners is not None
                         else Harness(config, stages=ms.stages))
-        # a harness stand-in without the adapter (tests): either below-window form is accepted
-        api = getattr(self.harness, "api", None)
-        self.checker = Checker(config, adversarial=ms.mode == "adversarial", trace="hypothesis",
-                               nulls_below_window=api.shape.nulls_below_window if api is not None else None)
+        self.checker = Checker(config, adversarial=ms.mode == "adversarial", trace="hypothesis")
 
     @property
     def config(self) -> RunnerConfig:

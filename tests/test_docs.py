@@ -66,3 +66,24 @@ def test_every_relative_link_of_the_readme_resolves():
     assert relative, "the README links into docs/"
     missing = [t for t in relative if not (ROOT / t.split("#")[0]).exists()]
     assert missing == [], f"README.md links to files that do not exist: {missing}"
+
+
+def _generated_tables_on(page: str, generated: str) -> None:
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    for table in generated.split("\n\n"):
+        assert _table_after(text, table.splitlines()[0]) == table, (
+            f"docs/{page}'s table differs from its generator in simrig.report.docs_tables")
+
+
+def test_the_release_differences_page_holds_exactly_the_generated_table():
+    from simrig.report.docs_tables import release_differences_table
+
+    _generated_tables_on("release-differences.md", release_differences_table())
+
+
+def test_the_history_page_holds_exactly_the_generated_tables():
+    from simrig.report.docs_tables import history_table
+
+    generated = history_table()
+    assert generated.count("\n\n") == 1  # the fixes, then the counts
+    _generated_tables_on("vllm-history.md", generated)

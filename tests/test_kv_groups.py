@@ -21,6 +21,7 @@ from simrig.sources.trace import TraceError, TraceHeader, read_trace, write_trac
 from simrig.step import CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step, block_groups
 from strategies import kv_group_lists, runner_configs, scheduled_runs
 from strategies.blocks import BlockPool
+from simrig.checks.comparer import short
 from tests.test_blocks import _arr, _batch
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -54,9 +55,8 @@ def _tracker() -> BlockTracker:
     return tracker
 
 
-def _check(tables: list, slots: list, nulls: bool | None):
-    return check_attn_blocks(TWO, _tracker(), 0, _stage(tables, slots), _batch(TWO_BATCH),
-                             nulls_below_window=nulls)
+def _check(tables: list, slots: list):
+    return check_attn_blocks(TWO, _tracker(), 0, _stage(tables, slots), _batch(TWO_BATCH))
 
 
 def test_below_window_counts_whole_blocks_of_sliding_window_groups_only():
@@ -64,26 +64,32 @@ def test_below_window_counts_whole_blocks_of_sliding_window_groups_only():
     assert below_window(TWO, 0, 100) == 0  # full attention keeps every block
 
 
-@pytest.mark.parametrize("nulls, table_1", [(True, TABLE_1_NULLED), (False, TABLE_1_AS_SENT),
-                                            (None, TABLE_1_NULLED), (None, TABLE_1_AS_SENT)])
-def test_a_clean_two_group_batch_has_no_findings(nulls, table_1):
-    assert _check([TABLE_0, table_1], SLOTS, nulls) == []
+def test_a_clean_two_group_batch_has_no_findings():
+    assert _check([TABLE_0, TABLE_1_NULLED], SLOTS) == []
 
 
-@pytest.mark.parametrize("nulls, table_1", [(True, TABLE_1_AS_SENT), (False, TABLE_1_NULLED)])
-def test_below_window_entries_follow_the_release(nulls, table_1):
-    found = _check([TABLE_0, table_1], SLOTS, nulls)
-    assert [(f.kind, f.field, f.req_ids) for f in found] == [(fk.VALUE_MISMATCH, "attn.block_tables.1", ("a",))]
+def test_below_window_entries_kept_as_sent_are_one_named_form_on_every_release():
+    """One meaning on every release: the entries below the window are null. Kept as
+    sent (0.30.0-0.32.0, or window 1 on 0.33.0) is a mismatch with the pattern the
+    known findings name; any other wrong entry carries no pattern."""
+    found = _check([TABLE_0, TABLE_1_AS_SENT], SLOTS)
+    assert [(f.kind, f.field, f.req_ids, f.extra.get("pattern")) for f in found] == [
+        (fk.VALUE_MISMATCH, "attn.block_tables.1", ("a",), "below_window_kept:window=6")]
+    assert (found[0].expected, found[0].actual) == (short([0, 6, 12]), short([5, 6, 12]))
+    other = [list(r) for r in TABLE_1_NULLED]
+    other[0][0] = 9  # neither null nor the id sent
+    found = _check([TABLE_0, other], SLOTS)
+    assert [(f.field, f.extra.get("pattern")) for f in found] == [("attn.block_tables.1", None)]
 
 
 def test_each_group_is_judged_on_its_own_block_size():
     slots = [list(SLOTS[0]), list(SLOTS[1])]
     slots[1][0] = 13 * 8 + 1  # group 0's block at group 1's size
-    found = _check([TABLE_0, TABLE_1_NULLED], slots, True)
+    found = _check([TABLE_0, TABLE_1_NULLED], slots)
     assert [(f.field, f.message.split(":")[0]) for f in found] == [("attn.slot_mappings", "SLOT")]
     stale = [list(r) for r in TABLE_1_NULLED]
     stale[2][0] = 5  # a padded row of group 1 keeps a block
-    found = _check([TABLE_0, stale], SLOTS, True)
+    found = _check([TABLE_0, stale], SLOTS)
     assert [(f.field, f.message.split(":")[0]) for f in found] == [("attn.block_tables.1", "PADDED ROWS")]
 
 
@@ -252,6 +258,13 @@ def test_block_ids_must_name_each_group(tmp_path: Path, blocks, message):
 
 
 # ------------------------------------------------------------------ real vLLM agrees
+def _known_here(finding) -> bool:
+    """Whether the installed release's known findings explain ``finding``."""
+    from simrig.checks.known import installed_vllm_version, load_known_findings
+
+    return load_known_findings(installed_vllm_version()).judge(finding) is not None
+
+
 @pytest.mark.vllm
 def test_real_two_group_block_tables_give_the_pinned_values(vllm_api):
     """The installed BlockTables built for TWO (wiring.block_tables), called as
@@ -275,7 +288,11 @@ def test_real_two_group_block_tables_give_the_pinned_values(vllm_api):
     assert gathered[0].tolist() == TABLE_0
     assert gathered[1].tolist() == (TABLE_1_NULLED if nulls else TABLE_1_AS_SENT)
     assert slots.tolist() == SLOTS
-    assert _check([t.numpy() for t in gathered], slots.numpy(), nulls) == []
+    # one meaning on every release: a release that keeps the entries is held to it, and
+    # the finding is the one its known finding names
+    found = _check([t.numpy() for t in gathered], slots.numpy())
+    assert [f.extra.get("pattern") for f in found] == ([] if nulls else ["below_window_kept:window=6"])
+    assert all(_known_here(f) for f in found)
 
 
 @pytest.mark.vllm
@@ -284,16 +301,16 @@ def test_real_two_group_block_tables_give_the_pinned_values(vllm_api):
 @given(run=scheduled_runs(config=_multi_group_configs(), min_steps=4, max_steps=10))
 def test_real_runs_with_several_groups_have_no_block_findings(vllm_api, run):
     """Generated multi-group runs through the real execute_model: the blocks
-    oracle (told the release's below-window behaviour) finds nothing."""
+    oracle finds nothing the installed release's known findings do not explain."""
     from simrig.checks.checker import Checker
-    from simrig.checks.known import KnownFindings
     from simrig.harness import Harness
 
     config, steps = run
     harness = Harness(config, api=vllm_api)
-    checker = Checker(config, known=KnownFindings([]), nulls_below_window=vllm_api.shape.nulls_below_window)
+    checker = Checker(config)
     for index, step in enumerate(steps):
-        found = [f for f in checker.check(index, step, harness.run_step(step)) if f.check == "blocks"]
+        found = [f for f in checker.check(index, step, harness.run_step(step))
+                 if f.check == "blocks" and not f.known]
         assert found == [], [f.one_line() for f in found]
 
 
@@ -309,16 +326,20 @@ def test_a_sliding_window_trace_through_execute_model_gives_the_pinned_tables(vl
       group 0  a p13 -> 4*4 + 1 = 17;  c [9, 6] p0..5 -> 36 37 38 39 24 25
       group 1  a p13 -> 10*4 + 1 = 41; c [8, 5] p0..5 -> 32 33 34 35 20 21"""
     from simrig.checks.checker import Checker
-    from simrig.checks.known import KnownFindings
     from simrig.harness import Harness
 
     header, steps = read_trace(SLIDING_TRACE)
     nulls = vllm_api.shape.nulls_below_window
     harness = Harness(header.config, api=vllm_api)
-    checker = Checker(header.config, known=KnownFindings([]), nulls_below_window=nulls)
+    checker = Checker(header.config)
+    kept = []
     for index, step in enumerate(steps):
         obs = harness.run_step(step)
-        assert [f.one_line() for f in checker.check(index, step, obs) if f.check == "blocks"] == []
+        found = [f for f in checker.check(index, step, obs) if f.check == "blocks"]
+        assert [f.one_line() for f in found if not f.known] == []
+        kept += [(index, f.field, f.extra.get("pattern")) for f in found]
+    # a release that keeps the entries below the window shows it, as its known finding
+    assert kept == ([] if nulls else [(3, "attn.block_tables.1", "below_window_kept:window=5")])
     prepare = obs.get(PREPARE).fields
     assert prepare["attn.block_tables.1"].values[:2, :4].tolist() == [
         [0, 0, 7, 10] if nulls else [3, 4, 7, 10], [8, 5, 0, 0]]

@@ -206,3 +206,26 @@ def test_graph_configs_are_ones_the_runner_accepts(config):
     # eager configs name no sizes; a graph mode may name none (vLLM's config then derives them)
     assert config.cudagraph_mode != "NONE" or config.graph_capture_sizes == ()
     assert config.graph_capture_sizes == tuple(sorted(set(config.capture_sizes))) or config.cudagraph_mode == "NONE"
+
+
+def _dcp_sizes_vllm_accepts(pcp: int, tp: int = 1) -> set[int]:
+    """vllm/config/parallel.py (0.30.0-0.33.0): with PCP > 1, "DCP must be disabled,
+    span the PCP axis, or span the full TP x PCP axis"; the rig runs TP 1."""
+    return {1, pcp, tp * pcp}
+
+
+@FAST
+@given(runner_configs(pcp_sizes=st.sampled_from((2, 4, 8)), dcp_sizes=st.sampled_from((1, 2, 4))))
+def test_pcp_worlds_draw_only_dcp_sizes_vllm_accepts(config):
+    assert config.dcp_size in _dcp_sizes_vllm_accepts(config.pcp_size)
+
+
+@pytest.mark.parametrize("pcp, dcp, expected", [(2, 2, 2), (4, 2, 4), (8, 2, 8), (4, 1, 1), (1, 2, 2)])
+def test_a_dcp_drawn_under_pcp_spans_the_pcp_axis(pcp, dcp, expected):
+    """DCP 2 with PCP 4 or 8 is refused by vLLM; the strategy draws DCP = PCP instead."""
+    @settings(max_examples=5, deadline=None, database=None)
+    @given(runner_configs(pcp_sizes=st.just(pcp), dcp_sizes=st.just(dcp), dcp_without_pcp=st.just(True)))
+    def drawn(config):
+        assert config.dcp_size == expected
+
+    drawn()

@@ -127,8 +127,7 @@ def simrig_checker(simrig_api: Any) -> Callable[..., Any]:
     from simrig.checks.checker import Checker
 
     def make(config: Any, adversarial: bool = False, trace: str = "pytest") -> Any:
-        return Checker(config, adversarial=adversarial, trace=trace,
-                       nulls_below_window=simrig_api.shape.nulls_below_window)
+        return Checker(config, adversarial=adversarial, trace=trace)
 
     return make
 

@@ -16,11 +16,13 @@
     BELOW WINDOW: in a sliding-window group    BlockTables.gather_block_tables (0.33): "sliding-
       (window W, block size B), row i's first    window groups get every entry wholly below the
       max(0, c_i - (W - 1)) // B entries, c_i    window of the request's first scheduled token
-      = request i's computed tokens, are the     replaced by the null block" (reach = SlidingWindow-
-      null block where the release nulls them,   Spec.num_retained_tokens: "Tokens below a request's
-      else the ids sent (releases without        first scheduled position that must stay readable",
-      sliding_window_reach gather rows as        W - 1); no such entry is ever read: attention of a
-      they are); unknown release: either         query at p >= c_i reads positions > p - W
+      = request i's computed tokens, are the     replaced by the null block. Those blocks may
+      null block, on every release (one          already have been freed by the sliding-window
+      meaning: a release that keeps them         manager and reused, while attention kernels can
+      is judged by it, and its known finding     still load them as part of a KV tile that
+      names the form: pattern                    straddles the window start: masked-out NaN in
+      below_window_kept:window=W)                such a tile propagates into the output" (reach =
+                                                 SlidingWindowSpec.num_retained_tokens, W - 1)
     PAST n_i: entries past a request's block   nothing documents them (attention reads only the
       count are not judged                       blocks that cover seq_len); rule chosen: free
     PADDED ROWS: rows past the batch's         gather kernel: "Zero out padded rows";
@@ -159,8 +161,7 @@ def _token_slots(config: RunnerConfig, tracker: BlockTracker, batch: GlobalBatch
 
 @guarded("blocks")
 def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, stage: StageObs,
-                      batch: GlobalBatch, row_req_ids: Sequence[str] | None = None,
-                      nulls_below_window: bool | None = None) -> list[Finding]:
+                      batch: GlobalBatch, row_req_ids: Sequence[str] | None = None) -> list[Finding]:
     """Findings for the prepare stage's block tables, slot mappings and DCP local seq lens.
 
     The caller passes:
@@ -175,8 +176,6 @@ def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, s
                    query_start_loc, positions, num_computed, query_lens
       row_req_ids  the requests of the block-table rows, in order, when they are not
                    ``batch.req_ids`` (under PCP: the rank-local batch's requests)
-      nulls_below_window  whether the release nulls sliding-window entries below the
-                   window (rule BELOW WINDOW; None: either form is accepted)
     """
     rows = list(batch.req_ids if row_req_ids is None else row_req_ids)
     dcp_rank = stage.dcp_rank if config.dcp_size > 1 else 0
@@ -204,15 +203,13 @@ def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, s
             got = table[i, :len(blocks)].tolist()
             skipped = min(below_window(config, group, computed.get(req_id, 0)), len(blocks))
             nulled = [NULL_BLOCK_ID] * skipped + blocks[skipped:]
-            allowed = {True: [nulled], False: [blocks], None: [blocks, nulled]}[nulls_below_window]
-            if got not in allowed:
-                # the one form a known finding names: the entries below the window kept
-                # as sent, in a release that nulls them, for a group of this window
-                kept = bool(skipped and nulls_below_window and got == blocks)
-                mismatch(name, (req_id,), allowed[0], got,
+            if got != nulled:
+                # the one form known findings name: the entries below the window kept as
+                # sent (a release before the nulling, or a window the nulling misses)
+                kept = bool(skipped and got == blocks)
+                mismatch(name, (req_id,), nulled, got,
                          f"ROWS: row {i} must start with request {req_id}'s blocks"
-                         + (f" (BELOW WINDOW: its first {skipped} null)" if skipped and nulls_below_window
-                            else ""),
+                         + (f" (BELOW WINDOW: its first {skipped} null)" if skipped else ""),
                          pattern=f"below_window_kept:window={config.kv_groups[group].window}" if kept else None)
         padded = table[len(rows):]
         if padded.size and np.any(padded != NULL_BLOCK_ID):

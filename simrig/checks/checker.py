@@ -62,11 +62,8 @@ ExtraCheck = Callable[[int, Step, StepObs], list[Finding]]
 
 class Checker:
     def __init__(self, config: RunnerConfig, *, adversarial: bool = False, trace: str = "",
-                 known: KnownFindings | None = None, nulls_below_window: bool | None = None):
+                 known: KnownFindings | None = None):
         self.config = config
-        # whether the release nulls sliding-window entries below the window
-        # (ApiShape.nulls_below_window; None: blocks.py accepts either form)
-        self.nulls_below_window = nulls_below_window
         self.adversarial = adversarial
         self.trace = trace
         self.known = known if known is not None else load_known_findings(installed_vllm_version())
@@ -243,12 +240,11 @@ class Checker:
             if local is None or local.error is not None or "req_ids" not in local.fields:
                 return []
             return check_attn_blocks(config, self.blocks, index, local, batch,
-                                     list(local.fields["req_ids"].values), self.nulls_below_window)
+                                     list(local.fields["req_ids"].values))
         real = obs.get(PREPARE)
         if real is None or real.error is not None:
             return []
-        return check_attn_blocks(config, self.blocks, index, real, batch,
-                                 nulls_below_window=self.nulls_below_window)
+        return check_attn_blocks(config, self.blocks, index, real, batch)
 
 
 def _label_capture(found: list[Finding], capture: Any) -> list[Finding]:

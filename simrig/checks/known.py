@@ -17,7 +17,9 @@ signature (every optional key below that the entry gives):
     "actual":   "torch int32"     the finding's observed value, exactly (a dtype
                                   drift to int16 in the same field is new)
     "pattern":  "all_zero"        the value pattern the check named
-                                  (``finding.extra["pattern"]``, see semantics.py)
+                                  (``finding.extra["pattern"]``, see semantics.py);
+                                  a trailing ``*`` matches any rest of the pattern
+                                  ("below_window_kept:window=*": every window)
     "when": {"pcp_size": ">=2"}   the run configurations it holds for (numeric
                                   clauses on pcp_size, dcp_size, num_speculative_tokens,
                                   shard_decode_requests 0/1)
@@ -113,13 +115,22 @@ class KnownFinding:
             want = getattr(self, name)
             if want is not None and getattr(finding, name) != want:
                 return False
-        if self.pattern is not None and finding.extra.get("pattern") != self.pattern:
+        if self.pattern is not None and not _pattern_fits(self.pattern, finding.extra.get("pattern")):
             return False
         for key, op, bound in self.when:
             have = (context or {}).get(key)
             if have is None or not _OPS[op](int(have), bound):
                 return False
         return True
+
+
+def _pattern_fits(want: str, got: object) -> bool:
+    """``want`` exactly, or (ending in ``*``) any pattern with its prefix."""
+    if not isinstance(got, str):
+        return False
+    if want.endswith("*"):
+        return got.startswith(want[:-1])
+    return got == want
 
 
 class KnownFindings:

@@ -242,10 +242,16 @@ def _check_is_padding(o: _Out, config: RunnerConfig, counts: list[int], n_local:
     o.equal("is_padding", want, pad, what)
 
 
+DCP_UPPER_BOUND_FIELDS = ("pcp.dcp_local_seq_lens_cpu_upper_bound", "dcp_local_seq_lens_cpu_upper_bound")
+
+
 def _check_dcp_upper_bound(o: _Out, config: RunnerConfig, glob: dict[str, Any], gs: list[int],
                            n_rows: int) -> None:
-    name = "pcp.dcp_local_seq_lens_cpu_upper_bound"
-    if name not in o.stage.fields:
+    # one meaning under two names: the rank-local batch's own field until 0.32.0
+    # (input_batch.py: "[num_reqs] set only under PCP+DCP"), PCPBatchMetadata's from 0.33.0
+    # ("[num_reqs_after_padding], set only under PCP+DCP"), built by the same partition_batch lines
+    name = next((n for n in DCP_UPPER_BOUND_FIELDS if n in o.stage.fields), None)
+    if name is None:
         return
     value = field_value(o.stage, name)
     if config.dcp_size <= 1:

@@ -1,7 +1,9 @@
 """Tables of the documentation site (docs/) that are generated, not written by hand.
 
-    known_findings_table()   docs/known-findings.md: one row per entry of the committed
-                             reports/baselines/known-findings*.json
+    known_findings_table()        docs/known-findings.md: one row per entry of the committed
+                                  reports/baselines/known-findings*.json
+    release_differences_table()   docs/release-differences.md: reports/baselines/release-differences.json
+    history_table()               docs/vllm-history.md: reports/baselines/history.csv
 
 tests/test_docs.py fails when a page's table differs from the function's output, so a
 new or changed entry cannot leave the documentation stale. (The oracle page's table of
@@ -49,3 +51,59 @@ def known_findings_table(folder: Path | None = None) -> str:
                         f"| `{_cell(entry.get('vllm', default))}` | {_signature(entry)} "
                         f"| {_cell(entry.get('explanation', ''))} |")
     return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- release differences
+def release_differences_table(path: Path | None = None) -> str:
+    """docs/release-differences.md's table: every accepted difference of
+    ``reports/baselines/release-differences.json``, with its branches and evidence."""
+    path = BASELINES / "release-differences.json" if path is None else Path(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    rows = ["| difference | kind | releases | branches in simrig/checks/ | evidence in vLLM | why not a bug |",
+            "|---|---|---|---|---|---|"]
+    for entry in data["differences"]:
+        branches = "; ".join(f"`{b['module']}.{b['function']}` ({b['marker']})" for b in entry["branches"])
+        evidence = "; ".join(f"`{e['file']}:{e['line']}` ({e['release']}): `{e['text']}`"
+                             for e in entry.get("evidence", ())) or "–"
+        rows.append(f"| **{_cell(entry['id'])}**: {_cell(entry['summary'])} | `{entry['kind']}` "
+                    f"| {_cell(entry['releases'])} | {_cell(branches)} | {_cell(evidence)} "
+                    f"| {_cell(entry['why_not_a_bug'])} |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- vLLM's history
+HISTORY_COLUMNS = ("from_release", "to_release", "file", "lines", "kind", "summary", "commit", "pr",
+                   "cpu_reachable", "known_finding", "reason")
+HISTORY_KINDS = ("bug_fix", "regression", "feature", "refactor", "api_change", "unreviewed",
+                 "outside_input_path")
+
+
+def read_history(path: Path | None = None) -> list[dict[str, str]]:
+    """The rows of ``reports/baselines/history.csv``."""
+    import csv
+
+    path = BASELINES / "history.csv" if path is None else Path(path)
+    with path.open(encoding="utf-8", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def history_table(path: Path | None = None) -> str:
+    """docs/vllm-history.md's tables: the bugs fixed or introduced between releases (with
+    whether the rig can reach them without a GPU and the known findings that hold them),
+    then the count of every row by release step and kind."""
+    rows = read_history(path)
+    out = ["| releases | file | lines | kind | change | without a GPU | known finding | note |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] in ("bug_fix", "regression"):
+            known = ", ".join(f"`{k}`" for k in r["known_finding"].split(";") if k) or "–"
+            out.append(f"| {r['from_release']} → {r['to_release']} | `{_cell(r['file'])}` | {_cell(r['lines']) or '–'} "
+                       f"| {r['kind']} | {_cell(r['summary'])} | {r['cpu_reachable'] or '?'} | {known} "
+                       f"| {_cell(r['reason']) or '–'} |")
+    out += ["", "| releases | " + " | ".join(HISTORY_KINDS) + " |", "|---|" + "---|" * len(HISTORY_KINDS)]
+    steps = sorted({(r["from_release"], r["to_release"]) for r in rows})
+    for a, b in steps:
+        counts = [sum(1 for r in rows if (r["from_release"], r["to_release"], r["kind"]) == (a, b, k))
+                  for k in HISTORY_KINDS]
+        out.append(f"| {a} → {b} | " + " | ".join(str(c) for c in counts) + " |")
+    return "\n".join(out)
