@@ -86,9 +86,9 @@ class StepObs:
         return None
 
     def step_failed(self) -> bool:
-        """A stage of the step itself raised: not the capture before it, not
-        the dummy run after it."""
-        return any(s.error is not None for s in self.stages if s.stage not in (CAPTURE, DUMMY))
+        """A stage of the step itself raised: not the profile run or capture
+        before it, not the dummy run after it."""
+        return any(s.error is not None for s in self.stages if s.stage not in (CAPTURE, DUMMY, PROFILE))
 
     def all(self, stage: str) -> list[StageObs]:
         """Every observation of ``stage`` (DCP rank 0 only: the PCP view)."""

@@ -78,8 +78,10 @@ def _padding(index: int, stage: StageObs, want: bool, rule: str) -> list[Finding
     if not wrong.size:
         return []
     cite = RULES[rule]
-    return [_finding(index, stage, "is_padding", f"all {want}", f"{wrong.size} of {mask.size} {not want} "
-                     f"(first at {int(wrong[0])})",
+    # every position wrong reads "all <value>": a known finding can name that form exactly
+    actual = f"all {not want}" if wrong.size == mask.size else \
+        f"{wrong.size} of {mask.size} {not want} (first at {int(wrong[0])})"
+    return [_finding(index, stage, "is_padding", f"all {want}", actual,
                      f"{'every token of the profile run is real' if not want else 'every dummy token is padding'}"
                      f" ({cite.where()})")]
 
