@@ -4,8 +4,9 @@ and ``GPUModelRunner._dummy_run`` after every step, all in the runner's own
 buffers. Probes pass through in these modes; only the batch each path builds
 is observed (``capture`` and ``dummy`` stages).
 
-    startup     profile_run            exceptions only (a worker that cannot
-                                       profile does not start)
+    startup     profile_run            the profile stage: its batch and
+                                       descriptor (or its exception: a worker
+                                       that cannot profile does not start)
                 capture_model          one capture stage per captured descriptor
     each step   _dummy_run(num_tokens) the dummy stage (uniform when the step
                                        dispatched as a uniform decode)
@@ -77,19 +78,37 @@ class DummyPaths:
     def _profile_at_startup(self, result: obs.StepObs) -> None:
         """GPUModelRunner.profile_run, once, before capture (as the worker sizes
         its KV cache): a dummy run at the whole token budget without attention
-        metadata, then the sampler's warm-up. An exception is a dummy-stage
-        observation: a worker that cannot profile does not start."""
+        metadata, then the sampler's warm-up. Its batch (seen where the forward's
+        model inputs are prepared: it skips prepare_attn) and descriptor are the
+        profile stage; an exception is that stage's error: a worker that cannot
+        profile does not start."""
         self._mode = "profile"
+        record = obs.StageObs(stage=obs.PROFILE)
+        # the dispatch probe keeps the profile run's descriptor on this record
+        self._dummy_record = record if obs.DUMMY in self.stages else None
+        model_state = self.runner.model_state
+        model_state.inputs_observer = self._on_profile_inputs
         start = time.perf_counter()
         try:
             with platform.profile_without_cuda(), platform.streams_without_cuda():
                 self.runner.profile_run()
         except Exception as exc:  # vLLM's exceptions are observations
-            result.stages.append(obs.StageObs(stage=obs.DUMMY, error=_error_obs(exc, self._step),
-                                              duration_s=time.perf_counter() - start))
+            record.error = _error_obs(exc, self._step)
         finally:
-            self._mode = "step"
+            self._mode, self._dummy_record = "step", None
+            model_state.inputs_observer = None
             self.runner.execute_model_state = None
+        record.duration_s = time.perf_counter() - start
+        if record.error is not None or (obs.DUMMY in self.stages and record.fields):
+            result.stages.append(record)
+
+    def _on_profile_inputs(self, input_batch: Any) -> None:
+        """The profile run's batch, as its forward receives it (the first one:
+        the drafter's warm-up reuses the runner's model state)."""
+        record = self._dummy_record
+        if self._mode == "profile" and record is not None and "num_tokens" not in record.fields:
+            record.fields.update(obs.observe_fields(input_batch))
+            record.declared = obs.declared_fields(input_batch) | {"desc"}
 
     def _on_capture_desc(self, desc: Any) -> None:
         self._capture_desc = desc

@@ -22,9 +22,9 @@ result:
                   runner's output to the scheduler
       dummy       GPUModelRunner._dummy_run at the step's token count, in the
                   runner's own buffers (simrig.dummy_paths)
-      capture     before the first step: GPUModelRunner.profile_run (its
-                  exceptions only), then capture_model: each captured
-                  descriptor's dummy batch (simrig.dummy_paths)
+      profile     before the first step: GPUModelRunner.profile_run's batch
+                  (simrig.dummy_paths)
+      capture     then capture_model: each captured descriptor's dummy batch
 
 An exception stops the step where the real runner stops (the dummy still
 runs: cudagraph capture builds it independently). Nothing is raised out of

@@ -22,7 +22,8 @@ PARTITION = "partition"  # PCPManager.partition_batch, one per rank
 POSTPROCESS = "postprocess"  # GPUModelRunner.postprocess_sampled (sampler stand-in)
 DUMMY = "dummy"  # InputBatch.make_dummy for the step's descriptor
 CAPTURE = "capture"  # make_dummy at one capture descriptor (first step only)
-STAGES = (LIFECYCLE, GATHER, DISPATCH, PREPARE, PARTITION, POSTPROCESS, DUMMY, CAPTURE)
+PROFILE = "profile"  # GPUModelRunner.profile_run's dummy batch (first step only)
+STAGES = (LIFECYCLE, GATHER, DISPATCH, PREPARE, PARTITION, POSTPROCESS, DUMMY, PROFILE, CAPTURE)
 # The dispatch stage's record of the capture sizes in force (graph modes only):
 # the manager's compilation_config.cudagraph_capture_sizes, as vLLM's config set them.
 CAPTURE_SIZES = "capture_sizes"
@@ -85,9 +86,9 @@ class StepObs:
         return None
 
     def step_failed(self) -> bool:
-        """A stage of the step itself raised: not the capture before it, not
-        the dummy run after it."""
-        return any(s.error is not None for s in self.stages if s.stage not in (CAPTURE, DUMMY))
+        """A stage of the step itself raised: not the profile run or capture
+        before it, not the dummy run after it."""
+        return any(s.error is not None for s in self.stages if s.stage not in (CAPTURE, DUMMY, PROFILE))
 
     def all(self, stage: str) -> list[StageObs]:
         """Every observation of ``stage`` (DCP rank 0 only: the PCP view)."""

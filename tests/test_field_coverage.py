@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from simrig.checks import findings as fk
+from simrig.checks.decisions import decisions
 from simrig.checks.unchecked import UNCHECKED, VALUE_CHECKED, lookup, readme_table
 from simrig.harness import Harness
 from simrig.observe import StepObs
@@ -42,13 +43,20 @@ def observed(vllm_api) -> dict[tuple[str, str], str]:
 @pytest.mark.vllm
 def test_every_observed_field_is_checked_or_listed(observed):
     assert {s for s, _ in observed} >= {"lifecycle", "gather", "dispatch", "prepare", "postprocess",
-                                        "partition", "dummy", "capture"}
+                                        "partition", "dummy", "capture", "profile"}
     neither = sorted(f"{s}.{f} (first in {cfg})" for (s, f), cfg in observed.items()
                      if lookup(VALUE_CHECKED, s, f) is None and lookup(UNCHECKED, s, f) is None)
     both = sorted(f"{s}.{f}" for (s, f) in observed
                   if lookup(VALUE_CHECKED, s, f) is not None and lookup(UNCHECKED, s, f) is not None)
     assert neither == [], "observed, but neither value-checked nor listed in simrig/checks/unchecked.py"
     assert both == [], "both value-checked and listed as unchecked"
+
+
+@pytest.mark.vllm
+def test_every_observed_field_is_a_row_of_the_decisions_table(observed):
+    """docs/decisions.md lists every value the probes observe, on every path."""
+    rows = {(r.stage, r.field) for r in decisions()}
+    assert sorted(f"{s}.{f}" for s, f in observed if (s, f) not in rows) == []
 
 
 def test_every_unchecked_entry_has_a_reason_and_no_checked_twin():
@@ -73,6 +81,8 @@ CORRUPTIBLE = [
     ("postprocess", "num_rejected", 2), ("prepare", "prefill_len_np", 1),
     ("dummy", "num_tokens", 1), ("dummy", "expanded_local_pos", 1), ("dummy", "cu_num_logits", 1),
     ("lifecycle", "runner.free_slots", 1), ("lifecycle", "runner.live_ids", 1),
+    ("profile", "is_padding", 0), ("profile", "num_tokens", 0), ("dummy", "is_padding", 1),
+    ("dummy", "desc.num_tokens", 1), ("dummy", "cu_num_logits_np", 1),
 ]
 
 

@@ -231,9 +231,11 @@ def test_clean_sample_replays_to_exit_0_with_a_full_report(vllm_api, tmp_path, c
         assert pd.read_parquet(out / f"{name}.parquet").shape == pd.read_csv(out / f"{name}.csv").shape
     steps = pd.read_parquet(out / "steps.parquet")
     assert sorted(steps["pcp_size"].unique()) == [1, 2]
-    per_step = steps.groupby(["pcp_size", "step"]).size()
+    per_step = steps[steps["stage"] != "profile"].groupby(["pcp_size", "step"]).size()
     # lifecycle, gather, dispatch, prepare, postprocess, dummy (+ one partition per rank at pcp 2)
     assert set(per_step.loc[1]) == {6} and set(per_step.loc[2]) == {8}
+    profile = steps[steps["stage"] == "profile"]  # the profile run, once per runner, before step 0
+    assert len(profile) == 2 and set(profile["step"]) == {0}
     part = steps[steps["stage"] == "partition"]
     assert set(part["rank"]) == {0, 1} and set(part["pcp_size"]) == {2}
     assert (steps["error"].fillna("") == "").all()

@@ -84,7 +84,7 @@ def test_pcp_sampling_restores_the_global_batch(vllm_api):
         assert _outputs(harness.run_step(step)) == want
 
 
-def test_a_failed_profile_run_is_a_dummy_stage_error(vllm_api, monkeypatch):
+def test_a_failed_profile_run_is_a_profile_stage_error(vllm_api, monkeypatch):
     harness = Harness(CONFIG, api=vllm_api)
 
     def broken() -> None:
@@ -92,7 +92,7 @@ def test_a_failed_profile_run_is_a_dummy_stage_error(vllm_api, monkeypatch):
 
     monkeypatch.setattr(harness.runner, "profile_run", broken)
     result = harness.run_step(scenario_steps()[0])
-    errors = [s for s in result.errors if s.stage == obs.DUMMY]
+    errors = [s for s in result.errors if s.stage == obs.PROFILE]
     assert errors and errors[0].error.type == "RuntimeError"
     assert not result.step_failed()  # the step itself still ran
 

@@ -96,6 +96,9 @@ class ModelStateStandIn:
         self.max_model_len = max_model_len  # DCP capture context reads it
         # called with (input_batch, cg_mode, block_tables, slot_mappings, ...)
         self.observer: Any = None
+        # called with (input_batch,) from prepare_inputs: every forward's batch,
+        # the profile run's too (it skips prepare_attn)
+        self.inputs_observer: Any = None
 
     def add_request(self, req_index: int, new_req_data: Any) -> None:
         pass
@@ -119,6 +122,8 @@ class ModelStateStandIn:
         return {}
 
     def prepare_inputs(self, input_batch: Any, req_states: Any) -> dict[str, Any]:
+        if self.inputs_observer is not None:
+            self.inputs_observer(input_batch)
         return {}
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:

@@ -31,6 +31,13 @@ from typing import Any
 from simrig.checks import findings as fk
 from simrig.checks.blocks import BlockTracker, check_attn_blocks
 from simrig.checks.contract import DriftTracker, check_contract
+from simrig.checks.dummy_batches import (
+    check_capture_padding,
+    check_dummy_dcp,
+    check_idle_dummy,
+    check_placeholder_fields,
+    check_profile,
+)
 from simrig.checks.fields import check_model_fields, check_runner_state, runs_as_decode
 from simrig.checks.findings import Finding
 from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
@@ -53,7 +60,17 @@ from simrig.checks.parity import check_parity, desc_key
 from simrig.checks.pcp import check_dcp_peers, check_pcp
 from simrig.checks.reference import ReferenceModel
 from simrig.checks.semantics import check_batch_semantics
-from simrig.observe import CAPTURE, CAPTURE_SIZES, DUMMY, GATHER, LIFECYCLE, PARTITION, PREPARE, StepObs
+from simrig.observe import (
+    CAPTURE,
+    CAPTURE_SIZES,
+    DUMMY,
+    GATHER,
+    LIFECYCLE,
+    PARTITION,
+    PREPARE,
+    PROFILE,
+    StepObs,
+)
 from simrig.step import RunnerConfig, Step
 
 # An extra check a campaign or a test adds: (index, step, observation) -> findings.
@@ -100,6 +117,8 @@ class Checker:
         self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
                     findings)
         self._guard(findings, index, "dispatch", self._capture_sizes, index, observation, findings)
+        self._guard(findings, index, "dummy_batches", self._dummy_batches, index, step, observation,
+                    findings)
         self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
         self._guard(findings, index, "blocks", self.blocks.apply, step)
         self._guard(findings, index, "lora_dispatch", self.adapters.apply, step)
@@ -167,6 +186,23 @@ class Checker:
             found = check_batch_semantics(index, capture) + check_capture(index, self.config, capture)
             findings.extend(_label_capture(found, capture))
         findings.extend(check_lora_captures(index, self.config, observation.all(CAPTURE)))
+
+    def _dummy_batches(self, index: int, step: Step, observation: StepObs,
+                       findings: list[Finding]) -> None:
+        """Each dummy batch held to what it is for (dummy_batches.py), and every batch's
+        fields of features never enabled. Built from sizes alone: always defined."""
+        config = self.driven(observation)
+        for stage in observation.stages:
+            findings.extend(check_placeholder_fields(index, stage))
+        for profile in observation.all(PROFILE):
+            findings.extend(check_batch_semantics(index, profile) + check_profile(index, config, profile))
+        dummy = observation.get(DUMMY)
+        if dummy is not None:
+            findings.extend(check_idle_dummy(index, step.total_num_scheduled_tokens, dummy))
+            findings.extend(check_dummy_dcp(index, config, dummy))
+        for capture in observation.all(CAPTURE):
+            found = check_capture_padding(index, capture) + check_dummy_dcp(index, config, capture)
+            findings.extend(_label_capture(found, capture))
 
     def _capture_sizes(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
         desc = descriptor(observation)

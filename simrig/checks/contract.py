@@ -41,7 +41,7 @@ import numpy as np
 
 from simrig.checks import findings as fk
 from simrig.checks.findings import Finding, guarded
-from simrig.observe import CAPTURE, DUMMY, GATHER, PARTITION, PREPARE, StageObs
+from simrig.observe import CAPTURE, DUMMY, GATHER, PARTITION, PREPARE, PROFILE, StageObs
 
 INTP = np.dtype(np.intp).name  # "int64" on 64-bit platforms
 
@@ -131,7 +131,7 @@ ARRAY_KINDS = ("torch", "numpy")
 def stage_req_ids(stage: StageObs) -> tuple[str, ...]:
     """The requests a stage's batch holds; none for a dummy batch, whose ids
     are random placeholders (reports stay deterministic and small)."""
-    if stage.stage in (DUMMY, CAPTURE):
+    if stage.stage in (DUMMY, CAPTURE, PROFILE):
         return ()
     f = stage.fields.get("req_ids")
     return tuple(str(r) for r in f.values) if f is not None and f.kind == "list" else ()

@@ -2,7 +2,7 @@
 
 ``VALUE_CHECKED`` and ``UNCHECKED`` map (stage, field) to a line of text;
 ``"*"`` as the stage means every batch stage (prepare, partition, dummy,
-capture). ``tests/test_field_coverage.py`` drives the real vLLM through every
+capture, profile). ``tests/test_field_coverage.py`` drives the real vLLM through every
 stage and fails when a stage observes a field neither table names, when a
 field is in both, and when the oracle page's table of unchecked fields
 (docs/oracle.md) is not ``readme_table()``. Every field also has its dtype
@@ -11,11 +11,15 @@ checked (contract.py) where the contract declares it; that is not a value check.
 
 from __future__ import annotations
 
-BATCH_STAGES = ("prepare", "partition", "dummy", "capture")
+from simrig.checks.evidence import REASONS
+
+BATCH_STAGES = ("prepare", "partition", "dummy", "capture", "profile")
 
 _REF = "reference (model prediction)"
 _SEM = "semantics (relation among the batch's own fields, every batch)"
 _FIELDS = "fields (model prediction, fields.py)"
+_DUMMY = "dummy_batches"
+_OFF = _DUMMY + ": its feature is never enabled, so its documented off value"
 
 VALUE_CHECKED: dict[tuple[str, str], str] = {
     # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
@@ -101,64 +105,36 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("capture", "desc.uniform_token_count"): "capture: every dummy query has this length",
     ("capture", "desc.max_query_len"): "capture: no dummy query is longer",
     ("capture", "desc.num_active_loras"): "lora_capture: exactly the documented LoRA capture cases",
+    # -- what each dummy batch is for (dummy_batches.py, each rule cited) --
+    ("profile", "is_padding"): _DUMMY + ": every token real (profiling routes the dummy tokens to experts)",
+    ("dummy", "is_padding"): _DUMMY + ": every token padding (no actual tokens to run)",
+    ("capture", "is_padding"): _DUMMY + ": every token padding (capture marks dummy rows as padding)",
+    ("profile", "num_tokens"): _SEM + "; " + _DUMMY + ": the whole token budget (below it only for "
+                               "drafts' extra slots)",
+    ("profile", "num_reqs"): _SEM + "; " + _DUMMY + ": 1..max_num_reqs",
+    ("profile", "num_scheduled_tokens"): _SEM + "; " + _DUMMY + ": none longer than ceil(tokens / "
+                                         "requests) nor max_model_len",
+    ("profile", "max_query_len"): _SEM + ": no query is longer, when set (the eager profile "
+                                  "descriptor promises none)",
+    ("dummy", "max_query_len"): _SEM + ": no query is longer, when set; " + _DUMMY + ": carries its "
+                                "descriptor's promised length",
+    ("dummy", "desc.num_tokens"): _DUMMY + ": holds the step's tokens; the dummy has exactly these",
+    ("dummy", "desc.num_reqs"): _DUMMY + ": the dummy has these requests, when set",
+    ("dummy", "desc.max_query_len"): _DUMMY + ": the dummy batch carries it",
+    ("dummy", "dcp_local_seq_lens"): _DUMMY + ": DCP rank 0's share of each dummy seq_len (None "
+                                     "without DCP)",
+    ("capture", "dcp_local_seq_lens"): _DUMMY + ": DCP rank 0's share of each dummy seq_len (None "
+                                       "without DCP)",
+    **{(s, "cu_num_logits_np"): _DUMMY + ": equals cu_num_logits (checked)"
+       for s in ("dummy", "capture", "profile")},
+    **{("*", f): _OFF for f in ("prompt_lens", "max_seq_len_np", "fast_prefill",
+                                "num_admitted_draft_tokens", "has_structured_output_reqs")},
+    ("gather", "max_seq_len_np"): _OFF,
 }
 
-UNCHECKED: dict[tuple[str, str], str] = {
-    ("dummy", "desc.cg_mode"): "the dummy run's own descriptor: parity compares shapes only when it is "
-                               "the real batch's",
-    ("dummy", "desc.num_tokens"): "the dummy run's own descriptor (see desc.cg_mode)",
-    ("dummy", "desc.num_reqs"): "the dummy run's own descriptor (see desc.cg_mode)",
-    ("dummy", "desc.uniform_token_count"): "the dummy run's own descriptor (see desc.cg_mode)",
-    ("dummy", "desc.max_query_len"): "the dummy run's own descriptor (see desc.cg_mode)",
-    ("dummy", "desc.num_active_loras"): "the dummy run's own descriptor (see desc.cg_mode)",
-    ("partition", "dcp_local_seq_lens"): "PCP with DCP: each DCP rank's share of the rank-local batch; "
-                                         "only dtype (blocks.py judges it without PCP)",
-    ("dummy", "dcp_local_seq_lens"): "None: the dummy stage does not run execute_model's DCP step",
-    ("capture", "dcp_local_seq_lens"): "None: the capture stage does not run execute_model's DCP step",
-    ("*", "prompt_lens"): "R-SWA only, never enabled; None is its documented value",
-    ("*", "max_seq_len_np"): "pipeline parallel only, never enabled; None is its documented value",
-    ("gather", "max_seq_len_np"): "pipeline parallel only, never enabled; None is its documented value",
-    ("*", "fast_prefill"): "KV-sharing fast prefill, never enabled; None is its documented value",
-    ("*", "num_admitted_draft_tokens"): "adaptive verification, never enabled; None is its documented value",
-    ("*", "has_structured_output_reqs"): "traces carry no structured output",
-    ("prepare", "max_query_len"): "always None on 0.33.0: prepare_inputs sets it only under adaptive "
-                                  "verification, which the rig never enables; the reference and semantics "
-                                  "checks compare it only when set, so here they cannot fail",
-    ("partition", "max_query_len"): "always None: partition_batch keeps the global batch's (None, see "
-                                    "prepare); semantics compares it only when set",
-    ("dummy", "max_query_len"): "always None: the eager dummy is built without a promised query length "
-                                "(only capture dummies get one, and those are checked)",
-    ("lifecycle", "runner.pcp_size"): "the PCP world the harness drove (1 where the release cannot drive "
-                                      "the configuration); it selects what the checks expect",
-    ("gather", "uniform_decode_token_count"): "judged through the descriptor it dispatches (dispatch)",
-    ("partition", "cu_num_logits_np"): "rank-local logits are never sampled (vLLM's comment); "
-                                       "cu_num_logits itself is related to the rows",
-    ("partition", "num_draft_tokens_per_req"): "None on every rank-local batch: local logits are never "
-                                               "sampled; num_draft_tokens is 0 accordingly",
-    ("partition", "prefill_runs_as_decode_np"): "None on every rank-local batch (a known finding); "
-                                                "decode_graph_eligible is related instead",
-    ("dummy", "cu_num_logits_np"): "placeholder copy of cu_num_logits (checked) for a draft-free dummy",
-    ("capture", "cu_num_logits_np"): "placeholder copy of cu_num_logits (checked) for a draft-free dummy",
-    ("dummy", "req_ids"): "random placeholder ids by design (make_dummy)",
-    ("capture", "req_ids"): "random placeholder ids by design (make_dummy)",
-    ("dummy", "input_ids"): "placeholder zeros by design (make_dummy)",
-    ("capture", "input_ids"): "placeholder zeros by design (make_dummy)",
-    ("dummy", "is_padding"): "placeholder: all padding by design (make_dummy)",
-    ("capture", "is_padding"): "placeholder: all padding by design (make_dummy)",
-    ("dummy", "idx_mapping"): "placeholder slots 0..n-1 (make_dummy); parity checks dtype and shape",
-    ("dummy", "idx_mapping_np"): "placeholder slots 0..n-1 (make_dummy); parity checks dtype and shape",
-    ("capture", "idx_mapping"): "placeholder slots 0..n-1 (make_dummy)",
-    ("capture", "idx_mapping_np"): "placeholder slots 0..n-1 (make_dummy)",
-    ("dummy", "num_draft_tokens_per_req"): "None by design: the dummy is draft-free (parity: known)",
-    ("capture", "num_draft_tokens_per_req"): "None by design: the dummy is draft-free",
-    ("dummy", "prefill_runs_as_decode_np"): "None by design: the dummy has no prefill (parity: known)",
-    ("capture", "prefill_runs_as_decode_np"): "None by design: the dummy has no prefill",
-    ("dummy", "pcp"): "None unless PCP capture staging sets it; its fields are the partition's",
-    ("capture", "pcp"): "None unless PCP capture staging sets it; its fields are the partition's",
-    ("partition", "pcp"): "a group: its fields (pcp.*) are listed one by one",
-    ("capture", "desc.cg_mode"): "which descriptors vLLM captures is not predicted (capture sizes "
-                                 "are vLLM's choice); the descriptor is the yardstick of its dummy",
-}
+# Every reason cites the vLLM line that makes it so (evidence.REASONS; tests/test_evidence.py
+# re-reads each in the installed release and fails when it no longer says so).
+UNCHECKED: dict[tuple[str, str], str] = {key: why for key, (why, _) in REASONS.items()}
 
 
 def lookup(table: dict[tuple[str, str], str], stage: str, field: str) -> str | None:

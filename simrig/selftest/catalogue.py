@@ -210,6 +210,11 @@ CATALOGUE: tuple[Mutant, ...] = (
            "positions = input_buffers.positions[:num_tokens]",
            "a dummy run no longer resets the shared positions buffer: it runs the previous "
            "real batch's positions"),
+    Mutant("profile-tokens-padding", _MR, "GPUModelRunner.execute_model",
+           "is_padding=not is_profile,",
+           "is_padding=True,",
+           "the profile run marks every dummy token as padding: MoE layers route none of them, "
+           "so expert memory is never measured and the KV cache is sized too large"),
     # sample_tokens: what the runner hands back to the scheduler
     Mutant("output-keeps-unsampled-token", _AO, "AsyncOutput.get_output",
            "del token_ids[num_tokens:]",
