@@ -14,10 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
 SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest", "commands",
-               "compare", "distributed", "coverage")
+               "releases", "bisect", "repro", "bench", "distributed", "coverage")
 # What stays directly in simrig/: the step model, harness, observations,
-# progress, errors, Ctrl-C handling, replay driver, cli and the benchmark runner.
-CORE = {"__init__", "__main__", "bench", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
+# progress, errors, Ctrl-C handling, replay driver and cli.
+CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
         "progress", "replay", "runners", "step"}
 
 
@@ -67,9 +67,18 @@ def test_only_adapters_import_vllm():
     ("adapters", ("simrig.checks", "simrig.report", "simrig.campaign", "simrig.selftest",
                   "simrig.sources", "simrig.harness", "simrig.replay")),
     ("campaign", ("simrig.selftest", "simrig.commands", "simrig.distributed")),
-    # compare drives other vLLMs in their own processes: the driver side never
+    # releases drives other vLLMs in their own processes: the driver side never
     # imports the adapters (only side.py, which runs inside a side venv, does, lazily)
-    ("compare", ("simrig.selftest", "simrig.commands", "simrig.campaign")),
+    ("releases", ("simrig.selftest", "simrig.commands", "simrig.campaign", "simrig.bisect",
+                  "simrig.repro", "simrig.distributed")),
+    # bisect and repro run vLLM in child processes only
+    ("bisect", ("vllm", "simrig.adapters", "simrig.selftest", "simrig.commands", "simrig.campaign",
+                "simrig.repro", "simrig.distributed")),
+    ("repro", ("vllm", "simrig.adapters", "simrig.selftest", "simrig.commands", "simrig.campaign",
+               "simrig.releases", "simrig.distributed")),
+    # the suites run in their own pytest process
+    ("bench", ("vllm", "simrig.adapters", "simrig.checks", "simrig.report", "simrig.selftest",
+               "simrig.commands", "simrig.campaign", "simrig.distributed", "simrig.releases")),
     ("distributed", ("simrig.selftest", "simrig.commands", "vllm")),
     ("coverage", ("vllm", "simrig.adapters", "simrig.campaign", "simrig.selftest",
                   "simrig.distributed", "simrig.commands")),
