@@ -18,7 +18,7 @@ SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest"
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver and cli.
 CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
-        "progress", "replay", "runners", "step"}
+        "progress", "replay", "runners", "stage_probes", "step"}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
