@@ -1,4 +1,7 @@
-"""``simrig`` console entry point.
+"""One ``simrig`` command line: parsed, dispatched to its subcommand, ended with an exit status.
+
+``simrig.cli`` (the console entry point) starts it; ``simrig demo`` runs its
+replay, fuzz and history command lines through it too.
 
 Every command ends in one of four ways: exit 0 (clean), 1 (findings), 2
 with one line on stderr naming what was wrong (usage, bad input, a file that
@@ -82,7 +85,6 @@ def quiet_vllm_logs(verbose: bool) -> None:
     logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
-
 def main(argv: list[str] | None = None) -> int:
     from simrig.adapters.entry_points import VllmApiError, VllmUnavailable
     from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
@@ -130,6 +132,3 @@ def _save_traceback(command: str) -> str:
         fh.write(traceback.format_exc())
     return path
 
-
-if __name__ == "__main__":
-    sys.exit(main())
