@@ -1,135 +1,20 @@
-"""``simrig`` console entry point.
+"""The ``simrig`` console entry point (``simrig``, ``python -m simrig.cli``, ``python -m simrig``).
 
-Every command ends in one of four ways: exit 0 (clean), 1 (findings), 2
-with one line on stderr naming what was wrong (usage, bad input, a file that
-cannot be read or written, unusable vLLM) and no traceback, or 3 when
-simrig's own code raised: in replay, fuzz and selftest each such exception is
-a ``rig_error`` finding with its traceback in the report, which is still
-written (``simrig.errors.EXIT_RIG_ERROR``); anywhere else it is one line
-naming the file its traceback was saved to. Ctrl-C ends a command that
-writes no report with 130; replay, fuzz and selftest stop and write what
-they found (``simrig.interrupt``).
-
-vLLM's own import messages on CPU (``Failed to import from vllm._C…``, the
-pinned-memory note) say nothing about the runner's input path; they are kept
-out of the way (vLLM's log level ERROR) unless ``--verbose`` is given or
-``VLLM_LOGGING_LEVEL`` is already set.
+It only starts ``simrig.commands.dispatch``, which parses the command line,
+runs the subcommand and says how every command ends (exit 0, 1, 2, 3 or 130).
+The dispatch lives with the commands, below this module, so that a command
+that runs other command lines (``simrig demo``) never imports upward.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import logging
-import os
 import sys
-import tempfile
-import traceback
 
-from simrig.commands import COMMAND_MODULES
-
-# Exit statuses of commands whose own module states them in its description only.
-DEFAULT_EPILOGS = {
-    "record": "exit status: 0 trace written; 2 bad arguments, a bad workload file or unusable vLLM",
-    "import": "exit status: 0 trace written; 2 bad arguments or a bad workload line (FILE:LINE)",
-    "bench": "exit status: 0 fine; 1 a benchmark failed or a ratio exceeded "
-             "--fail-on-regression; 2 bad input (unknown run, malformed JSON, empty filter)",
-    "contract": "exit status: snapshot 0 written; diff 0 equal, 1 different; 2 bad input",
-    "doctor": "exit status: 0 every entry point usable; 2 otherwise",
-}
-# --verbose where it means more than vLLM's log messages.
-VERBOSE_HELP = {"history": "list the files the store's reader skipped (temporary, unreadable, "
-                           "classes with no run row)"}
-# Commands that judge findings against the known-findings files (--known FILE).
-JUDGING_COMMANDS = ("demo", "replay", "fuzz", "selftest", "compare")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="simrig",
-        description="Replay and fuzz scheduler outputs through vLLM's real Model Runner V2 input path.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"simrig.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"simrig.commands.{name}":
-                continue  # command not shipped in this build
-            raise
-        module.register(sub)
-    for name, command in sub.choices.items():  # one meaning everywhere
-        if not command.epilog and name in DEFAULT_EPILOGS:
-            command.epilog = DEFAULT_EPILOGS[name]
-        command.add_argument("--verbose", action="store_true", help=VERBOSE_HELP.get(
-            name, "show vLLM's own log messages (import notes on CPU included)"))
-        if name in JUDGING_COMMANDS:
-            command.add_argument(
-                "--known", metavar="FILE", default=None,
-                help="known-findings file (or folder of known-findings*.json) to judge against "
-                     "(default: reports/baselines/)")
-    return parser
-
-
-def quiet_vllm_logs(verbose: bool) -> None:
-    """Before vLLM is imported: its log level ERROR unless asked for (see module docstring)."""
-    if verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-        return
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    # The import notes can fire before vLLM configures its own handlers (they then
-    # reach Python's last-resort handler); the level on the "vllm" logger holds either way.
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-
-
-
-def main(argv: list[str] | None = None) -> int:
-    from simrig.adapters.entry_points import VllmApiError, VllmUnavailable
-    from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
-    from simrig.sources.trace import TraceError
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    quiet_vllm_logs(getattr(args, "verbose", False))
-    name = f"simrig {args.command}"
-    try:
-        if args.command in JUDGING_COMMANDS:
-            _choose_known_findings(getattr(args, "known", None))
-        return int(args.func(args) or 0)
-    except (UsageError, TraceError, VllmApiError, VllmUnavailable) as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (OSError, UnicodeError) as exc:  # input or output: name the file, not a traceback
-        if isinstance(exc, BrokenPipeError):  # `simrig ... | head`
-            return EXIT_USAGE
-        print(f"{name}: error: {describe_io_error(exc)}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # noqa: BLE001 -- a bug in simrig: one line, traceback kept
-        saved = _save_traceback(args.command)
-        print(f"{name}: internal error (a bug in simrig): {type(exc).__name__}: "
-              f"{str(exc).splitlines()[0] if str(exc) else ''} (traceback: {saved})", file=sys.stderr)
-        return EXIT_RIG_ERROR
-
-
-def _choose_known_findings(path: str | None) -> None:
-    """--known FILE for this process and its children; every file is read now,
-    before vLLM is imported, so a malformed one fails in a second."""
-    from simrig.checks.known import KNOWN_ENV, validate_known_findings
-
-    if path:
-        os.environ[KNOWN_ENV] = os.path.abspath(path)
-    validate_known_findings()
-
-
-def _save_traceback(command: str) -> str:
-    fd, path = tempfile.mkstemp(prefix=f"simrig-{command}-traceback-", suffix=".txt")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(traceback.format_exc())
-    return path
-
+from simrig.commands.dispatch import (  # noqa: F401 -- the entry point's public names
+    build_parser,
+    main,
+    quiet_vllm_logs,
+)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,8 +18,9 @@ import time
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import cudagraph, platform
+from simrig.adapters import platform
 from simrig.adapters.probes import desc_key as _desc_key
+from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
 from simrig.step import Step
@@ -70,8 +71,7 @@ class DummyPaths:
             return
         for desc, fields in self._captures.values():
             stage = obs.StageObs(stage=obs.CAPTURE, fields=dict(fields[0]), declared=fields[1])
-            stage.fields.update({"desc." + k: obs.observe_value(v)
-                                 for k, v in cudagraph.describe(desc).items()})
+            stage.fields.update(_descriptor_fields(desc, "desc."))
             stage.duration_s = record.duration_s / max(len(self._captures), 1)
             result.stages.append(stage)
 

@@ -1,8 +1,10 @@
 """The runner harness: applies Steps through the real MRV2 code.
 
 Each step is one call of the installed ``GPUModelRunner.execute_model``:
-vLLM's own wiring decides every argument. The harness observes by wrapping
-the runner's methods on the instance (each wrapper calls the class's current
+vLLM's own wiring decides every argument. The runner comes built and
+equipped from the adapter (``VllmApi.build_parts``, ``simrig.adapters.wiring``);
+the harness steps it. It observes by wrapping the runner's methods on the
+instance (``simrig.stage_probes``; each wrapper calls the class's current
 function, so a mutated vLLM is what runs) and never changes an argument or a
 result:
 
@@ -39,23 +41,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import cudagraph, platform, sampling
+from simrig.adapters import platform, sampling
 from simrig.adapters.probes import error_obs as _error_obs
-from simrig.adapters.probes import observe_batch as _observe_batch
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
-from simrig.adapters.probes import wrap as _wrap
 from simrig.adapters.runner import VllmApi, load
 from simrig.checks.findings import Finding, rig_error
-from simrig.coverage.gate import rig_work, vllm_calls
+from simrig.trace_gate import rig_work, vllm_calls
 from simrig.dummy_paths import DummyPaths
+from simrig.stage_probes import StageProbes, StopStep
 from simrig.step import RunnerConfig, Step
 
 
-class _StopStep(Exception):
-    """Raised by a probe when the stages the user asked for are done."""
-
-
-class Harness(DummyPaths):
+class Harness(StageProbes, DummyPaths):
     """A model-less runner built from the installed vLLM, fed one Step at a time."""
 
     def __init__(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
@@ -70,14 +67,9 @@ class Harness(DummyPaths):
         self.stages = stages
         self.api = api or load()
         with vllm_calls():  # under coverage: the build is vLLM's code, traced
-            block_tables = self.api.build_block_tables(config)
-            self.pcp_managers = self.api.build_pcp_managers(config, block_tables)
-            self.dcp_peers = self.api.build_dcp_peer_managers(config, block_tables)
-            self.dispatcher = self.api.build_dispatcher(config)
-            self.runner = self.api.build_runner(
-                config, self.dispatcher, self.pcp_managers[0] if self.pcp_managers else None,
-                block_tables)
-            self.dummy_buffers = self.api.dummy_buffers(config)
+            parts = self.api.build_parts(config)  # built and equipped in the adapter (adapters/wiring.py)
+        self.runner, self.dispatcher, self.dummy_buffers = parts.runner, parts.dispatcher, parts.dummy_buffers
+        self.pcp_managers, self.dcp_peers = parts.pcp_managers, parts.dcp_peers
         self.num_steps = 0
         self._step: Step | None = None
         self._result: obs.StepObs | None = None
@@ -122,7 +114,7 @@ class Harness(DummyPaths):
                                  for st in self._startup_stages)
         try:
             self.runner.execute_model(so)
-        except _StopStep:
+        except StopStep:
             pass
         except Exception as exc:  # vLLM's exceptions are observations
             self._unclaimed_error(exc, step, result)
@@ -179,191 +171,6 @@ class Harness(DummyPaths):
             self._report_startup = True
         return dirty
 
-    # ---------------------------------------------------------------- probes
-    def _install_probes(self) -> None:
-        runner = self.runner
-        for owner, name, probe in (
-                (runner, "finish_requests", self._probe_lifecycle_start),
-                (runner, "update_requests", self._probe_lifecycle_end),
-                (runner, "gather_batch_req_state", self._probe_gather),
-                (runner.cudagraph_manager, "dispatch", self._probe_dispatch),
-                (runner, "prepare_inputs", self._probe_prepare),
-                (runner, "prepare_attn", self._probe_attn),
-                (runner, "postprocess_sampled", self._probe_postprocess),
-                (runner.pcp_manager, "partition_batch", self._probe_partition)):
-            if owner is not None:
-                _wrap(owner, name, self._gated(probe))
-
-    def _gated(self, probe: Any) -> Any:
-        """Probes record real steps only; in vLLM's dummy paths they pass through
-        (the dummy run's descriptor is kept on its record)."""
-        def run(call: Any, *args: Any, **kwargs: Any) -> Any:
-            outer, inner = time.perf_counter(), 0.0
-
-            def real(*a: Any, **k: Any) -> Any:
-                nonlocal inner
-                start = time.perf_counter()
-                try:
-                    with vllm_calls():
-                        return call(*a, **k)
-                finally:
-                    inner += time.perf_counter() - start
-            try:
-                if self._mode == "step":
-                    with rig_work():
-                        return probe(real, *args, **kwargs)
-                value = real(*args, **kwargs)
-                if probe == self._probe_dispatch and self._dummy_record is not None:
-                    self._dummy_record.fields.update(
-                        {"desc." + k: obs.observe_value(v) for k, v in cudagraph.describe(value).items()})
-                return value
-            finally:
-                self._probe_rig_s += time.perf_counter() - outer - inner
-        return run
-
-    def _rig_timed(self, observer: Any) -> Any:
-        """An observer vLLM calls back (the model-state stand-in's prepare_attn):
-        its time is the rig's, not vLLM's."""
-        def run(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                with rig_work():
-                    return observer(*args, **kwargs)
-            finally:
-                self._probe_rig_s += time.perf_counter() - start
-        return run
-
-    def _probe_lifecycle_start(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        record = obs.StageObs(stage=obs.LIFECYCLE)
-        self._result.stages.append(record)
-        self._lifecycle_start = time.perf_counter()
-        try:
-            return self._claim(record, call, *args, **kwargs)
-        except Exception:
-            record.duration_s = time.perf_counter() - self._lifecycle_start
-            raise
-
-    def _probe_lifecycle_end(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        record = self._result.stages[-1]
-        try:
-            value = self._claim(record, call, *args, **kwargs)
-        finally:  # lifecycle spans finish_requests .. update_requests
-            record.duration_s = time.perf_counter() - self._lifecycle_start
-        self._write_drafts(self._step)
-        held = self.runner.req_states.req_id_to_index  # the runner's live set and slots (checks/fields.py)
-        ids = sorted(held)
-        record.fields = {k: obs.observe_value(v) for k, v in {
-            "runner.live_ids": ids, "runner.live_slots": [held[r] for r in ids],
-            "runner.free_slots": list(self.runner.req_states.free_indices),
-            # the PCP world actually driven (1 where the release cannot drive the config)
-            "runner.pcp_size": len(self.pcp_managers) or 1}.items()}
-        if obs.GATHER not in self.stages:
-            raise _StopStep
-        return value
-
-    def _probe_gather(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        record = self._open(obs.GATHER)
-        value = self._claim(record, call, *args, **kwargs, timed=True)
-        batch_state, uniform = value
-        if batch_state is not None:
-            record.fields = obs.observe_fields(batch_state)
-            record.fields["uniform_decode_token_count"] = obs.observe_value(uniform)
-            record.declared = obs.declared_fields(batch_state) | {"uniform_decode_token_count"}
-        return value
-
-    def _probe_dispatch(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        record = self._open(obs.DISPATCH)
-        desc = self._claim(record, call, *args, **kwargs, timed=True)
-        record.fields = {k: obs.observe_value(v) for k, v in cudagraph.describe(desc).items()}
-        manager = self.runner.cudagraph_manager
-        if manager.cudagraph_mode:  # the sizes in force, for the oracle (eager mode has none)
-            record.fields[obs.CAPTURE_SIZES] = obs.observe_value(cudagraph.capture_sizes(manager))
-        self._desc = desc
-        if obs.PREPARE not in self.stages:
-            raise _StopStep
-        return desc
-
-    def _probe_prepare(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        record = self._open(obs.PREPARE)
-        batch = self._claim(record, call, *args, **kwargs, timed=True)
-        if self._global_batch is None:  # no PCP: prepare_inputs returns the global batch
-            self._global_batch = batch
-            _observe_batch(record, batch)
-        return batch
-
-    def _probe_partition(self, call: Any, input_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        """PCP rank 0's partition inside prepare_inputs: its input is the global batch."""
-        self._global_batch = input_batch
-        prepare = self._result.get(obs.PREPARE)
-        if prepare is not None:
-            _observe_batch(prepare, input_batch)
-        if obs.PARTITION not in self.stages:
-            return call(input_batch, *args, **kwargs)
-        record = self._open(obs.PARTITION, rank=0)
-        value = self._claim(record, call, input_batch, *args, **kwargs, timed=True)
-        _observe_batch(record, value)
-        record.fields.update(_pcp_private_view(self.runner.pcp_manager))
-        record.declared = (record.declared or frozenset()) | {"manager"}
-        return value
-
-    def _probe_attn(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        """prepare_attn's block tables and slot mappings, on the batch they
-        describe (the rank-local one under PCP)."""
-        stage, rank = (obs.PARTITION, 0) if self.runner.pcp_manager is not None else (obs.PREPARE, None)
-        record = self._result.get(stage, rank)
-        if record is None:
-            return call(*args, **kwargs)
-        value = self._claim(record, call, *args, **kwargs)
-        tables, slots = value
-        for group, table in enumerate(tables):
-            record.fields[f"attn.block_tables.{group}"] = obs.observe_value(table)
-        record.fields["attn.slot_mappings"] = obs.observe_value(slots)
-        if record.declared is not None:
-            record.declared |= {"attn"}
-        return value
-
-    def _open(self, stage: str, rank: int | None = None) -> obs.StageObs:
-        record = obs.StageObs(stage=stage, rank=rank)
-        self._result.stages.append(record)
-        return record
-
-    def _claim(self, record: obs.StageObs, call: Any, *args: Any, timed: bool = False,
-               **kwargs: Any) -> Any:
-        """Run the real call; an exception is recorded on ``record`` and re-raised
-        (execute_model stops there, as it would in vLLM)."""
-        start = time.perf_counter()
-        try:
-            return call(*args, **kwargs)
-        except _StopStep:
-            raise
-        except Exception as exc:
-            if record.error is None and not getattr(exc, "__simrig_claimed__", False):
-                record.error = _error_obs(exc, self._step)
-            exc.__simrig_claimed__ = True  # type: ignore[attr-defined]
-            raise
-        finally:
-            if timed:
-                record.duration_s = time.perf_counter() - start
-
-    def _unclaimed_error(self, exc: Exception, step: Step, result: obs.StepObs) -> None:
-        """An exception from execute_model's own code between the probed calls:
-        recorded on the stage that ran last."""
-        if getattr(exc, "__simrig_claimed__", False):
-            return
-        stage = result.stages[-1].stage if result.stages else obs.LIFECYCLE
-        result.stages.append(obs.StageObs(stage=stage, rank=None, error=_error_obs(exc, step)))
-
-    def _observe_dcp_local_seq_lens(self, result: obs.StepObs) -> None:
-        """execute_model fills dcp_local_seq_lens after prepare_attn, on the
-        batch the forward runs (rank-local under PCP)."""
-        state = self.runner.execute_model_state
-        if state is None or getattr(state.input_batch, "dcp_local_seq_lens", None) is None:
-            return
-        stage, rank = (obs.PARTITION, 0) if self.runner.pcp_manager is not None else (obs.PREPARE, None)
-        record = result.get(stage, rank)
-        if record is not None:
-            record.fields["dcp_local_seq_lens"] = obs.observe_value(state.input_batch.dcp_local_seq_lens)
-
     def _other_ranks(self, step: Step, batch: Any, desc: Any, result: obs.StepObs) -> None:
         """PCP ranks past 0 and every DCP peer partition the same global batch."""
         if obs.PARTITION not in self.stages:
@@ -375,9 +182,6 @@ class Harness(DummyPaths):
             self._timed(result, obs.PARTITION, rank, step, self.api.partition_for_rank,
                         manager, batch, desc, extra=lambda _fn, m=manager: _pcp_private_view(m))
             result.stages[-1].dcp_rank = dcp_rank
-
-    def _write_drafts(self, step: Step) -> None:
-        sampling.write_drafts(self.api, self.runner, step)
 
     def _sample_tokens(self, step: Step, batch: Any, result: obs.StepObs) -> None:
         """The release's own sample_tokens on the state execute_model left: the
@@ -404,14 +208,6 @@ class Harness(DummyPaths):
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
-
-    def _probe_postprocess(self, call: Any, idx_mapping: Any, sampled: Any, num_sampled: Any,
-                           num_rejected: Any, *args: Any, **kwargs: Any) -> Any:
-        record = self._result.get(obs.POSTPROCESS)
-        if record is not None:
-            record.fields.update({"num_sampled": obs.observe_value(num_sampled),
-                                  "num_rejected": obs.observe_value(num_rejected)})
-        return call(idx_mapping, sampled, num_sampled, num_rejected, *args, **kwargs)
 
     def _timed(self, result: obs.StepObs, stage: str, rank: int | None, step: Step,
                fn: Any, *args: Any, observe: bool = True, extra: Any = None) -> Any:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simrig import bench
+from simrig.bench import runner as bench
 from simrig.cli import main
 from simrig.errors import UsageError
 
@@ -217,7 +217,7 @@ def test_a_benchmark_missing_from_some_saves() -> None:
 
 
 def test_t_quantile_matches_the_tables() -> None:
-    from simrig.compare.saves import t_quantile
+    from simrig.bench.saves import t_quantile
 
     for level, df, table_value in [(0.95, 1, 12.706), (0.95, 2, 4.303), (0.95, 4, 2.776),
                                    (0.99, 5, 4.032), (0.95, 10, 2.228), (0.95, 30, 2.042),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from simrig.compare.bisect_points import vllm_version_of
-from simrig.compare.repro import run_pytest
+from simrig.bisect.points import vllm_version_of
+from simrig.repro.pytest_file import run_pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDE = os.environ.get("SIMRIG_SIDE_VENV", "")

@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 import vllm_git_repo
 
+from simrig.bisect import gitrepo
 from simrig.cli import main
-from simrig.compare import gitrepo
 from simrig.report.history import class_timeline, load_history
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

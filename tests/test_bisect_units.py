@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from simrig.bisect import gitrepo
+from simrig.bisect.search import BAD, FIXED, GOOD, INTRODUCED, SKIP, ClassKey, EndpointError, Verdict, search
 from simrig.cli import main
-from simrig.compare import gitrepo
-from simrig.compare.bisect import BAD, FIXED, GOOD, INTRODUCED, SKIP, ClassKey, EndpointError, Verdict, search
 from simrig.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]

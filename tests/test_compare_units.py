@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simrig.compare import diff
-from simrig.compare.envs import resolve_spec
-from simrig.compare.stats import FASTER, NOISE, SLOWER, TOO_FEW, bootstrap_ratio
+from simrig.bench.stats import FASTER, NOISE, SLOWER, TOO_FEW, bootstrap_ratio
 from simrig.errors import UsageError
+from simrig.releases import diff
+from simrig.releases.envs import resolve_spec
 
 
 def test_a_clear_slowdown_is_slower_and_identical_noise_is_within_noise():
@@ -84,7 +84,7 @@ def test_a_release_spec_names_its_side_venv():
 
 
 def test_latency_compares_only_work_both_sides_did():
-    from simrig.compare.side import SEP
+    from simrig.releases.side import SEP
 
     # B also partitions a trace A cannot (an unavailable stage): that time is left out
     a = [{f"partition{SEP}pcp2": 1.0, f"prepare{SEP}t": 2.0} for _ in range(4)]
@@ -97,8 +97,8 @@ def test_latency_compares_only_work_both_sides_did():
 
 
 def test_value_digest_ignores_dtype_but_not_values_or_shape():
-    from simrig.compare.side import digest
     from simrig.observe import FieldObs
+    from simrig.releases.side import digest
 
     def obs(arr):
         return FieldObs("torch", arr.dtype.name, arr.shape, arr)

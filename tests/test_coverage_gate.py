@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from simrig.coverage import gate
+from simrig import trace_gate as gate
 from simrig.coverage.collect import Collector
 
 BUFFER_UTILS = "vllm/v1/worker/gpu/buffer_utils.py"

@@ -14,11 +14,42 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
 SUBPACKAGES = ("sources", "adapters", "checks", "report", "campaign", "selftest", "commands",
-               "compare", "distributed", "coverage")
+               "releases", "bisect", "repro", "bench", "distributed", "coverage")
 # What stays directly in simrig/: the step model, harness, observations,
-# progress, errors, Ctrl-C handling, replay driver, cli and the benchmark runner.
-CORE = {"__init__", "__main__", "bench", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
-        "progress", "replay", "runners", "step"}
+# progress, errors, Ctrl-C handling, replay driver and cli.
+CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
+        "progress", "replay", "runners", "stage_probes", "step", "trace_gate"}
+
+
+# The floors, lowest first: a module imports only from floors below its own (a
+# top-level module or a room is one unit; inside a room the cycle scan below
+# holds). Units on one floor never import each other.
+FLOORS = (
+    {"__init__", "step", "errors", "observe", "progress", "interrupt",  # the step model, plain helpers
+     "trace_gate"},                                    # what a coverage collector traces
+    {"adapters"},                                      # the only code that imports vllm
+    {"sources", "checks", "coverage", "dummy_paths", "stage_probes", "bench"},
+    {"harness", "report"},                             # stepping one runner; reports
+    {"runners"},                                       # the runner pool (reuse)
+    {"replay"},                                        # the one replay loop
+    {"campaign", "releases"},                          # fuzz campaigns; two vLLMs side by side
+    {"distributed", "selftest", "bisect"},
+    {"repro"},
+    {"commands"},                                      # one module per subcommand, and the dispatch
+    {"cli"},                                           # the console entry point
+    {"__main__"},
+)
+MAX_MODULE_LINES = 400
+MAX_ROOM_LINES = 1_500
+# Rooms still over MAX_ROOM_LINES, each waiting for its own split; a room that
+# gets under the limit leaves this list (the test says so), and no other may join.
+ROOMS_OVER_THE_LIMIT = {
+    "checks": "the oracle: one room per concern (reference, PCP layout, cudagraph rules, findings)",
+    "adapters": "the vLLM adapter: runner building, version differences, stand-ins",
+    "report": "the report writer, the history store and page, finding classes",
+    "commands": "one module per subcommand",
+    "sources": "the trace format and the producers of traces",
+}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -62,17 +93,27 @@ def test_only_adapters_import_vllm():
 @pytest.mark.parametrize("package, forbidden", [
     ("checks", ("simrig.adapters", "simrig.campaign", "simrig.selftest", "simrig.report",
                 "simrig.harness", "simrig.commands", "simrig.cli")),
-    ("report", ("simrig.campaign", "simrig.selftest", "simrig.adapters", "simrig.commands")),
+    ("report", ("simrig.campaign", "simrig.selftest", "simrig.adapters", "simrig.commands",
+                "simrig.harness")),
     ("sources", ("simrig.checks.checker", "simrig.campaign", "simrig.selftest", "simrig.report")),
     ("adapters", ("simrig.checks", "simrig.report", "simrig.campaign", "simrig.selftest",
                   "simrig.sources", "simrig.harness", "simrig.replay")),
     ("campaign", ("simrig.selftest", "simrig.commands", "simrig.distributed")),
-    # compare drives other vLLMs in their own processes: the driver side never
+    # releases drives other vLLMs in their own processes: the driver side never
     # imports the adapters (only side.py, which runs inside a side venv, does, lazily)
-    ("compare", ("simrig.selftest", "simrig.commands", "simrig.campaign")),
+    ("releases", ("simrig.selftest", "simrig.commands", "simrig.campaign", "simrig.bisect",
+                  "simrig.repro", "simrig.distributed")),
+    # bisect and repro run vLLM in child processes only
+    ("bisect", ("vllm", "simrig.adapters", "simrig.selftest", "simrig.commands", "simrig.campaign",
+                "simrig.repro", "simrig.distributed")),
+    ("repro", ("vllm", "simrig.adapters", "simrig.selftest", "simrig.commands", "simrig.campaign",
+               "simrig.releases", "simrig.distributed")),
+    # the suites run in their own pytest process
+    ("bench", ("vllm", "simrig.adapters", "simrig.checks", "simrig.report", "simrig.selftest",
+               "simrig.commands", "simrig.campaign", "simrig.distributed", "simrig.releases")),
     ("distributed", ("simrig.selftest", "simrig.commands", "vllm")),
     ("coverage", ("vllm", "simrig.adapters", "simrig.campaign", "simrig.selftest",
-                  "simrig.distributed", "simrig.commands")),
+                  "simrig.distributed", "simrig.commands", "simrig.report")),
 ])
 def test_subpackage_import_rules(package, forbidden):
     assert violations(SIMRIG / package, forbidden) == []
@@ -143,3 +184,85 @@ def test_the_cycle_scan_sees_a_cycle(tmp_path, monkeypatch):
     monkeypatch.setitem(globals(), "SIMRIG", tmp_path / "simrig")
     with pytest.raises(AssertionError):
         test_no_import_cycle_inside_a_subpackage()
+
+
+def unit_of(module: str) -> str | None:
+    """The top-level module or room a dotted ``simrig.…`` name belongs to (None:
+    not simrig's, or the bare package, whose from-imports are scanned by name)."""
+    parts = module.split(".")
+    if parts[0] != "simrig" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def unit_imports() -> dict[str, dict[str, list[str]]]:
+    """unit -> imported unit -> the places (file:line) that import it."""
+    edges: dict[str, dict[str, list[str]]] = {}
+    for path in files_under(SIMRIG):
+        name = module_name(path)
+        unit = unit_of(name) or "__init__"
+        for line, module in imported_modules(path):
+            target = unit_of(module)
+            if target is not None and target != unit:
+                edges.setdefault(unit, {}).setdefault(target, []).append(
+                    f"{path.relative_to(ROOT)}:{line}")
+    return edges
+
+
+def test_every_unit_has_one_floor():
+    units = {p.stem for p in SIMRIG.glob("*.py")} | set(SUBPACKAGES)
+    placed = [u for floor in FLOORS for u in floor]
+    assert sorted(placed) == sorted(set(placed)), "a unit on two floors"
+    assert set(placed) == units
+
+
+def test_no_import_runs_up_the_floors():
+    floor_of = {u: i for i, floor in enumerate(FLOORS) for u in floor}
+    bad = [f"{where} ({unit}, floor {floor_of[unit]}) imports {target} (floor {floor_of[target]})"
+           for unit, targets in unit_imports().items() for target, places in targets.items()
+           if floor_of[target] >= floor_of[unit] for where in places]
+    assert bad == []
+
+
+def cycles_between(edges: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Every unit that reaches itself through imports, with the path found."""
+    found = []
+    for start in sorted(edges):
+        todo, seen = [(t, [start, t]) for t in edges[start]], set()
+        while todo:
+            unit, path = todo.pop()
+            if unit == start:
+                found.append(path)
+                break
+            if unit in seen:
+                continue
+            seen.add(unit)
+            todo += [(t, path + [t]) for t in edges.get(unit, {})]
+    return found
+
+
+def test_no_import_cycle_between_rooms():
+    assert cycles_between(unit_imports()) == []
+
+
+def test_the_room_cycle_scan_sees_a_cycle():
+    edges = {"a": {"b": ["a.py:1"]}, "b": {"c": ["b.py:1"]}, "c": {"a": ["c.py:1"]}, "d": {"a": ["d.py:1"]}}
+    assert [path[0] for path in cycles_between(edges)] == ["a", "b", "c"]
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(p.relative_to(ROOT)): n for p in files_under(SIMRIG)
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
+
+
+def test_no_room_is_over_the_line_limit_but_those_listed():
+    sizes = {room: sum(len(p.read_text().splitlines()) for p in files_under(SIMRIG / room))
+             for room in SUBPACKAGES}
+    over = {room for room, n in sizes.items() if n > MAX_ROOM_LINES}
+    assert over - set(ROOMS_OVER_THE_LIMIT) == set(), f"rooms over {MAX_ROOM_LINES} lines: {sizes}"
+    assert set(ROOMS_OVER_THE_LIMIT) - over == set(), "under the limit now: take it off ROOMS_OVER_THE_LIMIT"

@@ -83,7 +83,7 @@ def patch_language_once() -> bool:
 
 
 def sample_traced_launches() -> bool:
-    """Route every kernel launch through ``simrig.coverage.gate.launch``, so a
+    """Route every kernel launch through ``simrig.trace_gate.launch``, so a
     running coverage collector traces only the launches its sampler asks for
     (a plain call while none runs). Returns whether it was installed (False:
     a Triton without this interpreter layout, or already installed)."""
@@ -95,7 +95,7 @@ def sample_traced_launches() -> bool:
     original = getattr(executor, "__call__", None)
     if original is None or getattr(original, "__simrig_sampled__", False):
         return False
-    from simrig.coverage import gate
+    from simrig import trace_gate as gate
 
     def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if gate.ACTIVE is None:

@@ -4,7 +4,7 @@ The Model Runner V2 input path (``vllm/v1/worker/gpu/``) is Python plus Triton
 kernels, so a commit of a vLLM checkout runs by serving those files from the
 commit and everything else (compiled ops, configs, the scheduler) from the
 closest installed release. ``simrig bisect`` extracts a commit's files into a
-folder (``simrig.compare.gitrepo.materialize``) and starts every step's child as
+folder (``simrig.bisect.gitrepo.materialize``) and starts every step's child as
 
     SIMRIG_OVERLAY=FOLDER [SIMRIG_OVERLAY_PATHS=vllm/v1/worker/gpu,...]
         python -m simrig.adapters.overlay replay TRACE ...     (the simrig CLI)

@@ -55,6 +55,13 @@ def tap_capture_descriptors(manager: Any, on_desc: Any) -> Any:
     return tapped_class()
 
 
+def descriptor_fields(desc: Any, prefix: str = "") -> dict[str, obs.FieldObs]:
+    """A BatchExecutionDescriptor's fields as observations: the dispatch
+    stage's own, or ``desc.``-prefixed on the dummy or capture record it was
+    built for."""
+    return {prefix + k: obs.observe_value(v) for k, v in cudagraph.describe(desc).items()}
+
+
 def desc_key(desc: Any) -> tuple:
     return tuple(sorted(cudagraph.describe(desc).items()))
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from simrig.adapters import cudagraph, lora, platform, versions, wiring
 from simrig.adapters.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
 from simrig.adapters.vllm_config import vllm_config_for
-from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, block_groups
+from simrig.step import RunnerConfig, Step, block_groups
 
 
 def _vllm_version() -> str:
@@ -63,6 +62,17 @@ def _resolve(ep: EntryPoint, version: str) -> Any:
             raise VllmApiError(ep.module, ep.attribute, version,
                                f"signature lacks parameter(s) {', '.join(missing)}")
     return obj
+
+
+@dataclass(frozen=True)
+class RunnerParts:
+    """A model-less runner and what is driven next to it (``VllmApi.build_parts``)."""
+
+    runner: Any
+    pcp_managers: list[Any]  # one per PCP rank (empty without PCP); rank 0's is on the runner
+    dcp_peers: list[tuple[int, int, Any]]  # (pcp_rank, dcp_rank, manager) for DCP ranks past 0
+    dispatcher: Any  # vLLM's CudaGraphManager, also runner.cudagraph_manager
+    dummy_buffers: Any  # InputBuffers of the dummy runs
 
 
 @dataclass(frozen=True)
@@ -177,36 +187,23 @@ class VllmApi:
         Collaborators off the boundary are stand-ins (see README).
         """
         runner = self.GPUModelRunner.__new__(self.GPUModelRunner)
-        runner.device = self.device
-        runner.max_num_reqs = config.max_num_reqs
-        runner.decode_query_len = config.decode_query_len
-        runner.use_pp = False
-        runner.adaptive_verification = None
-        runner.fast_prefill = None
-        runner.pooling_runner = None
-        runner.pp_handler = None
-        runner.encoder_cache = None
-        runner.kv_block_zeroer = None
-        runner.routed_experts_capturer = None
-        runner.lora_manager = None
-        runner.vocab_size = SYNTH_VOCAB_SIZE
-        runner.model_config = SimpleNamespace(rswa_window=None)
-        runner.req_states = self.RequestState(
-            max_num_reqs=config.max_num_reqs,
-            max_model_len=config.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            num_speculative_steps=config.num_speculative_tokens,
-            vocab_size=SYNTH_VOCAB_SIZE,
-            device=self.device,
-        )
-        runner.input_buffers = self.InputBuffers(
-            max_num_reqs=config.max_num_reqs,
-            max_num_tokens=config.max_num_batched_tokens,
-            device=self.device,
-        )
         return wiring.equip(runner, config, self.device,
                             dispatcher if dispatcher is not None else self.build_dispatcher(config),
-                            pcp_manager, block_tables)
+                            pcp_manager, block_tables, request_state=self.RequestState,
+                            input_buffers=self.InputBuffers)
+
+    def build_parts(self, config: RunnerConfig) -> RunnerParts:
+        """Everything one harness drives for ``config``, built in vLLM's order:
+        the block tables first (the PCP managers and the runner share them),
+        then every PCP rank's and DCP peer's manager, the dispatcher, the
+        runner (PCP rank 0's manager on it) and the dummy runs' own buffers."""
+        block_tables = self.build_block_tables(config)
+        pcp_managers = self.build_pcp_managers(config, block_tables)
+        dcp_peers = self.build_dcp_peer_managers(config, block_tables)
+        dispatcher = self.build_dispatcher(config)
+        runner = self.build_runner(config, dispatcher, pcp_managers[0] if pcp_managers else None,
+                                   block_tables)
+        return RunnerParts(runner, pcp_managers, dcp_peers, dispatcher, self.dummy_buffers(config))
 
     def build_block_tables(self, config: RunnerConfig) -> Any:
         """vLLM's BlockTables for the trace config's KV cache groups."""

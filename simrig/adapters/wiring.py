@@ -10,6 +10,13 @@ timer. Only collaborators that need a model or a GPU are stand-ins
 
     execute_model reads             given
     ───────────────────             ─────
+    req_states, input_buffers       vLLM's RequestState and InputBuffers
+    device, max_num_reqs,           the trace config (vocab: the synthetic
+    decode_query_len, vocab_size,   token ids' SYNTH_VOCAB_SIZE)
+    max_model_len, max_num_tokens,
+    num_speculative_steps
+    use_pp, pp_handler, pooling_    off (False or None): one pipeline stage, no
+    runner, encoder_cache, ...      pooling, encoder, multimodal or ubatch path
     block_tables, kv_cache_config   real BlockTables, one group per trace kv_groups
                                     entry (full attention or sliding window, each
                                     with its block size)
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from types import SimpleNamespace
 from typing import Any
 
 from simrig.adapters import lora, platform, sampling, standins
@@ -106,11 +114,42 @@ def block_tables(config: RunnerConfig, device: Any, dcp_rank: int = 0) -> Any:
 
 
 def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
-          pcp_manager: Any | None, tables: Any | None = None) -> Any:
-    """Give ``runner`` what its execute_model reads (see the module docstring)."""
+          pcp_manager: Any | None, tables: Any | None = None, *, request_state: Any,
+          input_buffers: Any) -> Any:
+    """Give ``runner`` what its execute_model reads (see the module docstring):
+    every attribute the runner has is set here. ``request_state`` and
+    ``input_buffers`` are the installed release's RequestState and InputBuffers
+    classes, as the adapter resolved them."""
     import torch
     from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
 
+    runner.device = device
+    runner.max_num_reqs = config.max_num_reqs
+    runner.decode_query_len = config.decode_query_len
+    runner.use_pp = False
+    runner.adaptive_verification = None
+    runner.fast_prefill = None
+    runner.pooling_runner = None
+    runner.pp_handler = None
+    runner.encoder_cache = None
+    runner.kv_block_zeroer = None
+    runner.routed_experts_capturer = None
+    runner.lora_manager = None
+    runner.vocab_size = SYNTH_VOCAB_SIZE
+    runner.model_config = SimpleNamespace(rswa_window=None)
+    runner.req_states = request_state(
+        max_num_reqs=config.max_num_reqs,
+        max_model_len=config.max_model_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        num_speculative_steps=config.num_speculative_tokens,
+        vocab_size=SYNTH_VOCAB_SIZE,
+        device=device,
+    )
+    runner.input_buffers = input_buffers(
+        max_num_reqs=config.max_num_reqs,
+        max_num_tokens=config.max_num_batched_tokens,
+        device=device,
+    )
     # the trace config as vLLM's own VllmConfig (adapters/vllm_config.py), the
     # one the dispatcher was built from: the forward context reads it
     vllm_config = dispatcher.vllm_config

@@ -18,6 +18,10 @@ Repeatable: with ``max_examples`` and no time budget the run stops on an
 example count, never on the clock, so the same seed (without an example
 database) gives the same examples, steps and classes on any machine or load.
 A run the budget or a signal cut short says in its summary that it is not.
+
+The campaign's other parts live beside it: when it stops (``stopping.py``),
+the traces it replays before its examples (``corpus.py``), coverage and
+steering (``steering.py``), its report (``report.py``).
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from simrig.campaign.options import (  # noqa: F401 -- re-exported: the campaign
     FindingClass,
     Key,
 )
+from simrig.campaign.corpus import TraceReplays
 from simrig.campaign.repeatable import seed_only_draws
-from simrig.campaign.shrink import class_key, replay_with_checks
+from simrig.campaign.shrink import class_key
+from simrig.campaign.steering import CoverageSteering, plateau
+from simrig.campaign.stopping import StopRules
 from simrig.checks.findings import Finding
 from simrig.observe import DISPATCH
 from simrig.replay import BatchTracker, ReplayRecorder
@@ -48,7 +55,7 @@ IDLE_CHUNKS = 3  # Hypothesis runs in a row without one step: the campaign stops
 STEER_CHUNK_EXAMPLES = 40
 
 
-class Campaign:
+class Campaign(StopRules, CoverageSteering, TraceReplays):
     """One fuzz campaign; ``run()`` returns the exit status."""
 
     def __init__(self, options: CampaignOptions):
@@ -70,71 +77,10 @@ class Campaign:
         self.idle = False  # IDLE_CHUNKS Hypothesis runs in a row sent no step
         self.report_summary: dict[str, Any] = {}  # summary.json as written (+ "report")
         self.class_table: Any = None
-        from simrig.coverage.session import CoverageRun
-
-        self.coverage = CoverageRun(options.coverage, fail_on_unexplained=options.fail_on_unexplained_coverage,
-                                    reasons_path=options.unreached)
-        self.unexplained_lines = 0  # set when the report is written
-        self.coverage_timeline: list[dict[str, Any]] = []  # per example: cumulative MRV2 arcs
-        self._seen_arcs: set[tuple[str, int, int]] = set()
-        self.corpus_kept = self.corpus_replayed = 0
+        self._init_coverage(options)
         self._start = 0.0
         self._chunk_failed = False
         self._progress: Any = None
-
-    # ------------------------------------------------------------ when to stop
-    def _elapsed(self) -> float:
-        return time.perf_counter() - self._start
-
-    def _over_budget(self, grace: float = 0.0) -> bool:
-        budget = self.options.budget_s
-        return budget is not None and self._elapsed() > budget + grace
-
-    def _grace(self) -> float:
-        o = self.options
-        if o.shrink_grace_s is not None:
-            return o.shrink_grace_s
-        return min(120.0, o.budget_s / 4) if o.budget_s is not None else float("inf")
-
-    def _examples_done(self) -> bool:
-        m = self.options.max_examples
-        return m is not None and self.stats.examples >= m
-
-    def _explore_more(self) -> bool:
-        """Start another Hypothesis run? Never once the examples or the budget are spent."""
-        return not (self.interrupted or self.rig_stopped or self.idle or self._examples_done()
-                    or self._over_budget())
-
-    def stopped(self) -> bool:
-        """Rules stop running the real code: interrupted, a rig error, the
-        examples or the budget spent while exploring, or past budget + grace
-        while Hypothesis shrinks a failure (with --max-examples alone, the
-        shrink always finishes: the same seed gives the same run)."""
-        if self.interrupted or self.rig_stopped:
-            return True
-        if self._chunk_failed:
-            return self._over_budget(self._grace())
-        return self._examples_done() or self._over_budget()
-
-    def _stopped_by(self) -> str:
-        if self.rig_stopped:
-            return "rig_error"
-        if self.interrupted:
-            return "signal"
-        if self._examples_done():
-            return "max_examples"
-        return "idle" if self.idle else "budget"
-
-    def not_repeatable(self) -> list[str]:
-        """Why the same --seed may not give the same examples (empty: it will)."""
-        why = {"budget": "stopped by the time budget", "signal": "stopped by a signal"}
-        reasons = [why[self.stats.stopped_by]] if self.stats.stopped_by in why else []
-        if self.options.database is not None:
-            reasons.append("an example database replays earlier failures first")
-        return reasons
-
-    def _interrupt(self) -> None:
-        self.interrupted = True
 
     # ------------------------------------------------------------ machine hooks
     def _on_step(self, machine: Any, index: int, step: Step, obs: Any,
@@ -192,46 +138,6 @@ class Campaign:
             self.stats.examples += 1
             if self.coverage.collector is not None:
                 self._coverage_example(machine)
-
-    def _coverage_example(self, machine: Any) -> None:
-        """The arcs this example reached: the coverage timeline; with steering,
-        Hypothesis' target() on their number, and the example kept in the corpus
-        when it reached an arc no earlier example did."""
-        fresh = self.coverage.collector.take()
-        arcs = {(path, a, b) for path, pairs in fresh.items() for a, b in pairs}
-        new = arcs - self._seen_arcs
-        self._seen_arcs |= arcs
-        self.coverage_timeline.append({"example": self.stats.examples, "elapsed_s": round(self._elapsed(), 3),
-                                       "steps": self.stats.steps, "arcs_in_example": len(arcs),
-                                       "new_arcs": len(new), "arcs_total": len(self._seen_arcs)})
-        if not self.options.steer:
-            return
-        from hypothesis import target
-
-        target(float(len(arcs)), label="MRV2 arcs reached by the example")
-        if new and self.options.corpus_dir is not None:
-            self._keep(machine, len(new))
-
-    def _keep(self, machine: Any, new: int) -> None:
-        import hashlib
-
-        from simrig.sources.trace import TraceHeader, write_trace
-
-        folder = Path(self.options.corpus_dir)
-        header = TraceHeader(config=machine.config, adversarial=self.options.mode == "adversarial",
-                             source={"kind": "generated", "corpus": "coverage", "new_arcs": new,
-                                     "violation_steps": {str(k): v for k, v in machine.violations.items()},
-                                     "description": "a fuzz example that reached MRV2 arcs no earlier "
-                                                    "example of its campaign had (simrig fuzz --steer)"})
-        text = repr((machine.config, machine.steps)).encode()
-        path = folder / f"{self.options.mode}-{hashlib.sha1(text).hexdigest()[:12]}.jsonl"
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                write_trace(path, header, list(machine.steps))
-                self.corpus_kept += 1
-        except OSError:
-            pass  # a corpus that cannot be written costs its examples only
 
     def _tick(self) -> None:
         if self._progress is not None:
@@ -297,57 +203,6 @@ class Campaign:
         if out.is_dir():
             sampler.write(out / "profile")
             self.report_summary["profile"] = sampler.split()
-
-    def replay_regressions(self) -> None:
-        from simrig.sources.trace import trace_files_in
-
-        folder = Path(self.options.regressions_dir)
-        for path in trace_files_in(folder) if folder.is_dir() else []:
-            if self.interrupted:
-                return
-            found, num_steps = replay_with_checks(path, self.options.extra_checks,
-                                                  self.options.stages, stop=lambda: self.interrupted)
-            self.stats.regression_traces += 1
-            self.stats.regression_steps += num_steps
-            self._record_trace_findings(path, found)  # before any example
-
-    def _record_trace_findings(self, path: Path, found: list[Finding]) -> None:
-        """Findings of a whole trace replayed before the examples (a regression or
-        a corpus trace): that trace is each new class's reproducer, so the class
-        is tolerated (it already has a minimal trace: never shrunk again)."""
-        where = Where(str(path), elapsed_s=self._elapsed())
-        for f in found:
-            self.tally.add(f, where)
-            key = class_key(f)
-            cls = self.classes.get(key)
-            if cls is None:
-                cls = self.classes[key] = FindingClass(key, f, source=str(path),
-                                                       trace_path=str(path), reproduced=True)
-                self._notify(cls)
-            cls.count += 1
-            self.tolerated.add(key)
-
-    def replay_corpus(self) -> None:
-        """Examples earlier steered campaigns kept for reaching new arcs, first
-        (their findings count as the campaign's; their arcs are reached at once)."""
-        from simrig.sources.trace import TraceError, trace_files_in
-
-        for path in trace_files_in(Path(self.options.corpus_dir)):
-            if self.interrupted:
-                return
-            if not path.name.startswith(f"{self.options.mode}-"):
-                continue
-            try:
-                found, num_steps = replay_with_checks(path, self.options.extra_checks, self.options.stages,
-                                                      stop=lambda: self.interrupted)
-            except (TraceError, ValueError):
-                continue  # a corpus file this release or format cannot take: skipped
-            self.corpus_replayed += 1
-            self.stats.regression_steps += num_steps
-            self._record_trace_findings(path, found)
-        if self.coverage.collector is not None:
-            fresh = self.coverage.collector.take()
-            self._seen_arcs |= {(p, a, b) for p, pairs in fresh.items() for a, b in pairs}
 
     def explore(self) -> None:
         from hypothesis import HealthCheck, Phase, Verbosity, settings
@@ -510,17 +365,6 @@ def _runner_counts() -> dict[str, int]:
 
     stats = shared_pool().stats()
     return {k: stats[k] for k in ("built", "reused", "dropped")}
-
-
-def plateau(timeline: list[dict[str, Any]], share: float = 0.95) -> dict[str, Any]:
-    """When the campaign's examples stopped adding MRV2 arcs: the time of the last
-    new arc and the time ``share`` of the final count was first reached."""
-    if not timeline:
-        return {"coverage_last_new_arc_s": None, "coverage_95_s": None}
-    final = timeline[-1]["arcs_total"]
-    last_new = max((r["elapsed_s"] for r in timeline if r["new_arcs"]), default=0.0)
-    at_share = next((r["elapsed_s"] for r in timeline if r["arcs_total"] >= share * final), None)
-    return {"coverage_last_new_arc_s": last_new, "coverage_95_s": at_share}
 
 
 def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = ("NONE",)) -> Any:

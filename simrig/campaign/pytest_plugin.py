@@ -92,7 +92,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     collector, out = entry
     collector.stop()
-    from simrig.coverage.session import coverage_line, write_coverage_dir
+    from simrig.coverage.session import coverage_line
+    from simrig.report.writer import write_coverage_dir
 
     folder = write_coverage_dir(out, collector.data(), title="simrig coverage of a pytest session")
     import json

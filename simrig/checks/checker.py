@@ -58,7 +58,7 @@ from simrig.checks.padding import (
 )
 from simrig.checks.parity import check_parity, desc_key
 from simrig.checks.pcp import check_dcp_peers, check_pcp
-from simrig.checks.reference import ReferenceModel
+from simrig.checks.reference import GlobalBatch, ReferenceModel
 from simrig.checks.semantics import check_batch_semantics
 from simrig.observe import (
     CAPTURE,
@@ -240,12 +240,14 @@ class Checker:
             out.extend(check_parity(index, runs or real, dummy, desc, partitions or None, captured))
         for part in partitions:  # rank-local batches keep the same field meanings
             out.extend(check_batch_semantics(index, part))
+        # the reference's global batch, built once: the PCP and the block checks both read it
+        order = self.reference.observed_order(obs)
+        batch = self.reference.global_batch(step, order)
         if real is not None and partitions and self.config.pcp_size > 1:
-            expected = self.reference.global_batch(step, self.reference.observed_order(obs))
-            out.extend(check_pcp(index, self.config, real, partitions, expected, desc))
+            out.extend(check_pcp(index, self.config, real, partitions, batch, desc))
         out.extend(check_dcp_peers(index, obs))
-        out.extend(self._block_checks(index, step, obs, config))
-        pred = self.reference.predict(step, self.reference.observed_order(obs))
+        out.extend(self._block_checks(index, obs, config, order, batch))
+        pred = self.reference.predict(step, order)
         out.extend(check_model_fields(index, config, step, obs, pred, skip))
         if pred is not None:
             # rows that run as decodes: decodes, and (without PCP, which partitions
@@ -263,14 +265,13 @@ class Checker:
         return out
 
 
-    def _block_checks(self, index: int, step: Step, obs: StepObs, config: RunnerConfig
-                      ) -> list[Finding]:
+    def _block_checks(self, index: int, obs: StepObs, config: RunnerConfig, order: list[str] | None,
+                      batch: GlobalBatch | None) -> list[Finding]:
         """prepare_attn's block tables and slot mappings, on the batch the runner
-        ran: the global one, or PCP rank 0's rank-local one."""
-        order = self.reference.observed_order(obs)
+        ran: the global one, or PCP rank 0's rank-local one (``batch``: the
+        reference's global batch in the observed ``order``)."""
         if not order:
             return []
-        batch = self.reference.global_batch(step, order)
         if config.pcp_size > 1:
             local = obs.get(PARTITION, 0)
             if local is None or local.error is not None or "req_ids" not in local.fields:

@@ -109,7 +109,7 @@ REASONS: dict[tuple[str, str], tuple[str, tuple[Cite, ...]]] = {
     ("lifecycle", "runner.pcp_size"): (
         "the PCP world the harness drove (1 where the release cannot drive the configuration); it "
         "selects what the checks expect",
-        (Cite("simrig/harness.py", "Harness._probe_lifecycle_end",
+        (Cite("simrig/stage_probes.py", "StageProbes._probe_lifecycle_end",
               '"runner.pcp_size": len(self.pcp_managers) or 1'),)),
     ("gather", "uniform_decode_token_count"): (
         "judged through the descriptor it dispatches (dispatch: uniform_token_count)",

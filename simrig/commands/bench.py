@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig import bench
+    from simrig.bench import runner as bench
     from simrig.errors import UsageError
 
     if args.interleave is not None:
@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
 def run_interleaved(args: argparse.Namespace) -> int:
     import sys
 
-    from simrig import bench
-    from simrig.compare.envs import side_for_compare
+    from simrig.bench import runner as bench
+    from simrig.releases.envs import side_for_compare
 
     a, b = (side_for_compare(spec) for spec in args.interleave)
     table = bench.interleave(a.python, b.python, args.rounds, filter_expr=args.filter,

@@ -56,9 +56,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from simrig.adapters.overlay import parse_paths
+    from simrig.bisect import gitrepo
+    from simrig.bisect import points as bisect_points
+    from simrig.bisect import run as bisect_run
+    from simrig.bisect.search import ClassKey
     from simrig.commands.common import emit_json, record_history
-    from simrig.compare import bisect_points, bisect_run, gitrepo
-    from simrig.compare.bisect import ClassKey
     from simrig.errors import UsageError
     from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir

@@ -4,7 +4,7 @@
     --progress MODE      tty | plain | quiet (default: tty on a terminal, else plain)
     --quiet              same as --progress quiet
     --json               print summary.json on stdout (nothing else there), for scripts
-    --verbose            show vLLM's own import messages (added to every command by simrig.cli)
+    --verbose            show vLLM's own import messages (added to every command by simrig.commands.dispatch)
 
 and the history record each of them appends (simrig.report.history).
 """

@@ -36,10 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from simrig.compare import envs
-    from simrig.compare.driver import compare, headline, write
-    from simrig.compare.fuzzsides import fuzz_classes
     from simrig.errors import UsageError
+    from simrig.releases import envs
+    from simrig.releases.driver import compare, headline, write
+    from simrig.releases.fuzzsides import fuzz_classes
     from simrig.replay import expand_trace_paths, parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
 

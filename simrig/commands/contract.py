@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 DEFAULT_OUT = "reports/contract-vllm-{version}.json"
 
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_snapshot(args: argparse.Namespace) -> int:
-    from simrig.report.snapshot import build_snapshot, write_snapshot
+    from simrig.report.snapshot import write_snapshot
     from simrig.report.writer import check_out_file
 
     if args.out:
@@ -40,6 +41,21 @@ def run_snapshot(args: argparse.Namespace) -> int:
     n = sum(len(f) for f in snapshot["stages"].values())
     print(f"wrote {out}: vLLM {snapshot['vllm_version']}, {len(snapshot['stages'])} stages, {n} fields")
     return 0
+
+
+def build_snapshot(api: Any = None) -> dict[str, Any]:
+    """Run the built-in scenario through the real installed vLLM."""
+    from simrig.errors import UsageError
+    from simrig.harness import Harness
+    from simrig.report.snapshot import SCENARIO_CONFIG, scenario_steps, snapshot_from_observations
+
+    harness = Harness(SCENARIO_CONFIG, api=api)
+    observations = [harness.run_step(step) for step in scenario_steps()]
+    errors = [f"step {o.index} {s.stage}: {s.error.type}: {s.error.message}"
+              for o in observations for s in o.errors if s.error is not None]
+    if errors:
+        raise UsageError(f"contract scenario failed on vLLM {harness.api.version}: {errors[0]}")
+    return snapshot_from_observations(observations, harness.api.version)
 
 
 def run_diff(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""``simrig env``: side venvs holding another vLLM (see simrig/compare/envs.py)."""
+"""``simrig env``: side venvs holding another vLLM (see simrig/releases/envs.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from simrig.compare import envs
+    from simrig.releases import envs
     from simrig.errors import UsageError
 
     side = envs.resolve_spec(args.vllm)
@@ -39,7 +39,7 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from simrig.compare import envs
+    from simrig.releases import envs
 
     sides = envs.list_sides()
     if not sides:

@@ -43,9 +43,10 @@ def run(args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from simrig.compare import envs, repro
     from simrig.errors import UsageError
+    from simrig.releases import envs
     from simrig.report.writer import check_out_file
+    from simrig.repro import pytest_file as repro
 
     if args.cls and not Path(args.target).is_file():
         raise UsageError("--class: only with a trace (a class given as CLASS_OR_TRACE names itself)")

@@ -7,7 +7,8 @@ reached arcs into per-file, per-function and never-reached-line tables,
 ``reasons`` reads the one reviewed list of why a line is never reached
 (``unreached.toml``), ``session`` wires it into the commands (flags, one
 collector per process, report parts). Steering campaigns by coverage lives in
-``simrig.campaign.fuzz`` (it uses ``Collector.take``). It may import the core, ``report`` and
-``errors``, coverage.py and pandas; never ``vllm``, the adapters, ``campaign``,
+``simrig.campaign.steering`` (it uses ``Collector.take``); the report renders
+the tables (``simrig.report``, above this package). It may import ``errors``,
+coverage.py and pandas; never ``report``, ``vllm``, the adapters, ``campaign``,
 ``selftest``, ``distributed`` or ``commands``.
 """

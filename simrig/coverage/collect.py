@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from simrig.coverage import gate
+from simrig import trace_gate as gate
 
 SCOPE = "vllm/v1/worker/gpu"
 
@@ -58,7 +58,7 @@ class Collector:
 
     Gated (the default), it traces only inside ``gate.vllm_calls()`` regions
     (the harness's builds and steps) and samples kernel launches
-    (``simrig.coverage.gate``); ``gated=False`` traces everything between
+    (``simrig.trace_gate``); ``gated=False`` traces everything between
     ``start`` and ``stop`` and every launch."""
 
     def __init__(self, gated: bool = True) -> None:

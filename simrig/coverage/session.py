@@ -135,29 +135,6 @@ def coverage_line(summary: dict[str, Any]) -> str | None:
     return line
 
 
-def write_coverage_dir(out: str, data: CoverageData, title: str = "simrig coverage") -> str:
-    """Coverage tables (parquet + CSV), summary.json and a one-page coverage.html
-    in ``out`` (the pytest plugin's ``--simrig-coverage DIR``)."""
-    import html as _html
-    import json
-    from pathlib import Path
-
-    from simrig.report.html import _CSS, coverage_section
-
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    tables, summary = coverage_report_parts(data)
-    for name, frame in tables.items():
-        frame.to_parquet(folder / f"{name}.parquet", index=False)
-        frame.to_csv(folder / f"{name}.csv", index=False)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
-            f"<style>{_CSS}</style></head><body><h1>{_html.escape(title)}</h1>"
-            + coverage_section(summary["coverage"], tables) + "</body></html>")
-    (folder / "coverage.html").write_text(page, encoding="utf-8")
-    return str(folder)
-
-
 def without_coverage_data(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary as ``--json`` prints it: the raw arcs stay in summary.json only."""
     cov = summary.get("coverage")

@@ -30,13 +30,7 @@ from typing import Any
 from simrig.campaign.fuzz import Campaign, CampaignOptions
 from simrig.distributed.cluster import pinned_here, ray_session
 from simrig.distributed.collector import Collector, SharedDatabase
-from simrig.distributed.merge import (
-    concat_frames,
-    merge_contract,
-    merge_tallies,
-    prefixed,
-    tally_from_counts,
-)
+from simrig.distributed.merge import concat_frames, merge_contract, prefixed, tally_from_counts
 from simrig.distributed.shard import (  # noqa: F401 -- plan_shards re-exported
     POLL_S,
     ShardResult,
@@ -44,6 +38,7 @@ from simrig.distributed.shard import (  # noqa: F401 -- plan_shards re-exported
     plan_shards,
     run_shard,
 )
+from simrig.report.classes import merge_tallies
 
 MIN_REASSIGN_S = 1.0  # a lost shard's leftover budget below this is not reassigned
 STOP_GRACE_S = 60.0  # after a stop request, how long the driver waits for shards to return

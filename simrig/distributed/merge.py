@@ -1,8 +1,8 @@
 """Merging what workers return into what one process would have kept.
 
-    ClassTally per unit / shard ──merge_tallies──► one ClassTally: occurrences summed,
-                                                   first from the earliest part, last from
-                                                   the latest, request ids and checks joined
+    ClassTally per unit / shard ──merge_tallies (simrig.report.classes)──► one ClassTally;
+                                  a shard's places renamed with ``prefixed``, a lost
+                                  shard's classes from its heartbeat (``tally_from_counts``)
     frames per shard ──concat_frames / merge_contract──► one steps / occurrences / contract table
 
 Used by the sharded replay (units in one-process order) and the sharded fuzz
@@ -12,41 +12,10 @@ campaign (shards in plan order, their example names prefixed with the shard).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from simrig.report.classes import MAX_REQ_IDS, ClassStats, ClassTally, Where
-
-
-def merge_tallies(parts: Iterable[tuple[ClassTally, Callable[[Where], Where] | None]]) -> ClassTally:
-    """One tally from several, in the order given; each part's places may be
-    renamed (``rename(where) -> where``, e.g. a shard prefix)."""
-    merged = ClassTally()
-    for tally, rename in parts:
-        def moved(where: Where) -> Where:
-            return rename(where) if rename is not None else where
-
-        for key, part in tally.classes.items():
-            into = merged.classes.get(key)
-            if into is None:
-                into = merged.classes[key] = ClassStats(
-                    part.kind, part.stage, part.field, part.exception_type, part.verdict,
-                    message=part.message, explanation=part.explanation, evidence=part.evidence)
-            into.occurrences += part.occurrences
-            into.checks |= part.checks
-            for where in part.traces.values():
-                where = moved(where)
-                into.traces.setdefault(where.trace, where)
-            if part.first is not None and into.first is None:
-                into.first = (moved(part.first[0]), *part.first[1:])
-            if part.last is not None:
-                into.last = (moved(part.last[0]), *part.last[1:])
-            for req_id in part.req_ids:
-                if len(into.req_ids) < MAX_REQ_IDS and req_id not in into.req_ids:
-                    into.req_ids.append(req_id)
-            if not into.explanation and part.explanation:
-                into.explanation, into.evidence = part.explanation, part.evidence
-    return merged
+from simrig.report.classes import ClassTally, Where
 
 
 def tally_from_counts(shard: str, state: Any, classes: dict[Any, Any]) -> ClassTally:

@@ -159,7 +159,8 @@ def merge_units(results: list[UnitResult], traces: Sequence[str], pcp_sizes: Seq
     """One ReplayResult as a one-process replay of the same traces would give
     (built by the same ``ReplayRecorder.result``: class table, reproducers,
     known-finding explanations)."""
-    from simrig.distributed.merge import concat_frames, merge_tallies
+    from simrig.distributed.merge import concat_frames
+    from simrig.report.classes import merge_tallies
 
     results = sorted(results, key=lambda r: r.unit.order)
     rec = ReplayRecorder()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ CLASS_COLUMNS = ("signature", "verdict", "occurrences", "kind", "stage", "field"
                  "first_step", "first_rank", "first_elapsed_s", "first_example", "last_trace",
                  "last_pcp_size", "last_step", "last_rank", "req_ids", "message", "reproducer",
                  "reproduce", "repro_pytest", "explanation", "evidence")
-# Kinds `simrig repro` turns into a standalone pytest file (simrig.compare.repro.SUPPORTED).
+# Kinds `simrig repro` turns into a standalone pytest file (simrig.repro.pytest_file.SUPPORTED).
 REPRO_KINDS = ("dtype_drift", "missing_field", "key_error", "exception")
 
 
@@ -147,6 +147,39 @@ class ClassTally:
 
     def frame(self) -> pd.DataFrame:
         return class_frame(self.classes.values())
+
+
+def merge_tallies(parts: Iterable[tuple[ClassTally, Callable[[Where], Where] | None]]) -> ClassTally:
+    """One tally from several, in the order given (the parts of a sharded run:
+    occurrences summed, first from the earliest part, last from the latest,
+    request ids and checks joined); each part's places may be
+    renamed (``rename(where) -> where``, e.g. a shard prefix)."""
+    merged = ClassTally()
+    for tally, rename in parts:
+        def moved(where: Where) -> Where:
+            return rename(where) if rename is not None else where
+
+        for key, part in tally.classes.items():
+            into = merged.classes.get(key)
+            if into is None:
+                into = merged.classes[key] = ClassStats(
+                    part.kind, part.stage, part.field, part.exception_type, part.verdict,
+                    message=part.message, explanation=part.explanation, evidence=part.evidence)
+            into.occurrences += part.occurrences
+            into.checks |= part.checks
+            for where in part.traces.values():
+                where = moved(where)
+                into.traces.setdefault(where.trace, where)
+            if part.first is not None and into.first is None:
+                into.first = (moved(part.first[0]), *part.first[1:])
+            if part.last is not None:
+                into.last = (moved(part.last[0]), *part.last[1:])
+            for req_id in part.req_ids:
+                if len(into.req_ids) < MAX_REQ_IDS and req_id not in into.req_ids:
+                    into.req_ids.append(req_id)
+            if not into.explanation and part.explanation:
+                into.explanation, into.evidence = part.explanation, part.evidence
+    return merged
 
 
 def _why_expected(finding: Finding) -> str:

@@ -1,7 +1,8 @@
 """Contract snapshots: the dtypes the installed vLLM actually produces, per stage and field.
 
 A small built-in scenario (fresh prefill, chunked prefill, decode, spec
-decode with a rejection, PCP 2) runs through the Harness; every field of
+decode with a rejection, PCP 2) runs through the Harness (``simrig contract
+snapshot``, ``simrig.commands.contract.build_snapshot``); every field of
 every stage is recorded with its kind and dtype, next to the dtype the
 contract declares (null for fields outside the table):
 
@@ -73,19 +74,6 @@ def snapshot_from_observations(observations: list[StepObs], vllm_version: str,
         stages[stage] = out
     return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "vllm_version": vllm_version,
             "scenario": scenario, "stages": stages}
-
-
-def build_snapshot(api: Any = None) -> dict[str, Any]:
-    """Run the built-in scenario through the real installed vLLM."""
-    from simrig.harness import Harness
-
-    harness = Harness(SCENARIO_CONFIG, api=api)
-    observations = [harness.run_step(step) for step in scenario_steps()]
-    errors = [f"step {o.index} {s.stage}: {s.error.type}: {s.error.message}"
-              for o in observations for s in o.errors if s.error is not None]
-    if errors:
-        raise UsageError(f"contract scenario failed on vLLM {harness.api.version}: {errors[0]}")
-    return snapshot_from_observations(observations, harness.api.version)
 
 
 def write_snapshot(path: str | os.PathLike[str], snapshot: dict[str, Any]) -> None:

@@ -9,6 +9,9 @@
       summary.json                      counts, versions, device, timings
       report.html                       verdict, finding classes, time share, plots, contract
 
+``write_coverage_dir`` writes a coverage-only folder (tables, summary.json,
+coverage.html) for the pytest plugin's ``--simrig-coverage DIR``.
+
 The whole directory is written under a temporary name next to OUT and renamed
 into place, so an interrupted run never leaves a half-written report. Rows are
 sorted by the caller (simrig.replay.sort_rows): the same input gives the same
@@ -25,12 +28,16 @@ import tempfile
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from simrig.errors import UsageError
 from simrig.report.html import jsonable, render_html
+
+if TYPE_CHECKING:
+    from simrig.coverage.collect import CoverageData
+
 
 REPORT_FILES = ("steps.parquet", "steps.csv", "findings.parquet", "findings.csv",
                 "contract.parquet", "contract.csv", "classes.parquet", "classes.csv",
@@ -180,3 +187,27 @@ def swap_into_place(tmp: Path, out: Path, attempts: int = 50) -> None:
         finally:
             shutil.rmtree(old, ignore_errors=True)
     raise OSError(errno.EBUSY, "another run keeps replacing the report", str(out))
+
+
+def write_coverage_dir(out: str, data: CoverageData, title: str = "simrig coverage") -> str:
+    """Coverage tables (parquet + CSV), summary.json and a one-page coverage.html
+    in ``out`` (the pytest plugin's ``--simrig-coverage DIR``)."""
+    import html as _html
+    import json
+    from pathlib import Path
+
+    from simrig.coverage.session import coverage_report_parts
+    from simrig.report.html import _CSS, coverage_section
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    tables, summary = coverage_report_parts(data)
+    for name, frame in tables.items():
+        frame.to_parquet(folder / f"{name}.parquet", index=False)
+        frame.to_csv(folder / f"{name}.csv", index=False)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_html.escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{_html.escape(title)}</h1>"
+            + coverage_section(summary["coverage"], tables) + "</body></html>")
+    (folder / "coverage.html").write_text(page, encoding="utf-8")
+    return str(folder)

@@ -5,7 +5,7 @@ Each round replays the same trace twice, back to back: once without a tracer
 C tracer with branch arcs over vLLM's MRV2 folder, timed), so both see the
 same machine load. ``extra_info`` holds the per-step medians, the ratio
 on/off of the round means and its 95 % paired bootstrap interval over the
-rounds (``simrig.compare.stats.bootstrap_ratio``). Recorded, not asserted.
+rounds (``simrig.bench.stats.bootstrap_ratio``). Recorded, not asserted.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from simrig.compare.stats import bootstrap_ratio
+from simrig.bench.stats import bootstrap_ratio
 from simrig.coverage.collect import Collector
 from simrig.replay import replay_trace
 

@@ -6,15 +6,15 @@
     load_run(path)          one row per benchmark: name, group, min, median,
          |                  mean, stddev, rounds, extra_info   (seconds)
          v
-    compare(As, Bs, pct)    simrig.compare.saves: B/A per benchmark over two sets
+    compare(As, Bs, pct)    simrig.bench.saves: B/A per benchmark over two sets
          |                  of saves; the interval comes from the spread between
          |                  saves, a verdict (faster / slower / within noise) only
          |                  with 2+ saves per side, else "cannot tell"
     interleave(A, B, N)     the suites under two interpreters (two vLLMs) in rounds
          |                  A, B, A, B ...; per benchmark the paired bootstrap of the
-         |                  per-round medians (simrig.compare.stats)
+         |                  per-round medians (simrig.bench.stats)
          v
-    simrig.compare.bench_report: markdown (terminal), CSV and HTML (bar chart of
+    simrig.bench.render: markdown (terminal), CSV and HTML (bar chart of
                             median ratios with their intervals) under --out
 
 A run is named by a file path, or by a saved run in the storage folder: its
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simrig.compare.bench_report import (  # noqa: F401
+from simrig.bench.render import (  # noqa: F401
     compare_html,
     compare_markdown,
     compare_notes,
@@ -52,7 +52,7 @@ from simrig.compare.bench_report import (  # noqa: F401
     run_markdown,
     write_compare,
 )
-from simrig.compare.saves import (  # noqa: F401
+from simrig.bench.saves import (  # noqa: F401
     CANNOT_TELL,
     FASTER,
     NOISE,
@@ -266,7 +266,7 @@ def interleave(python_a: str, python_b: str, rounds: int, *, filter_expr: str | 
 
 def interleaved_table(rounds_a: list[pd.DataFrame], rounds_b: list[pd.DataFrame]) -> pd.DataFrame:
     """Per benchmark: mean of per-round medians on each side, paired bootstrap ratio B/A."""
-    from simrig.compare.stats import bootstrap_ratio
+    from simrig.bench.stats import bootstrap_ratio
 
     def medians(frames: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.concat([f.set_index("fullname")["median"].rename(i) for i, f in enumerate(frames)],

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simrig.compare import envs, gitrepo
-from simrig.compare.bisect import BAD, GOOD, SKIP, ClassKey, Verdict
+from simrig.bisect import gitrepo
+from simrig.bisect.search import BAD, GOOD, SKIP, ClassKey, Verdict
 from simrig.errors import UsageError
+from simrig.releases import envs
 
 # Stages to replay for a class of each stage (lifecycle always runs; dummy
 # parity needs the real batch).

@@ -1,6 +1,6 @@
 """One side of a comparison: runs inside that side's venv, driven over stdin.
 
-    driver ──"round K\\n"──► side (python -m simrig.compare.side OUT STAGES TRACE...)
+    driver ──"round K\\n"──► side (python -m simrig.releases.side OUT STAGES TRACE...)
            ◄──"SIMRIG-SIDE {json}\\n"── per round: seconds spent in each stage's real calls,
                                        per trace ("stage<TAB>trace")
 

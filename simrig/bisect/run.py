@@ -27,9 +27,9 @@ from typing import Any
 
 import pandas as pd
 
-from simrig.compare import bisect_points as bp
-from simrig.compare import gitrepo
-from simrig.compare.bisect import FIXED, INTRODUCED, ClassKey, LegResult, search
+from simrig.bisect import gitrepo
+from simrig.bisect import points as bp
+from simrig.bisect.search import FIXED, INTRODUCED, ClassKey, LegResult, search
 from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
 from simrig.report.html import _CSS, jsonable, table
 from simrig.report.writer import simrig_version, staging_dir, swap_into_place

@@ -3,7 +3,7 @@ CSV and HTML (a bar chart of the median ratios with their intervals) on disk.
 
     run_markdown(run)        benchmark, group, median, min, rounds
     extra_markdown(run)      stage medians / overhead figures from extra_info
-    compare_markdown(table)  one row per benchmark of simrig.compare.saves.compare
+    compare_markdown(table)  one row per benchmark of simrig.bench.saves.compare
     compare_notes(table)     how the verdicts were reached, what to do when they can't be
     write_compare(table)     compare_<A>_vs_<B>.csv and .html, both or neither
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from simrig.compare.saves import (
+from simrig.bench.saves import (
     CANNOT_TELL,
     FASTER,
     SLOWER,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from simrig.compare import diff
-from simrig.compare.envs import PROJECT, SideSpec
-from simrig.compare.side import CLASS_KEY
 from simrig.errors import UsageError
+from simrig.releases import diff
+from simrig.releases.envs import PROJECT, SideSpec
+from simrig.releases.side import CLASS_KEY
 
 
 def run_side(side: SideSpec, budget: float, out: Path) -> pd.DataFrame:

@@ -20,10 +20,10 @@ from typing import Any
 
 import pandas as pd
 
-from simrig.compare import diff
-from simrig.compare.envs import PROJECT, SideSpec
-from simrig.compare.side import PREFIX
 from simrig.errors import UsageError
+from simrig.releases import diff
+from simrig.releases.envs import PROJECT, SideSpec
+from simrig.releases.side import PREFIX
 
 
 @dataclass
@@ -39,7 +39,7 @@ class SideProcess:
         self.stderr = self.out.with_suffix(".stderr")  # a file: a full pipe would stall the side
         with self.stderr.open("w") as err:
             self.proc = subprocess.Popen(
-                [self.spec.python, "-m", "simrig.compare.side", str(self.out), ",".join(stages),
+                [self.spec.python, "-m", "simrig.releases.side", str(self.out), ",".join(stages),
                  *traces], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 text=True, cwd=PROJECT, env=env)
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from simrig.compare.side import CLASS_KEY, SEP
-from simrig.compare.stats import bootstrap_ratio
+from simrig.bench.stats import bootstrap_ratio
+from simrig.releases.side import CLASS_KEY, SEP
 
 A_ONLY, B_ONLY, BOTH, SAME, DIFFERS = "A only", "B only", "both", "same", "differs"
 

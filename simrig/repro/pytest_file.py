@@ -32,10 +32,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from simrig.bisect.search import ClassKey
 from simrig.checks.contract import CONTRACT
-from simrig.compare.bisect import ClassKey
-from simrig.compare.repro_template import TEMPLATE
 from simrig.errors import UsageError
+from simrig.repro.template import TEMPLATE
 from simrig.sources.trace import TraceError, read_trace
 
 SUPPORTED = {"dtype_drift": ("gather", "prepare", "dummy", "partition"),

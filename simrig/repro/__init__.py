@@ -1,0 +1,12 @@
+"""``simrig repro``: a finding class as one standalone pytest file for vLLM's own tests.
+
+    pytest_file.py  a trace and its class -> the literals of the file, written
+                    and (optionally) run under a side venv's interpreter
+    template.py     the file's fixed part, as text: it imports only vLLM,
+                    torch, numpy, pytest and the standard library
+
+May import the core, sources (the trace reader), checks (the dtype contract)
+and ``simrig.bisect.search`` (ClassKey, the class a file asserts). The
+template's vLLM imports are text, never executed here: nothing in this package
+imports vllm, the adapters, ``releases``, ``campaign``, ``selftest`` or ``commands``.
+"""
