@@ -67,6 +67,25 @@ def test_the_profile_run_is_the_whole_budget_split_evenly():
     assert _fields(check_profile(0, CONFIG, _batch(PROFILE, 128, 16, False))) == ["num_reqs"]
 
 
+def test_an_even_share_over_max_model_len_is_named_and_known_but_an_uneven_split_is_not():
+    """A token budget over max_num_reqs * max_model_len (vLLM warns, and accepts it): the even
+    share is over max_model_len, the known form; a request over the even share stays new."""
+    from simrig.checks.known import load_known_findings
+
+    over = RunnerConfig(max_num_reqs=2, max_num_batched_tokens=128, max_model_len=48)
+    found = check_profile(0, over, _batch(PROFILE, 128, 2, False))
+    assert _fields(found) == ["num_scheduled_tokens"]
+    assert found[0].expected == "<= 48" and found[0].actual == "64"
+    assert found[0].extra["pattern"] == "even_share_over_max_model_len"
+    known = load_known_findings("0.33.0")
+    assert known.judge(found[0]) is not None
+    uneven = _batch(PROFILE, 128, 2, False)
+    uneven.fields["num_scheduled_tokens"] = _arr([60, 68], kind="numpy")
+    wrong = check_profile(0, over, uneven)
+    assert _fields(wrong) == ["num_scheduled_tokens"] and "pattern" not in wrong[0].extra
+    assert known.judge(wrong[0]) is None
+
+
 def test_the_pcp_gathered_mask_is_read_whole():
     stage = _batch(PROFILE, 128, 8, False)
     stage.fields["is_padding"] = _arr([False] * 256, bool)  # P x width, rank-major

@@ -108,9 +108,14 @@ def check_profile(index: int, config: RunnerConfig, stage: StageObs) -> list[Fin
         longest = int(np.asarray(queries)[:reqs].max())
         bound = min(math.ceil(tokens / reqs), config.max_model_len)
         if longest > bound:
-            out.append(_finding(index, stage, "num_scheduled_tokens", f"<= {bound}", longest,
-                                f"no profile request exceeds ceil(tokens / requests) nor max_model_len "
-                                f"({RULES['even_split'].where()})"))
+            finding = _finding(index, stage, "num_scheduled_tokens", f"<= {bound}", longest,
+                               f"no profile request exceeds ceil(tokens / requests) nor max_model_len "
+                               f"({RULES['even_split'].where()})")
+            if longest <= math.ceil(tokens / reqs):
+                # split evenly, but the even share itself is over max_model_len: a token budget
+                # over max_num_reqs * max_model_len, which vLLM's SchedulerConfig only warns about
+                finding.extra["pattern"] = "even_share_over_max_model_len"
+            out.append(finding)
     return out
 
 
