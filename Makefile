@@ -19,7 +19,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto --durations=25 $(PYTEST_ARGS)
 
 test-cluster: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m cluster $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -m cluster --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/simrig bench

@@ -31,14 +31,14 @@ def _plain(value):
 
 def observed(harness, steps) -> list:
     """Every stage's fields and errors, in order (timings left out; the dummy's
-    request ids are random names vLLM makes up)."""
+    and profile runs' request ids are random names vLLM makes up)."""
     out = []
     for step in steps:
         result = harness.run_step(step)
         for st in result.stages:
             fields = {name: (fo.kind, fo.dtype, fo.shape, _plain(fo.values))
                       for name, fo in sorted(st.fields.items())
-                      if not (st.stage in ("dummy", "capture") and name.endswith("req_ids"))}
+                      if not (st.stage in ("dummy", "capture", "profile") and name.endswith("req_ids"))}
             out.append((result.index, st.stage, st.rank, st.dcp_rank,
                         None if st.error is None else (st.error.type, st.error.message), fields))
     return out

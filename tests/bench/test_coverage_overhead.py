@@ -64,3 +64,49 @@ def test_coverage_overhead_per_step(benchmark, vllm_api):
         r = bootstrap_ratio(off_s, on_s)
         info.update(ratio=round(r.ratio, 4), ratio_low=round(r.low, 4), ratio_high=round(r.high, 4))
     benchmark.extra_info.update(info)
+
+
+EXAMPLES = int(os.environ.get("SIMRIG_BENCH_COVERAGE_EXAMPLES", "60"))
+
+
+def test_coverage_overhead_per_campaign_step(benchmark, vllm_api, tmp_path):
+    """The campaign a nightly run is: ``EXAMPLES`` valid examples (seed 4, no database, no
+    regressions) without coverage (setup, untimed) and with it (timed), per round; the
+    ratio of the seconds per step, with its paired interval. Coverage is on by default in
+    fuzz and replay because this stays near 1 (only vLLM's calls are traced, repeated
+    kernel launches are sampled: simrig/trace_gate.py)."""
+    from simrig.campaign.fuzz import Campaign, CampaignOptions
+
+    off_s: list[float] = []
+    on_s: list[float] = []
+    runs = iter(range(10_000))
+
+    def campaign(coverage: bool) -> tuple[float, dict]:
+        options = CampaignOptions(budget_s=None, max_examples=EXAMPLES, seed=4, database=None,
+                                  replay_regressions=False, coverage=coverage, progress="quiet",
+                                  out_dir=tmp_path / f"run-{next(runs)}")
+        run = Campaign(options)
+        run.run()
+        summary = run.summary()
+        return summary["elapsed_s"] / max(1, summary["steps"]), summary
+
+    def off() -> None:
+        off_s.append(campaign(False)[0])
+
+    def on() -> dict:
+        per_step, summary = campaign(True)
+        on_s.append(per_step)
+        return summary
+
+    summary = benchmark.pedantic(on, setup=off, rounds=ROUNDS, iterations=1)
+    assert summary["coverage_arcs"] > 0  # the campaign measured MRV2 code
+    if not off_s:  # benchmarking disabled (the smoke test): pedantic ran no setup
+        off()
+    info = {"examples": EXAMPLES, "steps": summary["steps"], "rounds": len(on_s),
+            "off_ms_per_step": round(statistics.median(off_s) * 1e3, 3),
+            "on_ms_per_step": round(statistics.median(on_s) * 1e3, 3),
+            "ratio_median": round(statistics.median(on_s) / statistics.median(off_s), 4)}
+    if len(on_s) >= 3 and len(off_s) == len(on_s):
+        r = bootstrap_ratio(off_s, on_s)
+        info.update(ratio=round(r.ratio, 4), ratio_low=round(r.low, 4), ratio_high=round(r.high, 4))
+    benchmark.extra_info.update(info)
