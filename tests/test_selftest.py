@@ -33,6 +33,7 @@ def test_stale_edit_is_named(vllm_api):
         mutate.mutated_source(stale)
 
 
+@pytest.mark.slow
 def test_one_cheap_mutant_end_to_end(tmp_path, capsys):
     out = tmp_path / "board"
     status = main(["selftest", "--mutants", "idx-mapping-host-int32", "--budget-per-mutant", "90",
@@ -54,6 +55,7 @@ def test_unknown_mutant_is_a_usage_error(capsys):
     assert "unknown mutant(s) no-such-mutant" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_fuzz_phase_detects_a_mutant_when_no_trace_does(tmp_path):
     from simrig.selftest.driver import run_child
 
@@ -66,6 +68,7 @@ def test_fuzz_phase_detects_a_mutant_when_no_trace_does(tmp_path):
     assert 1 <= result.shrunk_steps <= 3
 
 
+@pytest.mark.slow
 def test_control_mutant_survives_the_adversarial_regressions_without_a_baseline(tmp_path):
     """With no baseline classes at all (what --skip-baseline gave before), replaying the
     adversarial regression traces must not 'detect' a no-op edit: their KeyErrors are
