@@ -184,7 +184,7 @@ class VllmApi:
         ``__init__`` needs CUDA streams and a model, so the runner is created
         with ``__new__`` and given the attributes execute_model reads
         (``simrig.adapters.wiring``); ``pcp_manager`` is PCP rank 0's.
-        Collaborators off the boundary are stand-ins (see README).
+        Collaborators off the boundary are stand-ins (see docs/standins.md).
         """
         runner = self.GPUModelRunner.__new__(self.GPUModelRunner)
         return wiring.equip(runner, config, self.device,

@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="steer the campaign by coverage (implies --coverage): Hypothesis' target() "
                         "on the MRV2 arcs each example reaches, and examples that reach new arcs "
                         "kept in --corpus and replayed first by the next steered campaign "
-                        "(off by default: see README, Coverage, for the measurement)")
+                        "(off by default: it measured no gain; see docs/coverage.md)")
     p.add_argument("--corpus", default=".cache/coverage-corpus", metavar="DIR",
                    help="where --steer keeps examples that reached new arcs ('none': keep none)")
     p.add_argument("--profile", action="store_true",

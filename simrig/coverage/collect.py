@@ -1,10 +1,11 @@
 """Collecting line and branch coverage of the installed vLLM's MRV2 code.
 
 The tracer is coverage.py's C tracer (``CTracer``), chosen by measurement
-(README, *Coverage*): with branch measurement on it costs a few percent per
-replayed step, because every frame outside the measured files is dismissed
-at its call event and MRV2's Triton kernels run in Triton's interpreter
-(whose own frames are outside the scope).
+(docs/coverage.md): it sees the Triton kernels' bodies, which the
+interpreter runs as Python. A tracer costs on every line of every frame,
+measured or not, so a gated collector traces only vLLM's own calls and
+samples repeated kernel launches (``simrig.trace_gate``): about 1.1x the
+time per campaign step.
 
 What is measured is one folder of the installed vLLM, ``vllm/v1/worker/gpu/``
 (the runner, input batch, request states, PCP manager, block tables,
