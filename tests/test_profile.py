@@ -46,3 +46,22 @@ def test_a_profiled_campaign_writes_its_split(tmp_path, capsys):
     lines = (out / "profile" / "stacks.collapsed").read_text().splitlines()
     assert lines and all(line.rsplit(" ", 1)[1].isdigit() for line in lines)
     assert "profile: vllm" in printed and "profile.txt" in printed
+
+
+def test_a_kernel_launch_through_the_coverage_hook_stays_vllms():
+    """The sampler's pass-through frames (simrig/adapters/interpreter.py, trace_gate.launch)
+    between a vLLM caller and Triton's interpreter do not make the launch the rig's."""
+    from types import SimpleNamespace
+
+    def frame(filename: str, qualname: str, back=None):
+        return SimpleNamespace(f_code=SimpleNamespace(co_filename=filename, co_qualname=qualname,
+                                                      co_name=qualname.rsplit(".", 1)[-1]), f_back=back)
+
+    caller = frame(f"{SITE}/vllm/v1/worker/gpu/block_table.py", "BlockTables.gather_block_tables")
+    hook = frame("/home/u/simrig/simrig/adapters/interpreter.py", "sample_traced_launches.<locals>.launch",
+                 caller)
+    gate = frame("/home/u/simrig/simrig/trace_gate.py", "launch", hook)
+    leaf = frame(f"{SITE}/triton/runtime/interpreter.py", "GridExecutor.__call__", gate)
+    assert StackSampler._sample(leaf)[0] == "vllm"
+    probe = frame("/home/u/simrig/simrig/stage_probes.py", "StageProbes._probe_attn", caller)
+    assert StackSampler._sample(frame(f"{SITE}/numpy/core.py", "f", probe))[0] == "rig"

@@ -13,7 +13,7 @@ decided by the innermost frame that belongs to one of them:
                    none of them                ─► "other"       (interpreter start-up)
 
 A probe that vLLM calls back is the rig's; a kernel that vLLM launches is
-vLLM's. The one-off vLLM import is "startup" and is left out of the shares.
+vLLM's (the coverage sampler's pass-through around each launch is skipped). The one-off vLLM import is "startup" and is left out of the shares.
 No tracer is installed, so the profile costs about one stack walk per sample
 (well under a percent at the default 5 ms), and the numbers are those of an
 ordinary run.
@@ -41,6 +41,13 @@ TOP = 15  # functions listed per owner
 _PREFIXES = (("vllm/", "vllm"), ("simrig/", "rig"), ("strategies/", "rig"), ("hypothesis/", "hypothesis"))
 # the adapter's one-off import of vLLM (simrig.adapters.runner.load)
 _STARTUP_FUNCTIONS = {"_import_vllm", "load"}
+
+
+def _transparent(short: str, qualname: str) -> bool:
+    """The rig's pass-through around a kernel launch (the coverage sampler's hook):
+    the launch stays vLLM's, as it is without the hook."""
+    return ((short == "simrig/adapters/interpreter.py" and qualname.startswith("sample_traced_launches"))
+            or (short == "simrig/trace_gate.py" and qualname == "launch"))
 
 
 def _owner_of_file(filename: str) -> str | None:
@@ -93,7 +100,7 @@ class StackSampler:
         while frame is not None:
             code = frame.f_code
             short = _short(code.co_filename)
-            if owner is None:
+            if owner is None and not _transparent(short, code.co_qualname):
                 owner = _owner_of_file(code.co_filename)
             if short == "simrig/adapters/runner.py" and code.co_name in _STARTUP_FUNCTIONS:
                 startup = True
