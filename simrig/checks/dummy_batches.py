@@ -14,7 +14,10 @@ cited line; tests/test_evidence.py re-reads them):
                     max_num_batched_tokens"                  slots "would exceed the token
                                                              budget"); 1..max_num_reqs requests,
                                                              none longer than ceil(tokens/reqs)
-                                                             ("Distribute the remainder evenly")
+                                                             ("Distribute the remainder evenly"),
+                                                             nor max_model_len when the budget
+                                                             fits max_num_reqs requests (vLLM
+                                                             warns otherwise)
     idle (DP) dummy "No actual tokens to run. A dummy run    every token padding; the batch has
                     for DP": an idle rank runs the shape     its descriptor's tokens (and
                     its peers run                            requests, when set), the descriptor
@@ -106,10 +109,16 @@ def check_profile(index: int, config: RunnerConfig, stage: StageObs) -> list[Fin
     queries = field_value(stage, "num_scheduled_tokens")
     if queries is not None and tokens and reqs:
         longest = int(np.asarray(queries)[:reqs].max())
-        bound = min(math.ceil(tokens / reqs), config.max_model_len)
+        bound = math.ceil(tokens / reqs)
+        # "ceil(num_tokens / num_reqs) <= max_model_len" rests on the budget fitting the
+        # requests; vLLM only warns when it does not ("max_num_batched_tokens ... exceeds
+        # max_num_seqs * max_model_len. This may lead to unexpected behavior.")
+        if config.max_num_batched_tokens <= config.max_num_reqs * config.max_model_len:
+            bound = min(bound, config.max_model_len)
         if longest > bound:
             out.append(_finding(index, stage, "num_scheduled_tokens", f"<= {bound}", longest,
-                                f"no profile request exceeds ceil(tokens / requests) nor max_model_len "
+                                f"no profile request exceeds ceil(tokens / requests) nor (within the "
+                                f"supported budget, {RULES['budget_fits'].where()}) max_model_len "
                                 f"({RULES['even_split'].where()})"))
     return out
 

@@ -154,6 +154,8 @@ RULES: dict[str, Cite] = {
                        '"""Describes the shape of the batch and CG mode to run; this is used to make shape'),
     "promised_query": Cite(_IB, "InputBatch", "# Longest query the batch may contain. Set when a cudagraph "
                                               "descriptor promises"),
+    "budget_fits": Cite("config/scheduler.py", "SchedulerConfig.verify_max_model_len",
+                        "if self.max_num_batched_tokens > self.max_num_seqs * max_model_len:"),
     # padded_attn.py: what rows and tokens past the real batch hold, on every path
     "attn_rows": Cite(_MR, "GPUModelRunner.prepare_attn",
                       "# Block tables: num_kv_cache_groups x [num_reqs_padded, max_num_blocks]."),

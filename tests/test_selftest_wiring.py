@@ -1,0 +1,46 @@
+"""The wiring family of the selftest stays honest: two of its mutants are found by the valid
+campaign alone (no bundled trace, no database), in campaigns bounded by examples, never by
+the clock; the family names every path it stands for."""
+
+from __future__ import annotations
+
+import pytest
+
+from simrig.adapters import mutate
+from simrig.selftest.catalogue import BY_NAME, CATALOGUE, WIRING
+
+TARGETS = {m.qualname for m in WIRING}
+
+
+def test_the_family_covers_each_path():
+    assert len(WIRING) >= 12 and all(m in CATALOGUE for m in WIRING)
+    assert not any(m.equivalent or m.control for m in WIRING)
+    for path in ("GPUModelRunner.execute_model", "GPUModelRunner._dummy_run", "GPUModelRunner.profile_run",
+                 "ModelCudaGraphManager.capture", "prepare_inputs_to_capture", "GPUModelRunner.prepare_attn",
+                 "BlockTables.get_dummy_block_tables", "BlockTables.get_dummy_slot_mappings"):
+        assert path in TARGETS, path
+
+
+@pytest.mark.vllm
+def test_every_wiring_mutant_applies(vllm_api):
+    for mutant in WIRING:
+        assert mutant.new in mutate.mutated_source(mutant), mutant.name
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name, kind, field", [
+    # an existing dummy_batches rule, on the profile run before the first step
+    ("profile-run-half-budget", "value_mismatch", "num_tokens"),
+    # the new padding rule: a dummy's slots keep what the buffer held
+    ("dummy-slot-mappings-stale", "value_mismatch", "attn.slot_mappings"),
+])
+def test_a_wiring_mutant_is_found_by_the_valid_campaign(tmp_path, name, kind, field):
+    from simrig.selftest.driver import run_child
+
+    assert name in BY_NAME
+    result = run_child(name, budget_s=0, seed=0, baseline=[], traces=[], out_dir=tmp_path,
+                       timeout_s=300, max_examples=3)
+    assert result.error == ""
+    assert result.detected and result.via == "fuzz:valid", result
+    assert (result.kind, result.signature[2]) == (kind, field)
+    assert 1 <= result.examples_to_detection <= 3
