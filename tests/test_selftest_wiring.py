@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from simrig.adapters import mutate
+from simrig.adapters.mutate import Mutant
 from simrig.selftest.catalogue import BY_NAME, CATALOGUE, WIRING
 
 TARGETS = {m.qualname for m in WIRING}
@@ -29,8 +30,8 @@ def test_every_wiring_mutant_applies(vllm_api):
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("name, kind, field", [
-    # an existing dummy_batches rule, on the profile run before the first step
-    ("profile-run-half-budget", "value_mismatch", "num_tokens"),
+    # an existing dummy_batches rule: the idle dummy runs its descriptor's request count
+    ("idle-dummy-unpadded-requests", "value_mismatch", "desc.num_reqs"),
     # the new padding rule: a dummy's slots keep what the buffer held
     ("dummy-slot-mappings-stale", "value_mismatch", "attn.slot_mappings"),
 ])
@@ -44,3 +45,20 @@ def test_a_wiring_mutant_is_found_by_the_valid_campaign(tmp_path, name, kind, fi
     assert result.detected and result.via == "fuzz:valid", result
     assert (result.kind, result.signature[2]) == (kind, field)
     assert 1 <= result.examples_to_detection <= 3
+
+
+class _Base:
+    def who(self) -> str:
+        return "base"
+
+
+class _Child(_Base):
+    def who(self) -> str:
+        return "child of " + super().who()
+
+
+def test_a_mutated_method_keeps_its_zero_argument_super():
+    """capture's wiring mutants edit a method that calls super(): re-executed alone it
+    would raise "__class__ cell not found", a rig artifact counted as a detection."""
+    mutate.apply(Mutant("super-cell", __name__, "_Child.who", '"child of "', '"mutant of "', "test"))
+    assert _Child().who() == "mutant of base"

@@ -300,10 +300,11 @@ WIRING: tuple[Mutant, ...] = (
            "the profile run measures half the token budget: peak memory is underestimated and "
            "the KV cache sized too large"),
     # capture_model and its dummies
-    Mutant("capture-dummy-tokens-real", _CG, "ModelCudaGraphManager.capture",
-           "input_buffers.is_padding.fill_(True)\n        is_padding = input_buffers.is_padding[:num_tokens]",
-           "input_buffers.is_padding.fill_(False)\n        is_padding = input_buffers.is_padding[:num_tokens]",
-           "graphs are captured with the dummy rows marked as real tokens"),
+    Mutant("capture-dummy-ignores-request-count", _CG, "ModelCudaGraphManager.capture",
+           "num_reqs = desc.num_reqs or min(num_tokens, self.max_num_reqs)",
+           "num_reqs = min(num_tokens, self.max_num_reqs)",
+           "a capture dummy ignores its FULL descriptor's request count: a uniform decode graph "
+           "is captured on one request per token"),
     Mutant("capture-mixed-full-short-query-bound", _CG, "prepare_inputs_to_capture",
            "max_query_len = num_tokens\n",
            "max_query_len = max(num_tokens // 2, 1)\n",
