@@ -113,15 +113,19 @@ class DummyPaths:
     def _on_capture_desc(self, desc: Any) -> None:
         self._capture_desc = desc
 
-    def _on_attn(self, input_batch: Any, *args: Any, **kwargs: Any) -> None:
-        """The model-state stand-in's prepare_attn: the batch the forward runs."""
+    def _on_attn(self, input_batch: Any, _cg_mode: Any = None, block_tables: Any = None,
+                 slot_mappings: Any = None, *args: Any, **kwargs: Any) -> None:
+        """The model-state stand-in's prepare_attn: the batch the forward runs, and the
+        block tables and slot mappings a dummy hands the attention metadata builders."""
         if self._mode == "capture" and self._capture_desc is not None:
             # FULL descriptors are prepared twice (warmup, then capture): the last is kept
+            fields = {**obs.observe_fields(input_batch), **_attn_fields(block_tables, slot_mappings)}
             self._captures[_desc_key(self._capture_desc)] = (
-                self._capture_desc, (obs.observe_fields(input_batch), obs.declared_fields(input_batch)))
+                self._capture_desc, (fields, obs.declared_fields(input_batch) | {"attn"}))
         elif self._mode == "dummy" and self._dummy_record is not None:
             self._dummy_record.fields.update(obs.observe_fields(input_batch))
-            self._dummy_record.declared = obs.declared_fields(input_batch) | {"desc"}
+            self._dummy_record.fields.update(_attn_fields(block_tables, slot_mappings))
+            self._dummy_record.declared = obs.declared_fields(input_batch) | {"desc", "attn"}
 
     def _dummy_run(self, step: Step, result: obs.StepObs, desc: Any) -> obs.StepObs:
         """GPUModelRunner._dummy_run for this step's token count, after the step,
@@ -145,3 +149,12 @@ class DummyPaths:
             self.runner.execute_model_state = None
         record.duration_s = time.perf_counter() - start
         return result
+
+
+def _attn_fields(block_tables: Any, slot_mappings: Any) -> dict[str, obs.FieldObs]:
+    """A dummy's block tables (one per KV cache group) and slot mappings, as the
+    real step's prepare_attn probe names them (checks/padded_attn.py judges them)."""
+    fields = {f"attn.block_tables.{g}": obs.observe_value(t) for g, t in enumerate(block_tables or ())}
+    if slot_mappings is not None:
+        fields["attn.slot_mappings"] = obs.observe_value(slot_mappings)
+    return fields

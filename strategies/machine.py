@@ -53,7 +53,7 @@ from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import Plan, Row, SchedulerModel
 from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
-from strategies.steps import draw_plan
+from strategies.steps import draw_large_plan, draw_plan, draw_small_plan
 
 MODES = ("valid", "adversarial")
 
@@ -182,6 +182,22 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         plan = draw_plan(data.draw, self.model)
         if plan is not None:
             self._send(self.model.build_step(plan), None)
+
+    @rule(data=st.data())
+    def large_then_small(self, data: st.DataObject) -> None:
+        """A large batch, then a small one on the same runner: the small batch's padded
+        rows and tokens, and the dummy runs after it, meet shared buffers (block tables,
+        slot mappings, seq_lens, query_start_loc, positions) a larger batch filled further.
+        A rule of its own, so a campaign draws this order as often as any other rule."""
+        for _ in range(data.draw(st.integers(1, self.config.max_num_reqs), label="arrivals")):
+            self.arrive(data)
+        large = draw_large_plan(data.draw, self.model)
+        if large is None:
+            return
+        self._send(self.model.build_step(large), None)
+        small = draw_small_plan(data.draw, self.model)
+        if small is not None:
+            self._send(self.model.build_step(small), None)
 
     @precondition(lambda self: self.model is not None
                   and bool(self.model.pending_finished or self.model.pending_preempted))

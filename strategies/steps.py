@@ -73,6 +73,44 @@ def draw_plan(draw: Draw, model: SchedulerModel) -> Plan | None:
     return Plan(rows)
 
 
+def draw_large_plan(draw: Draw, model: SchedulerModel) -> Plan | None:
+    """The largest step the model allows now: every schedulable request, in the
+    scheduler's order, whole prefill chunks and every draft a decode may carry,
+    until the token budget or the request slots run out (None: nothing to schedule)."""
+    budget, slots, rows = model.config.max_num_batched_tokens, model.free_slots(), []
+    for req in [r for r in model.schedulable_running() if model.can_schedule(r)] + model.waiting():
+        is_new = req.state == WAITING
+        if budget <= 0 or (is_new and slots <= 0):
+            continue
+        limit, max_drafts = model.max_rows(req, budget)
+        if limit < 1:
+            continue
+        if is_new or req.prefilling:
+            row = Row(req.req_id, limit)
+        else:
+            row = Row(req.req_id, 1 + max_drafts, max_drafts, draw(st.integers(0, max_drafts)))
+        rows.append(row)
+        budget -= row.num_tokens
+        slots -= is_new
+    return Plan(rows) if rows else None
+
+
+def draw_small_plan(draw: Draw, model: SchedulerModel) -> Plan | None:
+    """One request for one token (a decode, or a one-token prefill chunk); a decode may
+    instead carry all its drafts (a uniform decode batch). None: nothing to schedule."""
+    running = [r for r in model.schedulable_running() if model.can_schedule(r)]
+    candidates = running or (model.waiting() if model.free_slots() > 0 else [])
+    if not candidates:
+        return None
+    req = draw(st.sampled_from(candidates))
+    limit, max_drafts = model.max_rows(req, model.config.max_num_batched_tokens)
+    if limit < 1:
+        return None
+    if req.state != WAITING and not req.prefilling and max_drafts and draw(st.booleans()):
+        return Plan([Row(req.req_id, 1 + max_drafts, max_drafts, draw(st.integers(0, max_drafts)))])
+    return Plan([Row(req.req_id, 1)])
+
+
 def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
     """Between steps: maybe an arrival, abort, preemption or resume."""
     cfg = model.config

@@ -167,3 +167,12 @@ def test_a_profile_run_that_marks_its_tokens_padding_is_caught(tmp_path):
     caught = _profile_padding(classes)
     assert status == 1 and len(caught) == 1, classes.to_string()
     assert caught.iloc[0]["verdict"] == "new" and caught.iloc[0]["kind"] == "value_mismatch"
+
+
+def test_max_model_len_bounds_the_profile_requests_where_the_budget_fits_them():
+    # (a budget over max_num_reqs * max_model_len: the known form, tested above)
+    fits = RunnerConfig(max_num_reqs=2, max_num_batched_tokens=128, max_model_len=64)
+    long_row = _batch(PROFILE, 128, 2, False)
+    long_row.fields["num_scheduled_tokens"] = _arr([100, 28], kind="numpy")
+    found = check_profile(0, fits, long_row)
+    assert [(f.field, f.expected, f.actual) for f in found] == [("num_scheduled_tokens", "<= 64", "100")]

@@ -78,6 +78,7 @@ def mutated_source(mutant: Mutant) -> str:
 # Bumped by every apply: runners built before a mutant are never reused after it
 # (their start-up ran the code before the edit; simrig.runners keys on this).
 generation = 0
+_CLASS_CELL = "_simrig_with_class_cell"
 
 
 def apply(mutant: Mutant) -> None:
@@ -89,12 +90,18 @@ def apply(mutant: Mutant) -> None:
     raw = fn.__func__ if wrapper else fn
     source = mutated_source(mutant)
     namespace: dict[str, Any] = {}
+    if isinstance(owner, type):
+        # A method's zero-argument super() reads the __class__ cell its class body gave it;
+        # re-executed alone it has none, so the edited method is defined inside a function
+        # whose __class__ argument is the owner.
+        source = (f"def {_CLASS_CELL}(__class__):\n" + textwrap.indent(source, "    ")
+                  + f"\n    return {raw.__name__}\n")
     code = compile(source, f"<mutant {mutant.name}: {inspect.getsourcefile(raw)}>", "exec")
     # A decorated function (execute_model's @torch.inference_mode()) is a
     # wrapper from another module: its source runs in the module it was
     # written in, the innermost function's.
     exec(code, inspect.unwrap(raw).__globals__, namespace)  # noqa: S102 - a mutation engine
-    new_fn = namespace[raw.__name__]
+    new_fn = namespace[_CLASS_CELL](owner) if isinstance(owner, type) else namespace[raw.__name__]
     if wrapper is not None and not isinstance(new_fn, wrapper):
         new_fn = wrapper(new_fn)
     elif hasattr(new_fn, "__qualname__"):

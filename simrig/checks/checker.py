@@ -49,6 +49,7 @@ from simrig.checks.lifecycle import (
     SchedulerContract,
 )
 from simrig.checks.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
+from simrig.checks.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
 from simrig.checks.padding import (
     check_capture,
     check_capture_sizes,
@@ -200,8 +201,10 @@ class Checker:
         if dummy is not None:
             findings.extend(check_idle_dummy(index, step.total_num_scheduled_tokens, dummy))
             findings.extend(check_dummy_dcp(index, config, dummy))
+            findings.extend(check_dummy_attn(index, config, dummy) + check_dummy_shape(index, dummy))
         for capture in observation.all(CAPTURE):
             found = check_capture_padding(index, capture) + check_dummy_dcp(index, config, capture)
+            found += check_dummy_attn(index, config, capture) + check_dummy_shape(index, capture)
             findings.extend(_label_capture(found, capture))
 
     def _capture_sizes(self, index: int, observation: StepObs, findings: list[Finding]) -> None:
@@ -277,11 +280,13 @@ class Checker:
             if local is None or local.error is not None or "req_ids" not in local.fields:
                 return []
             return check_attn_blocks(config, self.blocks, index, local, batch,
-                                     list(local.fields["req_ids"].values))
+                                     list(local.fields["req_ids"].values)) \
+                + check_padded_shapes(index, config, local)
         real = obs.get(PREPARE)
         if real is None or real.error is not None:
             return []
-        return check_attn_blocks(config, self.blocks, index, real, batch)
+        return check_attn_blocks(config, self.blocks, index, real, batch) \
+            + check_padded_shapes(index, config, real)
 
 
 def _label_capture(found: list[Finding], capture: Any) -> list[Finding]:

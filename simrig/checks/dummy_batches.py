@@ -14,7 +14,10 @@ cited line; tests/test_evidence.py re-reads them):
                     max_num_batched_tokens"                  slots "would exceed the token
                                                              budget"); 1..max_num_reqs requests,
                                                              none longer than ceil(tokens/reqs)
-                                                             ("Distribute the remainder evenly")
+                                                             ("Distribute the remainder evenly"),
+                                                             nor max_model_len when the budget
+                                                             fits max_num_reqs requests (vLLM
+                                                             warns otherwise)
     idle (DP) dummy "No actual tokens to run. A dummy run    every token padding; the batch has
                     for DP": an idle rank runs the shape     its descriptor's tokens (and
                     its peers run                            requests, when set), the descriptor
@@ -114,6 +117,7 @@ def check_profile(index: int, config: RunnerConfig, stage: StageObs) -> list[Fin
             if longest <= math.ceil(tokens / reqs):
                 # split evenly, but the even share itself is over max_model_len: a token budget
                 # over max_num_reqs * max_model_len, which vLLM's SchedulerConfig only warns about
+                # (evidence.RULES['budget_fits']): a known finding, out of scope
                 finding.extra["pattern"] = "even_share_over_max_model_len"
             out.append(finding)
     return out

@@ -24,6 +24,7 @@ from pathlib import Path
 _MR, _IB, _PCP, _CG = ("v1/worker/gpu/model_runner.py", "v1/worker/gpu/input_batch.py",
                        "v1/worker/gpu/pcp_manager.py", "v1/worker/gpu/cudagraph_utils.py")
 _WORKER = "v1/worker/gpu_worker.py"
+_BT = "v1/worker/gpu/block_table.py"
 RIG = Path(__file__).resolve().parents[2]  # the checkout: rig citations are relative to it
 
 
@@ -153,6 +154,20 @@ RULES: dict[str, Cite] = {
                        '"""Describes the shape of the batch and CG mode to run; this is used to make shape'),
     "promised_query": Cite(_IB, "InputBatch", "# Longest query the batch may contain. Set when a cudagraph "
                                               "descriptor promises"),
+    "budget_fits": Cite("config/scheduler.py", "SchedulerConfig.verify_max_model_len",
+                        "if self.max_num_batched_tokens > self.max_num_seqs * max_model_len:"),
+    # padded_attn.py: what rows and tokens past the real batch hold, on every path
+    "attn_rows": Cite(_MR, "GPUModelRunner.prepare_attn",
+                      "# Block tables: num_kv_cache_groups x [num_reqs_padded, max_num_blocks]."),
+    "attn_slots": Cite(_MR, "GPUModelRunner.prepare_attn", "# Slot mappings: [num_kv_cache_groups, num_tokens_padded]."),
+    "dummy_null_rows": Cite(_BT, "BlockTables.get_dummy_block_tables",
+                            "# Zero the rows so dummy runs write mamba state to the reserved null"),
+    "dummy_context": Cite(_IB, "set_dummy_context",
+                          '"""Give each dummy request context_len of context, for profiling step cost'),
+    "dummy_pad_slots": Cite(_BT, "BlockTables.get_dummy_slot_mappings",
+                            "# Fill the entire slot_mappings tensor, not just the first `num_tokens` entries."),
+    "mixed_full_query": Cite(_CG, "prepare_inputs_to_capture",
+                             "# Mixed graphs can replay a single prefill spanning the entire batch,"),
 }
 
 

@@ -51,7 +51,8 @@ as the dispatch stage recorded them (``sizes_in_force``), never re-derived;
                                              config, those will override this default logic"
 
 Padded batches (prepare_inputs, partition_batch, make_dummy) are judged by the
-reference model, the PCP check and ``check_capture``:
+reference model, the PCP check and ``check_capture``; the attention tables' padded
+shapes and every dummy's block tables and slot mappings by ``padded_attn``:
 
     num_tokens_after_padding = max(num_tokens, desc.num_tokens)
     num_reqs_after_padding   = desc.num_reqs or num_reqs

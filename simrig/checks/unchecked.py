@@ -24,11 +24,17 @@ _OFF = _DUMMY + ": its feature is never enabled, so its documented off value"
 VALUE_CHECKED: dict[tuple[str, str], str] = {
     # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
     # (one block table per KV cache group: strategies draw up to 3 groups)
-    **{("prepare", f"attn.block_tables.{g}"): "blocks (per group; sliding window: BELOW WINDOW)"
+    **{("prepare", f"attn.block_tables.{g}"): "blocks (per group; sliding window: BELOW WINDOW); "
+                                              "padding: one row per padded request"
        for g in range(3)},
-    ("prepare", "attn.slot_mappings"): "blocks",
+    # a dummy's block tables and slot mappings (padded_attn.py): rows own no block, slots are PAD
+    **{(s, f"attn.block_tables.{g}"): "padding: every dummy row the null block (rows given context "
+                                      "excepted)" for s in ("dummy", "capture") for g in range(3)},
+    **{(s, "attn.slot_mappings"): "padding: every dummy slot PAD_SLOT_ID" for s in ("dummy", "capture")},
+    ("prepare", "attn.slot_mappings"): "blocks; padding: one slot per padded token",
     ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise)",
-    **{("partition", f"attn.block_tables.{g}"): "blocks (PCP rank 0, the rank the runner drives)"
+    **{("partition", f"attn.block_tables.{g}"): "blocks (PCP rank 0, the rank the runner drives); "
+                                                "padding: one row per padded request"
        for g in range(3)},
     ("partition", "attn.slot_mappings"): "blocks (PCP: the gathered mapping)",
     ("lifecycle", "runner.live_ids"): "runner_state: the model's live set",
@@ -99,7 +105,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
         "cu_num_logits", "num_reqs", "num_tokens", "num_reqs_after_padding",
         "num_tokens_after_padding", "num_draft_tokens", "seq_lens_cpu_upper_bound",
         "num_scheduled_tokens")},
-    ("capture", "max_query_len"): _SEM + "; capture: no dummy query is longer",
+    ("capture", "max_query_len"): _SEM + "; capture: no dummy query is longer; padding: a mixed FULL "
+                                  "graph's dummy promises its whole token count",
     ("capture", "desc.num_tokens"): "capture: the dummy holds exactly these tokens",
     ("capture", "desc.num_reqs"): "capture: the dummy has these requests",
     ("capture", "desc.uniform_token_count"): "capture: every dummy query has this length",

@@ -223,4 +223,100 @@ CATALOGUE: tuple[Mutant, ...] = (
            "token for a prefill chunk that samples nothing, reaches the scheduler"),
 )
 
+
+# -- wiring: the paths execute_model, the dummy runs, capture, prepare_attn and the dispatch
+# call hand on; each found by the valid campaign alone (tests/test_selftest_wiring.py)
+_UT = "vllm.v1.worker.utils"
+WIRING: tuple[Mutant, ...] = (
+    # real step: the dispatch call
+    Mutant("dispatch-one-token-short", _MR, "GPUModelRunner.execute_model",
+           "        num_toks,\n        uniform_tok_count,",
+           "        max(num_toks - 1, 1),\n        uniform_tok_count,",
+           "execute_model dispatches one token fewer than the batch holds: an eager batch is "
+           "described one token short, a batch of exactly a capture size pads to the one below"),
+    Mutant("dispatch-drops-query-bound", _MR, "GPUModelRunner.execute_model",
+           "        max_query_len=max_query_len,\n",
+           "        max_query_len=None,\n",
+           "execute_model no longer passes the decode batch's query bound: varlen FULL decode "
+           "graphs are never chosen and decodes run PIECEWISE or eager"),
+    Mutant("uniform-decode-needs-two-requests", _UT, "is_uniform_query_len",
+           "return num_reqs > 0 and",
+           "return num_reqs > 1 and",
+           "the uniform-decode decision is off by one: a lone decode request is not uniform, so it "
+           "misses its FULL decode graph"),
+    # real step: prepare_attn
+    Mutant("prepare-attn-block-table-rows-unpadded", _MR, "GPUModelRunner.prepare_attn",
+           "num_reqs_padded=input_batch.num_reqs_after_padding,",
+           "num_reqs_padded=input_batch.num_reqs,",
+           "prepare_attn gathers block-table rows for the real requests only: a FULL graph "
+           "replays its padded requests on whatever rows the shared buffer held"),
+    Mutant("prepare-attn-slot-mappings-unpadded", _MR, "GPUModelRunner.prepare_attn",
+           "num_tokens_padded=input_batch.num_tokens_after_padding,",
+           "num_tokens_padded=input_batch.num_tokens,",
+           "prepare_attn hands on slot mappings for the real tokens only: a graph replays its "
+           "padded tokens without their PAD_SLOT_ID entries"),
+    # idle DP dummy: _dummy_run and execute_model's dummy branch
+    Mutant("idle-dummy-unpadded-tokens", _MR, "GPUModelRunner.execute_model",
+           "            batch_desc.num_tokens,\n",
+           "            num_toks,\n",
+           "the idle dummy is built with the unpadded token count, not its descriptor's: an idle "
+           "DP rank runs another shape than its peers' graph"),
+    Mutant("idle-dummy-unpadded-requests", _MR, "GPUModelRunner.execute_model",
+           "dummy_num_reqs = batch_desc.num_reqs or num_reqs",
+           "dummy_num_reqs = num_reqs",
+           "the idle dummy ignores its FULL descriptor's padded request count"),
+    Mutant("idle-dummy-drops-query-bound", _MR, "GPUModelRunner.execute_model",
+           "max_query_len=batch_desc.max_query_len,",
+           "max_query_len=None,",
+           "the idle dummy drops the query bound its varlen decode descriptor promises: the "
+           "attention metadata is built for unbounded queries"),
+    Mutant("dummy-run-uniform-requests-off-by-one", _MR, "GPUModelRunner._dummy_run",
+           "num_reqs = num_tokens // self.decode_query_len\n",
+           "num_reqs = num_tokens // self.decode_query_len + 1\n",
+           "a uniform-decode dummy run counts one request too many, so its requests are no "
+           "longer uniform (or empty)"),
+    Mutant("dummy-block-tables-stale", _BT, "BlockTables.get_dummy_block_tables",
+           "block_table[:num_rows].zero_()",
+           "block_table[:num_rows]",
+           "dummy block tables are no longer zeroed: a dummy after a real step writes through that "
+           "step's (stale) block ids"),
+    Mutant("dummy-slot-mappings-stale", _BT, "BlockTables.get_dummy_slot_mappings",
+           "self.slot_mappings.fill_(PAD_SLOT_ID)",
+           "self.slot_mappings[:, num_tokens:].fill_(PAD_SLOT_ID)",
+           "dummy slot mappings are padded only past the dummy's tokens: its tokens keep the "
+           "previous batch's slots (or the buffer's zeros) and write KV"),
+    Mutant("pcp-dummy-block-tables-stale", _PCP, "PCPManager.get_dummy_block_tables",
+           "block_table[:num_reqs].zero_() for block_table in self._local_block_tables",
+           "block_table[:num_reqs] for block_table in self._local_block_tables",
+           "under PCP the dummy's rank-local block tables keep the previous batch's rows"),
+    Mutant("dummy-logits-past-batch", _IB, "InputBatch.make_dummy",
+           "logits_indices = query_start_loc[1:] - 1",
+           "logits_indices = query_start_loc[1:]",
+           "a dummy's logits indices point one token past each request: the last one past the batch"),
+    # profile run
+    Mutant("profile-run-half-budget", _MR, "GPUModelRunner.profile_run",
+           "self.max_num_tokens,\n        skip_attn=True,",
+           "self.max_num_tokens // 2,\n        skip_attn=True,",
+           "the profile run measures half the token budget: peak memory is underestimated and "
+           "the KV cache sized too large"),
+    # capture_model and its dummies
+    Mutant("capture-dummy-ignores-request-count", _CG, "ModelCudaGraphManager.capture",
+           "num_reqs = desc.num_reqs or min(num_tokens, self.max_num_reqs)",
+           "num_reqs = min(num_tokens, self.max_num_reqs)",
+           "a capture dummy ignores its FULL descriptor's request count: a uniform decode graph "
+           "is captured on one request per token"),
+    Mutant("capture-mixed-full-short-query-bound", _CG, "prepare_inputs_to_capture",
+           "max_query_len = num_tokens\n",
+           "max_query_len = max(num_tokens // 2, 1)\n",
+           "a mixed FULL graph's capture dummy promises half its token count as the longest "
+           "query, though the graph replays a single prefill spanning the batch"),
+    Mutant("capture-skips-widest-uniform-graph", _CG, "CudaGraphManager._init_candidates",
+           "or rounded_num_reqs > self.max_num_reqs",
+           "or rounded_num_reqs >= self.max_num_reqs",
+           "the uniform decode graph for max_num_reqs requests is never captured: a full decode "
+           "batch misses its FULL graph"),
+)
+
+CATALOGUE = CATALOGUE + WIRING
+
 BY_NAME = {m.name: m for m in CATALOGUE}

@@ -82,11 +82,11 @@ def main(spec_path: str, result_path: str) -> int:
             collect_all = spec["mutant"] == BASELINE
             found = _replay_until_new(result, spec["traces"], known, start, collect_all)
             remaining = spec["budget_s"] - (time.monotonic() - start)
-            if not found and remaining > 0:
+            if not found and (remaining > 0 or spec.get("max_examples")):
                 from simrig.selftest.fuzz_phase import fuzz_until_new
 
                 fuzz_until_new(result, known, remaining, spec["seed"], Path(spec["out_dir"]),
-                               start, collect_all)
+                               start, collect_all, max_examples=spec.get("max_examples"))
     except Exception as exc:  # the scoreboard shows it; the parent goes on
         result.error = f"{type(exc).__name__}: {exc}"
     if collector is not None:

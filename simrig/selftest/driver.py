@@ -93,13 +93,15 @@ def bundled_traces(root: Path) -> list[Path]:
 
 
 def run_child(mutant: str, *, budget_s: float, seed: int, baseline: list[list[str]],
-              traces: list[Path], out_dir: Path, timeout_s: float, coverage: bool = False) -> ChildResult:
+              traces: list[Path], out_dir: Path, timeout_s: float, coverage: bool = False,
+              max_examples: int | None = None) -> ChildResult:
     """Run one mutant (or the baseline) in a fresh interpreter; ``coverage`` (the
-    baseline only) measures the MRV2 code the unmutated run reaches."""
+    baseline only) measures the MRV2 code the unmutated run reaches; ``max_examples``
+    bounds the fuzz phase by examples (the valid campaign only) instead of the clock."""
     with tempfile.TemporaryDirectory(prefix="simrig-selftest-") as tmp:
         spec = {"mutant": mutant, "budget_s": budget_s, "seed": seed, "baseline": baseline,
                 "traces": [str(t) for t in traces], "out_dir": str(out_dir),
-                "coverage": bool(coverage and mutant == BASELINE)}
+                "coverage": bool(coverage and mutant == BASELINE), "max_examples": max_examples}
         spec_path = Path(tmp) / "spec.json"
         result_path = Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))

@@ -26,8 +26,9 @@ class _UntilNew(Campaign):
     stops once it had time to shrink it."""
 
     def __init__(self, options: CampaignOptions, baseline: set[tuple[str, ...]],
-                 collect_all: bool, child_start: float):
+                 collect_all: bool, child_start: float, shrink_s: float = SHRINK_S):
         super().__init__(options)
+        self.shrink_s = shrink_s
         self.baseline = baseline
         self.collect_all = collect_all
         self.child_start = child_start
@@ -49,27 +50,30 @@ class _UntilNew(Campaign):
         return failing
 
     def stopped(self) -> bool:
-        if self.detected_at is not None and self._elapsed() > self.detected_at + SHRINK_S:
+        if self.detected_at is not None and self._elapsed() >= self.detected_at + self.shrink_s:
             return True
         return super().stopped()
 
 
 def fuzz_until_new(result: ChildResult, baseline: set[tuple[str, ...]], budget_s: float, seed: int,
-                   out_dir: Path, start: float, collect_all: bool) -> None:
-    """Fill ``result`` from a valid, then an adversarial campaign sharing ``budget_s``."""
+                   out_dir: Path, start: float, collect_all: bool, max_examples: int | None = None) -> None:
+    """Fill ``result`` from a valid, then an adversarial campaign sharing ``budget_s``.
+    With ``max_examples``: the valid campaign alone, bounded by that many examples
+    instead of the clock, stopping at the first detection (no time to shrink)."""
     deadline = time.monotonic() + budget_s
     examples_before = 0
-    for mode in ("valid", "adversarial"):
+    for mode in ("valid",) if max_examples else ("valid", "adversarial"):
         left = deadline - time.monotonic()
         budget = min(budget_s * VALID_SHARE, left) if mode == "valid" else left
-        if budget <= 1:
+        if budget <= 1 and not max_examples:
             continue
         steer = os.environ.get("SIMRIG_STEER") == "1"  # simrig selftest --steer
         options = CampaignOptions(
-            budget_s=budget, seed=seed, mode=mode, pcp_sizes=(1, 2),
-            out_dir=out_dir / f"{result.mutant}-{mode}", database=None, replay_regressions=False,
-            shrink_grace_s=SHRINK_S, progress="quiet", coverage=steer, steer=steer)
-        campaign = _UntilNew(options, baseline, collect_all, start)
+            budget_s=None if max_examples else budget, max_examples=max_examples, seed=seed, mode=mode,
+            pcp_sizes=(1, 2), out_dir=out_dir / f"{result.mutant}-{mode}", database=None,
+            replay_regressions=False, shrink_grace_s=0.0 if max_examples else SHRINK_S,
+            progress="quiet", coverage=steer, steer=steer)
+        campaign = _UntilNew(options, baseline, collect_all, start, 0.0 if max_examples else SHRINK_S)
         campaign.run()
         if collect_all:
             for cls in campaign.classes.values():
