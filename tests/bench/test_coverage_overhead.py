@@ -56,14 +56,21 @@ def test_coverage_overhead_per_step(benchmark, vllm_api):
     n = steps[-1]
     if not off_s:  # benchmarking disabled (the smoke test): pedantic ran no setup
         off()
-    info = {"trace": TRACE.name, "steps": n, "rounds": len(on_s), "tracer": collector.tracer,
-            "off_ms_per_step": round(statistics.median(off_s) / n * 1e3, 3),
-            "on_ms_per_step": round(statistics.median(on_s) / n * 1e3, 3),
-            "ratio_median": round(statistics.median(on_s) / statistics.median(off_s), 4)}
-    if len(on_s) >= 3 and len(off_s) == len(on_s):
-        r = bootstrap_ratio(off_s, on_s)
+    benchmark.extra_info.update({"trace": TRACE.name, "steps": n, "tracer": collector.tracer,
+                                 **_paired_ratio([s / n for s in off_s], [s / n for s in on_s])})
+
+
+def _paired_ratio(off_per_step: list[float], on_per_step: list[float]) -> dict:
+    """Per-step medians off and on, their ratio, and with 3 or more paired rounds the
+    ratio with its 95 % paired bootstrap interval."""
+    info = {"rounds": len(on_per_step),
+            "off_ms_per_step": round(statistics.median(off_per_step) * 1e3, 3),
+            "on_ms_per_step": round(statistics.median(on_per_step) * 1e3, 3),
+            "ratio_median": round(statistics.median(on_per_step) / statistics.median(off_per_step), 4)}
+    if len(on_per_step) >= 3 and len(off_per_step) == len(on_per_step):
+        r = bootstrap_ratio(off_per_step, on_per_step)
         info.update(ratio=round(r.ratio, 4), ratio_low=round(r.low, 4), ratio_high=round(r.high, 4))
-    benchmark.extra_info.update(info)
+    return info
 
 
 EXAMPLES = int(os.environ.get("SIMRIG_BENCH_COVERAGE_EXAMPLES", "60"))
@@ -102,11 +109,5 @@ def test_coverage_overhead_per_campaign_step(benchmark, vllm_api, tmp_path):
     assert summary["coverage_arcs"] > 0  # the campaign measured MRV2 code
     if not off_s:  # benchmarking disabled (the smoke test): pedantic ran no setup
         off()
-    info = {"examples": EXAMPLES, "steps": summary["steps"], "rounds": len(on_s),
-            "off_ms_per_step": round(statistics.median(off_s) * 1e3, 3),
-            "on_ms_per_step": round(statistics.median(on_s) * 1e3, 3),
-            "ratio_median": round(statistics.median(on_s) / statistics.median(off_s), 4)}
-    if len(on_s) >= 3 and len(off_s) == len(on_s):
-        r = bootstrap_ratio(off_s, on_s)
-        info.update(ratio=round(r.ratio, 4), ratio_low=round(r.low, 4), ratio_high=round(r.high, 4))
-    benchmark.extra_info.update(info)
+    benchmark.extra_info.update({"examples": EXAMPLES, "steps": summary["steps"],
+                                 **_paired_ratio(off_s, on_s)})
