@@ -99,12 +99,23 @@ class StepObs:
         return [s for s in self.stages if s.error is not None]
 
 
+_TORCH_DTYPE_NAMES: dict[Any, str] = {}  # torch.int64 -> "int64", filled on first sight
+
+
 def observe_value(value: Any) -> FieldObs:
     """Copy one value into a FieldObs."""
     # torch is imported lazily so this module stays usable without it.
     if type(value).__module__.startswith("torch") and hasattr(value, "dtype"):
-        arr = value.detach().cpu().numpy().copy()
-        return FieldObs("torch", str(value.dtype).removeprefix("torch."), tuple(arr.shape), arr)
+        try:
+            # a host tensor outside autograd (every runner buffer): a view, then one copy;
+            # this is the hot path -- a campaign observes hundreds of fields per step
+            arr = value.numpy().copy()
+        except (RuntimeError, TypeError):  # on a device, or requiring grad
+            arr = value.detach().cpu().numpy().copy()
+        name = _TORCH_DTYPE_NAMES.get(value.dtype)
+        if name is None:
+            name = _TORCH_DTYPE_NAMES[value.dtype] = str(value.dtype).removeprefix("torch.")
+        return FieldObs("torch", name, arr.shape, arr)
     if isinstance(value, np.ndarray):
         return FieldObs("numpy", value.dtype.name, value.shape, value.copy())
     if value is None:
