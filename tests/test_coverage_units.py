@@ -65,6 +65,29 @@ def test_functions_lines_and_branches_of_a_hand_written_file(root):
     assert t.summary()["unexplained_lines"] == 3
 
 
+def test_a_parsed_model_is_read_back_from_the_cache_as_parsed(root, tmp_path, monkeypatch):
+    from simrig.coverage import analysis
+
+    monkeypatch.setenv("SIMRIG_CACHE", str(tmp_path / "cache"))
+    analysis.file_model.cache_clear()
+    fresh = analysis.file_model(str(root), REL)
+    kept = list((tmp_path / "cache" / "coverage-models").glob("*.pickle"))
+    assert len(kept) == 1
+    analysis.file_model.cache_clear()
+    again = analysis.file_model(str(root), REL)  # from the file this time
+    assert again is not fresh
+    assert (again.statements, again.arcs, again.branch_lines, again.owner) == \
+        (fresh.statements, fresh.arcs, fresh.branch_lines, fresh.owner)
+    assert again.parser.translate_arcs(REACHED[REL]) == fresh.parser.translate_arcs(REACHED[REL])
+    kept[0].write_bytes(b"torn")  # a half-written or foreign file is parsed again
+    analysis.file_model.cache_clear()
+    assert analysis.file_model(str(root), REL).statements == fresh.statements
+    (root / REL).write_text(SOURCE + "\n\ndef later():\n    return 1\n")  # an edited file: a new key
+    analysis.file_model.cache_clear()
+    assert "later" in analysis.file_model(str(root), REL).functions()
+    analysis.file_model.cache_clear()
+
+
 def test_a_block_entry_explains_the_lines_under_its_line(root, tmp_path):
     reasons_file = tmp_path / "r.toml"
     reasons_file.write_text(textwrap.dedent(f'''\

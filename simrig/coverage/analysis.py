@@ -12,8 +12,12 @@ and the reason the reviewed list (``unreached.toml``) gives, or none — an
 from __future__ import annotations
 
 import ast
+import hashlib
+import os
+import pickle
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -48,11 +52,52 @@ class FileModel:
         return {name: first for name, first in set(self.owner.values())}
 
 
+def _model_cache_path(path: Path) -> Path | None:
+    """Where the parsed model of ``path`` is kept between processes, keyed by the
+    file's size and mtime, coverage.py's and Python's versions and FileModel's
+    fields; None when the cache is switched off (SIMRIG_CACHE=none)."""
+    import coverage
+
+    base = os.environ.get("SIMRIG_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME")
+                                                      or Path.home() / ".cache") / "simrig")
+    if base == "none":
+        return None
+    stat = path.stat()
+    key = "|".join([str(path), str(stat.st_size), str(stat.st_mtime_ns), coverage.__version__,
+                    sys.version, ",".join(f.name for f in fields(FileModel))])
+    return Path(base) / "coverage-models" / (hashlib.sha1(key.encode()).hexdigest()[:24] + ".pickle")
+
+
 @lru_cache(maxsize=256)
 def file_model(root: str, rel: str) -> FileModel:
+    """The file's model: parsed once per installed file, then read from the cache
+    (parsing vLLM's MRV2 package costs a few seconds, which every campaign,
+    shard and test process that reports coverage paid at its start)."""
+    path = Path(root) / rel
+    cached = _model_cache_path(path)
+    if cached is not None and cached.exists():
+        try:
+            with cached.open("rb") as f:
+                model = pickle.load(f)
+            if isinstance(model, FileModel) and model.path == rel:
+                return model
+        except Exception:  # noqa: BLE001 - a torn or stale cache file is parsed again
+            pass
+    model = _parse_file_model(path, rel)
+    if cached is not None:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))
+            os.replace(tmp, cached)  # atomic: a concurrent reader sees the old or the whole file
+        except OSError:
+            pass  # a read-only home: parse every time, as before
+    return model
+
+
+def _parse_file_model(path: Path, rel: str) -> FileModel:
     from coverage.parser import PythonParser
 
-    path = Path(root) / rel
     text = path.read_text(encoding="utf-8")
     parser = PythonParser(text=text, filename=str(path), exclude=EXCLUDE)
     parser.parse_source()
