@@ -111,7 +111,7 @@ def _json(out: str) -> dict:
 @pytest.mark.cluster
 def test_sharded_replay_ends_like_the_one_process_replay(tmp_path, capsys):
     pytest.importorskip("ray", reason="the simrig[ray] extra is not installed")
-    common = ["replay", "traces/samples", "--stages", "gather,dummy", "--quiet", "--json"]
+    common = ["replay", "traces/samples", "--stages", "gather,dummy", "--quiet", "--json", "--no-coverage"]
     one_status = main([*common, "--out", str(tmp_path / "one")])
     one = _json(capsys.readouterr().out)
     two_status = main([*common, "--workers", "2", "--out", str(tmp_path / "two")])
