@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 
 
 from simrig import observe as obs
-from simrig.checks.findings import Finding
+from simrig.findings.findings import Finding
 from simrig.errors import UsageError
 from simrig.progress import Progress
-from simrig.report.classes import NEW, Where, verdict_of
+from simrig.findings.classes import NEW, Where, verdict_of
 from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and shards record as replay does
     FIRST_FINDINGS,
     KNOWN_ROWS_PER_SIGNATURE,
@@ -35,7 +35,7 @@ from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and
     finding_columns,
     sort_rows,
 )
-from simrig.sources.trace import TraceHeader, TraceReader, trace_files_in
+from simrig.trace_io.trace import TraceHeader, TraceReader, trace_files_in
 from simrig.step import RunnerConfig, Step
 
 # ------------------------------------------------------------------ inputs
@@ -257,7 +257,7 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     not judged (no missing expectations).
     """
     from simrig.adapters.runner import load
-    from simrig.checks import findings as fk
+    from simrig.findings import findings as fk
     from simrig.checks.checker import Checker
     from simrig.runners import shared_pool
 
@@ -284,7 +284,7 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
                  lines_and_steps: Iterable[tuple[int, Step]], name: str, extra_checks: Sequence[Any],
                  violations: dict[int, str], stop: Callable[[], bool] | None) -> Iterator[ReplayedStep]:
     from simrig.checks.checker import check_step
-    from simrig.checks.expected import mark_expected, missing_expectations
+    from simrig.findings.expected import mark_expected, missing_expectations
     from simrig.harness import run_step_guarded
 
     met: set[int] = set()  # indices of header.expect seen so far

@@ -24,7 +24,8 @@ import time
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import cudagraph, sampling
+from simrig.vllm_parts import cudagraph
+from simrig.adapters import sampling
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import observe_batch as _observe_batch

@@ -37,7 +37,7 @@ from simrig.checks.checker import (  # noqa: F401  (re-exported)
     runner_error_findings,
     silent_acceptance_finding,
 )
-from simrig.checks.findings import Finding
+from simrig.findings.findings import Finding
 from simrig.checks.lifecycle import (  # noqa: F401  (re-exported)
     DUPLICATE_NEW,
     FINISHED_ID,

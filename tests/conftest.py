@@ -31,7 +31,7 @@ def _history_in_tmp(tmp_path_factory):
 def ghost_trace(tmp_path):
     """A two-step trace whose second step schedules ``ghost-7``, an id never added:
     the runner must raise KeyError naming it."""
-    from simrig.sources.trace import TraceHeader, write_trace
+    from simrig.trace_io.trace import TraceHeader, write_trace
     from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
     path = tmp_path / "ghost.jsonl"

@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from simrig.checks import findings as fk
+from simrig.findings import findings as fk
 from simrig.checks.checker import Checker, check_step, is_rejection_of, silent_acceptance_finding
 from simrig.checks.lifecycle import DUPLICATE_NEW, UNKNOWN_ID
 from simrig.harness import Harness

@@ -10,7 +10,7 @@ from simrig.cli import main
 from simrig.errors import UsageError
 from simrig.replay import replay_problems as replay_errors
 from simrig.sources.record import continuity_problems, stats_of
-from simrig.sources.trace import read_trace
+from simrig.trace_io.trace import read_trace
 from simrig.sources.workloads import MOONCAKE_BLOCK, azure, burstgpt, mooncake, prefix_token, read_file
 from simrig.step import synth_token
 

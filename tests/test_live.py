@@ -6,12 +6,12 @@ import gzip
 
 import pytest
 
-from simrig.adapters.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
+from simrig.vllm_parts.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 from simrig.replay import replay_problems as replay_errors
 from simrig.sources import live
 from simrig.sources.record import continuity_problems, record, stats_of
 from simrig.sources.sampler import SyntheticSampler
-from simrig.sources.trace import TraceReader, step_to_json
+from simrig.trace_io.trace import TraceReader, step_to_json
 from simrig.sources.workloads import parse_spec
 from simrig.step import NewRequest, Step
 

@@ -25,7 +25,7 @@ from simrig.replay import (
 )
 from simrig.report.tables import ColumnTable
 from simrig.report.writer import REPORT_FILES, write_report
-from simrig.sources.trace import TraceError, read_trace
+from simrig.trace_io.trace import TraceError, read_trace
 from simrig.step import Step
 
 REPO = Path(__file__).resolve().parents[1]

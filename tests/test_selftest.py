@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from test_report_agreement import assert_report_agrees
 
-from simrig.adapters import mutate
+from simrig.vllm_runtime import mutate
 from simrig.cli import main
 from simrig.selftest.catalogue import CATALOGUE, Mutant
 

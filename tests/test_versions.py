@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from simrig.adapters import runner as runner_mod
-from simrig.adapters import versions
+from simrig.vllm_api import versions
 from simrig.adapters.runner import VllmApiError
 from simrig.step import RunnerConfig
 

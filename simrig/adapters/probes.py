@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import cudagraph
+from simrig.vllm_parts import cudagraph
 from simrig.step import Step
 
 

@@ -9,6 +9,6 @@
 
 May import the core, checks, report and ``simrig.releases.envs`` (the side
 venvs a point runs in). Each point's vLLM runs in a child process
-(``python -m simrig.adapters.overlay``), so nothing here imports vllm or the
+(``python -m simrig.vllm_runtime.overlay``), so nothing here imports vllm or the
 adapters; never ``campaign``, ``selftest``, ``commands`` or ``repro``.
 """

@@ -16,7 +16,7 @@ import statistics
 
 import pytest
 
-from simrig.adapters.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
+from simrig.vllm_parts.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 from simrig.sources.record import record
 from simrig.sources.sampler import SyntheticSampler
 from simrig.sources.workloads import parse_spec
