@@ -18,12 +18,12 @@ import time
 from typing import Any
 
 from simrig import observe as obs
-from simrig.vllm_runtime import platform
 from simrig.adapters.probes import desc_key as _desc_key
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
 from simrig.step import Step
+from simrig.vllm_runtime import platform
 
 
 class DummyPaths:

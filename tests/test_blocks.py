@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from simrig.findings import findings as fk
+from simrig.observe import PREPARE, FieldObs, StageObs
 from simrig.reference.blocks import (
     PAD_SLOT_ID,
     BlockTracker,
@@ -19,7 +20,6 @@ from simrig.reference.blocks import (
     expected_slot,
 )
 from simrig.reference.reference import GlobalBatch
-from simrig.observe import PREPARE, FieldObs, StageObs
 from simrig.step import CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step
 from strategies import runner_configs, scheduled_runs
 from strategies.blocks import BlockPool

@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from simrig.findings import findings as fk
 from simrig.checks.checker import Checker
-from simrig.reference.contract import DriftTracker, check_contract
-from simrig.findings.known import KnownFindings, load_known_findings, parse_known_findings
 from simrig.checks.lifecycle import SchedulerContract
 from simrig.checks.parity import check_parity
-from simrig.partition.pcp_layout import dispatch_token_count, rank_rows
 from simrig.errors import UsageError
+from simrig.findings import findings as fk
+from simrig.findings.known import KnownFindings, load_known_findings, parse_known_findings
 from simrig.observe import ErrorObs, FieldObs, StageObs, StepObs
+from simrig.partition.pcp_layout import dispatch_token_count, rank_rows
+from simrig.reference.contract import DriftTracker, check_contract
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 

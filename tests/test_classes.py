@@ -7,8 +7,6 @@ import json
 import pandas as pd
 import pytest
 
-from simrig.findings.expected import EXPECTATION_MISSING, mark_expected, missing_expectations
-from simrig.findings.findings import Finding
 from simrig.findings.classes import (
     ClassTally,
     Where,
@@ -17,6 +15,8 @@ from simrig.findings.classes import (
     verdict_line,
     verdict_of,
 )
+from simrig.findings.expected import EXPECTATION_MISSING, mark_expected, missing_expectations
+from simrig.findings.findings import Finding
 from simrig.report.timing import time_share
 from simrig.trace_io.trace import Expectation, TraceError, TraceReader
 

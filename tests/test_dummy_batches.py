@@ -133,9 +133,9 @@ def test_fields_of_features_never_enabled_hold_their_off_value():
 
 MUTANT_REPLAY = """
 import sys
-from simrig.vllm_runtime import mutate
 from simrig.adapters.runner import load
 from simrig.selftest.catalogue import BY_NAME
+from simrig.vllm_runtime import mutate
 load()
 if sys.argv[1] != "-":
     mutate.apply(BY_NAME[sys.argv[1]])

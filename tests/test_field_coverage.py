@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from simrig.findings import findings as fk
+from simrig.harness import Harness
 from simrig.ledger.decisions import decisions
 from simrig.ledger.unchecked import UNCHECKED, VALUE_CHECKED, lookup, readme_table
-from simrig.harness import Harness
 from simrig.observe import StepObs
 from simrig.step import RunnerConfig
 from tests.test_checks_real import BASE, CONFIGS, check_all, clean_steps, mutated, set_field

@@ -24,8 +24,8 @@ import pytest
 from simrig.campaign import report as campaign_report
 from simrig.campaign import shrink
 from simrig.campaign.fuzz import Campaign, CampaignOptions, FindingClass
-from simrig.findings.findings import Finding
 from simrig.findings.classes import Where
+from simrig.findings.findings import Finding
 from simrig.report.writer import REPORT_FILES
 from simrig.step import NewRequest, RunnerConfig, Step
 

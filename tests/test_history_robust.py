@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from simrig.cli import main
-from simrig.tools.common import record_history
 from simrig.history import store as history
 from simrig.history.store import StoreListing, append_run, load_history
+from simrig.tools.common import record_history
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from simrig.findings import findings as fk
-from simrig.reference.blocks import PAD_SLOT_ID, BlockTracker, below_window, check_attn_blocks
 from simrig.observe import PREPARE, StageObs
-from simrig.trace_io.trace import TraceError, TraceHeader, read_trace, write_trace
+from simrig.reference.blocks import PAD_SLOT_ID, BlockTracker, below_window, check_attn_blocks
 from simrig.step import CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step, block_groups
+from simrig.trace_io.trace import TraceError, TraceHeader, read_trace, write_trace
 from strategies import kv_group_lists, runner_configs, scheduled_runs
 from strategies.blocks import BlockPool
 from simrig.reference.comparer import short

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from simrig.checks.checker import Checker
 from simrig.graph_rules.lora import AdapterTracker, capture_cases, check_lora_dispatch, dispatch_case
-from simrig.trace_io.trace import TraceError, TraceHeader, read_trace, write_trace
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.trace_io.trace import TraceError, TraceHeader, read_trace, write_trace
 from strategies import runner_configs, scheduler_steps
 
 ROOT = Path(__file__).resolve().parents[1]

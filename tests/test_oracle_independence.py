@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simrig.checks.fields import decode_graph_eligible, runs_as_decode
-from simrig.reference.semantics import check_batch_semantics
 from simrig.observe import FieldObs, StageObs
+from simrig.reference.semantics import check_batch_semantics
 
 rows = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40), st.integers(1, 6), st.integers(0, 3)),
                 min_size=1, max_size=8)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simrig.ledger.evidence import RULES
 from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
+from simrig.ledger.evidence import RULES
 from simrig.observe import CAPTURE, DUMMY, PREPARE, FieldObs, StageObs
 from simrig.step import RunnerConfig
 from strategies.machine import SchedulerContractMachine

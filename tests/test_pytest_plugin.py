@@ -42,8 +42,8 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def _seeded_regression(simrig_api):
-    from simrig.vllm_runtime import mutate
     from simrig.selftest.catalogue import BY_NAME
+    from simrig.vllm_runtime import mutate
 
     mutate.apply(BY_NAME["idx-mapping-host-int32"])
 '''

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from simrig.findings import findings as fk
 from simrig.checks.checker import Checker, check_step
-from simrig.reference.contract import DriftTracker, check_contract
-from simrig.findings.known import KnownFindings
 from simrig.checks.lifecycle import runner_errors
 from simrig.checks.parity import check_parity
-from simrig.partition.pcp import check_pcp
-from simrig.reference.reference import ReferenceModel
+from simrig.findings import findings as fk
+from simrig.findings.known import KnownFindings
 from simrig.observe import FieldObs, StageObs, StepObs
+from simrig.partition.pcp import check_pcp
+from simrig.reference.contract import DriftTracker, check_contract
+from simrig.reference.reference import ReferenceModel
 from simrig.step import NewRequest, RunnerConfig, Step
 
 NOT_A_FIELD = object()  # what a broken observer might store instead of a FieldObs

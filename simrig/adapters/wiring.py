@@ -48,10 +48,10 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from simrig.vllm_parts import lora
-from simrig.vllm_runtime import platform
 from simrig.adapters import sampling, standins
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
+from simrig.vllm_parts import lora
+from simrig.vllm_runtime import platform
 
 
 def layer_names(group: int) -> list[str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from simrig.campaign.options import FindingClass
 from simrig.campaign.shrink import class_key, replay_with_checks
-from simrig.findings.findings import Finding
 from simrig.findings.classes import Where
+from simrig.findings.findings import Finding
 
 
 class TraceReplays:

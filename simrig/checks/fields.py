@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from simrig.findings import findings as fk
-from simrig.reference.comparer import Comparer
 from simrig.findings.findings import Finding, guarded
 from simrig.observe import GATHER, POSTPROCESS, PREPARE, StepObs
+from simrig.reference.comparer import Comparer
 from simrig.step import RunnerConfig, Step, synth_token
 
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from simrig.findings import findings as fk
-from simrig.reference.contract import ARRAY_KINDS, stage_req_ids
 from simrig.findings.findings import Finding, guarded
 from simrig.observe import DUMMY, StageObs
+from simrig.reference.contract import ARRAY_KINDS, stage_req_ids
 
 SHAPED_FIELDS = (
     "idx_mapping", "idx_mapping_np", "query_start_loc", "query_start_loc_np", "seq_lens",

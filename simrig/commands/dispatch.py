@@ -86,9 +86,9 @@ def quiet_vllm_logs(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simrig.vllm_api.entry_points import VllmApiError, VllmUnavailable
     from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
     from simrig.trace_io.trace import TraceError
+    from simrig.vllm_api.entry_points import VllmApiError, VllmUnavailable
 
     parser = build_parser()
     args = parser.parse_args(argv)

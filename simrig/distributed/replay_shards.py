@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simrig.findings.classes import ClassTally, Where
 from simrig.findings.findings import Finding
 from simrig.replay import FIRST_FINDINGS, KNOWN_ROWS_PER_SIGNATURE, ReplayRecorder, ReplayResult, sort_rows
-from simrig.findings.classes import ClassTally, Where
 from simrig.step import Step
 
 MIN_SEGMENT_STEPS = 200  # below this a resync costs more than the parallelism gains

@@ -47,8 +47,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from simrig.findings.findings import Finding
 from simrig.errors import UsageError
+from simrig.findings.findings import Finding
 
 BASELINE_DIR = Path(os.environ.get("SIMRIG_BASELINES",
                                    Path(__file__).resolve().parents[2] / "reports" / "baselines"))

@@ -49,11 +49,11 @@ from typing import Any
 import numpy as np
 
 from simrig.findings import findings as fk
-from simrig.reference.blocks import dcp_local_seq_len
-from simrig.ledger.evidence import RULES
 from simrig.findings.findings import Finding, guarded
-from simrig.reference.semantics import field_value
+from simrig.ledger.evidence import RULES
 from simrig.observe import CAPTURE, DUMMY, PROFILE, StageObs
+from simrig.reference.blocks import dcp_local_seq_len
+from simrig.reference.semantics import field_value
 from simrig.step import RunnerConfig
 
 CHECK = "dummy_batches"

@@ -41,8 +41,8 @@ from typing import Any
 
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding, guarded
-from simrig.reference.semantics import field_value
 from simrig.observe import CAPTURE, DISPATCH, StageObs
+from simrig.reference.semantics import field_value
 from simrig.step import RunnerConfig, Step
 
 UNSPECIALIZED = "lora_free_graph_unspecialized"

@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 
 from simrig.findings import findings as fk
+from simrig.findings.findings import Finding, guarded
+from simrig.ledger.evidence import RULES
+from simrig.observe import CAPTURE, DUMMY, StageObs
 from simrig.reference.blocks import BLOCK_TABLES, NULL_BLOCK_ID, PAD_SLOT_ID, SLOT_MAPPINGS
 from simrig.reference.contract import stage_req_ids
-from simrig.ledger.evidence import RULES
-from simrig.findings.findings import Finding, guarded
 from simrig.reference.semantics import field_value
-from simrig.observe import CAPTURE, DUMMY, StageObs
 from simrig.step import RunnerConfig
 
 CHECK = "padding"

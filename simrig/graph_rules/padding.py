@@ -76,12 +76,12 @@ from typing import Any
 import numpy as np
 
 from simrig.findings import findings as fk
+from simrig.findings.findings import Finding, guarded
+from simrig.observe import CAPTURE, CAPTURE_SIZES, DISPATCH, StageObs
+from simrig.partition.pcp_layout import dispatch_token_count
 from simrig.reference.contract import stage_req_ids
 from simrig.reference.descriptor import descriptor, padded_counts  # noqa: F401 -- re-exported
-from simrig.findings.findings import Finding, guarded
-from simrig.partition.pcp_layout import dispatch_token_count
 from simrig.reference.semantics import field_value
-from simrig.observe import CAPTURE, CAPTURE_SIZES, DISPATCH, StageObs
 from simrig.step import SEPARATE_DECODE_MODES, RunnerConfig
 
 # The runtime modes each configured mode may dispatch to (CUDAGraphMode

@@ -52,12 +52,12 @@ from typing import Any
 import numpy as np
 
 from simrig.findings import findings as fk
-from simrig.reference.contract import stage_req_ids
 from simrig.findings.findings import Finding, guarded
+from simrig.observe import PARTITION, StageObs, StepObs
 from simrig.partition.pcp_layout import Row, dcp_largest_shard, is_replicated, rank_rows
+from simrig.reference.contract import stage_req_ids
 from simrig.reference.reference import GlobalBatch, short
 from simrig.reference.semantics import field_value
-from simrig.observe import PARTITION, StageObs, StepObs
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
 
 # The harness builds its PCP managers without block tables, so with

@@ -68,10 +68,10 @@ from typing import Any
 import numpy as np
 
 from simrig.findings import findings as fk
-from simrig.reference.comparer import short
 from simrig.findings.findings import Finding, guarded
-from simrig.reference.reference import GlobalBatch
 from simrig.observe import StageObs
+from simrig.reference.comparer import short
+from simrig.reference.reference import GlobalBatch
 from simrig.step import RunnerConfig, Step, block_groups
 
 PAD_SLOT_ID = -1  # vllm.v1.attention.backends.utils.PAD_SLOT_ID

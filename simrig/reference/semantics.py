@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from simrig.findings import findings as fk
-from simrig.reference.contract import stage_req_ids
 from simrig.findings.findings import Finding, guarded
-from simrig.reference.reference import short
 from simrig.observe import StageObs
+from simrig.reference.contract import stage_req_ids
+from simrig.reference.reference import short
 
 
 def field_value(stage: StageObs, name: str) -> Any:

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simrig.reference.contract import CONTRACT
 from simrig.errors import UsageError
 from simrig.observe import POSTPROCESS, StepObs
+from simrig.reference.contract import CONTRACT
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 FORMAT_NAME = "simrig-contract"

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from simrig.bisect.search import ClassKey
-from simrig.reference.contract import CONTRACT
 from simrig.errors import UsageError
+from simrig.reference.contract import CONTRACT
 from simrig.repro.template import TEMPLATE
 from simrig.trace_io.trace import TraceError, read_trace
 

@@ -69,8 +69,8 @@ def main(spec_path: str, result_path: str) -> int:
             collector = Collector()
             collector.start()
         if spec["mutant"] != BASELINE:
-            from simrig.vllm_runtime import mutate
             from simrig.selftest.catalogue import BY_NAME
+            from simrig.vllm_runtime import mutate
 
             try:
                 mutate.apply(BY_NAME[spec["mutant"]])

@@ -34,8 +34,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from simrig.trace_io.trace import TraceHeader, TraceWriter, step_to_json
 from simrig.step import NewRequest, RunnerConfig, Step, block_groups, step_block_ids
+from simrig.trace_io.trace import TraceHeader, TraceWriter, step_to_json
 
 log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"

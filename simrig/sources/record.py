@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simrig.sources.sampler import SyntheticSampler
-from simrig.trace_io.trace import TraceHeader, TraceWriter
 from simrig.sources.workloads import WorkloadRequest
 from simrig.step import Step
+from simrig.trace_io.trace import TraceHeader, TraceWriter
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ def _version(dist: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.vllm_runtime import platform
     from simrig.adapters.runner import entry_point_report
+    from simrig.vllm_runtime import platform
 
     choice = platform.configure()
     print(f"simrig   {_version('simrig')}")

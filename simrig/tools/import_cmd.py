@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from simrig.tools.record import add_scheduler_options, print_summary, setup_from_args
 from simrig.errors import UsageError
+from simrig.tools.record import add_scheduler_options, print_summary, setup_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from simrig.step import BlockIds, RunnerConfig, Step
 from simrig.trace_io.trace_format import (  # noqa: F401 -- re-exported
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -39,7 +40,6 @@ from simrig.trace_io.trace_format import (  # noqa: F401 -- re-exported
     parse_step,
 )
 from simrig.trace_io.trace_writer import TraceWriter, step_to_json, write_trace  # noqa: F401
-from simrig.step import BlockIds, RunnerConfig, Step
 
 TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
 

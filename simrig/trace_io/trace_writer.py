@@ -11,8 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from simrig.trace_io.trace_format import TraceHeader
 from simrig.step import Step
+from simrig.trace_io.trace_format import TraceHeader
 
 
 def _open_for_writing(path: Path) -> IO[str]:

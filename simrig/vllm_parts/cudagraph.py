@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from simrig.vllm_parts import lora
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig
+from simrig.vllm_parts import lora
 
 MODES = CUDAGRAPH_MODES
 
@@ -67,8 +67,8 @@ def dispatcher_for(config: RunnerConfig) -> Any:
     batch to a NONE descriptor, as vLLM does)."""
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-    from simrig.vllm_runtime import platform
     from simrig.vllm_parts.vllm_config import vllm_config_for
+    from simrig.vllm_runtime import platform
 
     vllm_config = vllm_config_for(config)
     with platform.graph_manager_without_process_groups():

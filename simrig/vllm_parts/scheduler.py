@@ -1,7 +1,7 @@
 """vLLM adapter for the scheduler side: the real v1 ``Scheduler``, offline.
 
-Together with ``simrig.adapters.runner`` this is the adapter layer: the only other
-module that touches vllm. Everything around it (workloads, the synthetic
+Together with ``simrig.adapters.runner`` this is the adapter layer, one of the
+rooms that touch vllm (see ``simrig.vllm_parts``). Everything around it (workloads, the synthetic
 sampler, the record loop, the live recorder) speaks simrig's own types.
 
     SchedulerSetup ──► engine config (tiny llama config.json, dummy weights,
