@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step  # noqa: E402
-from simrig.sources.trace import TraceHeader, TraceWriter  # noqa: E402
+from simrig.trace_io.trace import TraceHeader, TraceWriter  # noqa: E402
 
 
 @dataclass

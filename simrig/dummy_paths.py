@@ -18,12 +18,12 @@ import time
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import platform
 from simrig.adapters.probes import desc_key as _desc_key
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
 from simrig.step import Step
+from simrig.vllm_runtime import platform
 
 
 class DummyPaths:
@@ -153,7 +153,7 @@ class DummyPaths:
 
 def _attn_fields(block_tables: Any, slot_mappings: Any) -> dict[str, obs.FieldObs]:
     """A dummy's block tables (one per KV cache group) and slot mappings, as the
-    real step's prepare_attn probe names them (checks/padded_attn.py judges them)."""
+    real step's prepare_attn probe names them (graph_rules/padded_attn.py judges them)."""
     fields = {f"attn.block_tables.{g}": obs.observe_value(t) for g, t in enumerate(block_tables or ())}
     if slot_mappings is not None:
         fields["attn.slot_mappings"] = obs.observe_value(slot_mappings)

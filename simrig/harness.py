@@ -41,11 +41,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import platform, sampling
+from simrig.vllm_runtime import platform
+from simrig.adapters import sampling
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.runner import VllmApi, load
-from simrig.checks.findings import Finding, rig_error
+from simrig.findings.findings import Finding, rig_error
 from simrig.trace_gate import rig_work, vllm_calls
 from simrig.dummy_paths import DummyPaths
 from simrig.stage_probes import StageProbes, StopStep

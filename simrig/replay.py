@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 
 
 from simrig import observe as obs
-from simrig.checks.findings import Finding
 from simrig.errors import UsageError
+from simrig.findings.classes import NEW, Where, verdict_of
+from simrig.findings.findings import Finding
 from simrig.progress import Progress
-from simrig.report.classes import NEW, Where, verdict_of
 from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and shards record as replay does
     FIRST_FINDINGS,
     KNOWN_ROWS_PER_SIGNATURE,
@@ -35,8 +35,8 @@ from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and
     finding_columns,
     sort_rows,
 )
-from simrig.sources.trace import TraceHeader, TraceReader, trace_files_in
 from simrig.step import RunnerConfig, Step
+from simrig.trace_io.trace import TraceHeader, TraceReader, trace_files_in
 
 # ------------------------------------------------------------------ inputs
 def expand_trace_paths(paths: Iterable[str | Path]) -> list[Path]:
@@ -257,8 +257,8 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     not judged (no missing expectations).
     """
     from simrig.adapters.runner import load
-    from simrig.checks import findings as fk
     from simrig.checks.checker import Checker
+    from simrig.findings import findings as fk
     from simrig.runners import shared_pool
 
     config = config if config is not None else header.config
@@ -284,7 +284,7 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
                  lines_and_steps: Iterable[tuple[int, Step]], name: str, extra_checks: Sequence[Any],
                  violations: dict[int, str], stop: Callable[[], bool] | None) -> Iterator[ReplayedStep]:
     from simrig.checks.checker import check_step
-    from simrig.checks.expected import mark_expected, missing_expectations
+    from simrig.findings.expected import mark_expected, missing_expectations
     from simrig.harness import run_step_guarded
 
     met: set[int] = set()  # indices of header.expect seen so far

@@ -49,7 +49,7 @@ class RunnerPool:
 
     @staticmethod
     def _key(config: RunnerConfig, stages: frozenset[str], api: Any) -> tuple:
-        from simrig.adapters import mutate
+        from simrig.vllm_runtime import mutate
 
         return (config, stages, id(api), mutate.generation)
 

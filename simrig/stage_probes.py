@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import cudagraph, sampling
+from simrig.adapters import sampling
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import observe_batch as _observe_batch
@@ -32,6 +32,7 @@ from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.probes import wrap as _wrap
 from simrig.step import Step
 from simrig.trace_gate import rig_work, vllm_calls
+from simrig.vllm_parts import cudagraph
 
 
 class StopStep(Exception):

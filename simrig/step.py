@@ -91,7 +91,7 @@ class RunnerConfig:
     # CUDA-graph dispatch (vLLM's CompilationConfig.cudagraph_mode and
     # cudagraph_capture_sizes): each step replays the graph vLLM's own
     # dispatcher picks, padded to its shape. () with a graph mode: the sizes
-    # vLLM's own config derives (simrig.adapters.vllm_config).
+    # vLLM's own config derives (simrig.vllm_parts.vllm_config).
     cudagraph_mode: str = "NONE"
     capture_sizes: tuple[int, ...] = ()
     # Decode graphs that take any mix of 1..decode_query_len tokens per

@@ -37,7 +37,6 @@ from simrig.checks.checker import (  # noqa: F401  (re-exported)
     runner_error_findings,
     silent_acceptance_finding,
 )
-from simrig.checks.findings import Finding
 from simrig.checks.lifecycle import (  # noqa: F401  (re-exported)
     DUPLICATE_NEW,
     FINISHED_ID,
@@ -46,6 +45,7 @@ from simrig.checks.lifecycle import (  # noqa: F401  (re-exported)
     UNKNOWN_ID,
     VIOLATIONS,
 )
+from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES, StepObs
 from simrig.step import CachedUpdate, RunnerConfig, Step
 from strategies._validate import check_choice

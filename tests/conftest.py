@@ -31,8 +31,8 @@ def _history_in_tmp(tmp_path_factory):
 def ghost_trace(tmp_path):
     """A two-step trace whose second step schedules ``ghost-7``, an id never added:
     the runner must raise KeyError naming it."""
-    from simrig.sources.trace import TraceHeader, write_trace
     from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+    from simrig.trace_io.trace import TraceHeader, write_trace
 
     path = tmp_path / "ghost.jsonl"
     steps = [Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4}),

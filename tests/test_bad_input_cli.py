@@ -101,7 +101,7 @@ def test_an_error_while_writing_is_one_line_too(tmp_path, monkeypatch, capsys):
     """An OSError raised past the up-front checks (a disk that fills mid-run)
     still ends in one line naming the file, exit 2."""
     from simrig import cli
-    from simrig.commands import history
+    from simrig.tools import history
 
     def full_disk(args):
         raise OSError(28, "No space left on device", str(tmp_path / "report.html"))
@@ -115,7 +115,7 @@ def test_an_error_while_writing_is_one_line_too(tmp_path, monkeypatch, capsys):
 
 def test_a_bug_in_simrig_is_one_line_exit_3_with_the_traceback_kept(tmp_path, monkeypatch, capsys):
     from simrig import cli
-    from simrig.commands import history
+    from simrig.tools import history
 
     def broken(args):
         return {}["no such key"]
@@ -136,7 +136,7 @@ def test_a_bug_in_simrig_is_one_line_exit_3_with_the_traceback_kept(tmp_path, mo
 def test_the_known_file_flag_is_read_by_the_checker(tmp_path, monkeypatch):
     """--known FILE replaces the committed baselines for this run (and, through
     SIMRIG_KNOWN, for its child processes)."""
-    from simrig.checks.known import KNOWN_ENV, load_known_findings
+    from simrig.findings.known import KNOWN_ENV, load_known_findings
 
     entry = {"kind": "dtype_drift", "stage": "prepare", "field": "positions", "check": "contract",
              "vllm": ">=0.30.0", "explanation": "a test entry"}

@@ -21,7 +21,7 @@ import vllm_git_repo
 
 from simrig.bisect import gitrepo
 from simrig.cli import main
-from simrig.report.history import class_timeline, load_history
+from simrig.history.store import class_timeline, load_history
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_the_bisection_is_in_the_history_as_introduced_in(checkout, bisected):
     summary = json.loads(run["summary_json"])
     assert (summary["introduced_in"], summary["fixed_in"]) == (gitrepo.short(c["c5"]), gitrepo.short(c["c8"]))
     # a later replay that shows the class gets the bisection on its class line
-    from simrig.report.history import append_run
+    from simrig.history.store import append_run
 
     seen = pd.DataFrame([{"signature": "dtype_drift · prepare · idx_mapping", "kind": "dtype_drift",
                           "stage": "prepare", "field": "idx_mapping", "exception_type": "",
@@ -105,7 +105,7 @@ def test_the_bisection_is_in_the_history_as_introduced_in(checkout, bisected):
 def _pytest_on_commit(repo: Path, commit: str, file: Path, cache: Path) -> subprocess.CompletedProcess:
     folder, _ = gitrepo.materialize(repo, commit, ("vllm/v1/worker/gpu",), cache)
     env = {**os.environ, "SIMRIG_OVERLAY": str(folder), "SIMRIG_OVERLAY_PATHS": "vllm/v1/worker/gpu"}
-    return subprocess.run([sys.executable, "-m", "simrig.adapters.overlay", "-m", "pytest", "-q",
+    return subprocess.run([sys.executable, "-m", "simrig.vllm_runtime.overlay", "-m", "pytest", "-q",
                            "-p", "no:cacheprovider", "-p", "no:simrig", "-c", os.devnull,
                            "--rootdir", str(file.parent), str(file)],
                           capture_output=True, text=True, env=env, cwd=file.parent)

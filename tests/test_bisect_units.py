@@ -97,7 +97,7 @@ def test_class_keys_parse_match_and_come_from_headers(tmp_path):
     for bad in ("dtype_drift", "a:b", ":prepare:x", "a:b:c:d:e", "a b:c:d"):
         with pytest.raises(UsageError, match="--class"):
             ClassKey.parse(bad)
-    from simrig.sources.trace import read_trace
+    from simrig.trace_io.trace import read_trace
 
     declared = write_trace(tmp_path / "e.jsonl", {"expect": [{"kind": "dtype_drift", "stage": "prepare",
                                                               "field": "idx_mapping"}]})
@@ -127,12 +127,12 @@ def test_the_overlay_serves_overlaid_modules_and_only_those(tmp_path):
     log = tmp_path / "served.log"
     env = {**os.environ, "PYTHONPATH": f"{installed}:{tmp_path}", "SIMRIG_OVERLAY": str(commit),
            "SIMRIG_OVERLAY_PATHS": "fakevllm/gpu", "SIMRIG_OVERLAY_LOG": str(log)}
-    run = subprocess.run([sys.executable, "-m", "simrig.adapters.overlay", "-m", "probe"],
+    run = subprocess.run([sys.executable, "-m", "simrig.vllm_runtime.overlay", "-m", "probe"],
                          capture_output=True, text=True, env=env, cwd=ROOT)
     assert run.stdout.split() == ["release", "commit", "missing"], run.stderr
     assert "fakevllm.gpu.runner\t" in log.read_text()
     env.pop("SIMRIG_OVERLAY")  # no overlay: the command runs on the installed package alone
-    plain = subprocess.run([sys.executable, "-m", "simrig.adapters.overlay", "-m", "probe"],
+    plain = subprocess.run([sys.executable, "-m", "simrig.vllm_runtime.overlay", "-m", "probe"],
                            capture_output=True, text=True, env=env, cwd=ROOT)
     assert plain.stdout.split() == ["release", "release", "imported"], plain.stderr
 

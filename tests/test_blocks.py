@@ -10,16 +10,16 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from simrig.checks import findings as fk
-from simrig.checks.blocks import (
+from simrig.findings import findings as fk
+from simrig.observe import PREPARE, FieldObs, StageObs
+from simrig.reference.blocks import (
     PAD_SLOT_ID,
     BlockTracker,
     check_attn_blocks,
     dcp_local_seq_len,
     expected_slot,
 )
-from simrig.checks.reference import GlobalBatch
-from simrig.observe import PREPARE, FieldObs, StageObs
+from simrig.reference.reference import GlobalBatch
 from simrig.step import CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step
 from strategies import runner_configs, scheduled_runs
 from strategies.blocks import BlockPool

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from simrig.checks import findings as fk
 from simrig.checks.checker import Checker
+from simrig.findings import findings as fk
 from simrig.harness import Harness
 from simrig.observe import StepObs
 from simrig.report.snapshot import scenario_steps

@@ -7,15 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from simrig.checks import findings as fk
 from simrig.checks.checker import Checker
-from simrig.checks.contract import DriftTracker, check_contract
-from simrig.checks.known import KnownFindings, load_known_findings, parse_known_findings
 from simrig.checks.lifecycle import SchedulerContract
 from simrig.checks.parity import check_parity
-from simrig.checks.pcp_layout import dispatch_token_count, rank_rows
 from simrig.errors import UsageError
+from simrig.findings import findings as fk
+from simrig.findings.known import KnownFindings, load_known_findings, parse_known_findings
 from simrig.observe import ErrorObs, FieldObs, StageObs, StepObs
+from simrig.partition.pcp_layout import dispatch_token_count, rank_rows
+from simrig.reference.contract import DriftTracker, check_contract
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 
@@ -41,7 +41,7 @@ def test_contract_flags_declared_fields_only():
 
 
 def test_contract_none_only_under_its_documented_condition():
-    from simrig.checks.contract import BATCH_CONTRACT
+    from simrig.reference.contract import BATCH_CONTRACT
 
     def stage(**fields):
         full = {name: arr([0], np.dtype(c.dtype), c.kind) for name, c in BATCH_CONTRACT.items()}
@@ -175,7 +175,7 @@ def test_decodes_go_first_in_each_rank():
 
 
 def test_largest_dcp_shard_counts_every_shard():
-    from simrig.checks.pcp_layout import dcp_largest_shard
+    from simrig.partition.pcp_layout import dcp_largest_shard
 
     # token i on DCP rank i % 2 (interleave 1): 5 tokens -> shards of 3 and 2
     assert dcp_largest_shard(np.array([5, 4, 0, 1]), 2).tolist() == [3, 2, 0, 1]
@@ -202,7 +202,7 @@ def test_bad_known_findings_file_names_the_field(tmp_path):
 
 
 def test_batch_semantics_from_field_meanings():
-    from simrig.checks.semantics import check_batch_semantics
+    from simrig.reference.semantics import check_batch_semantics
 
     def batch(**over):
         fields = {"num_scheduled_tokens": arr([1, 3], np.int32, "numpy"),
@@ -239,7 +239,7 @@ def test_batch_semantics_from_field_meanings():
 def test_contract_skips_fields_the_release_does_not_declare():
     """A field another release moved or lacks (0.31.0 has no InputBatch.pcp) is a release
     difference; a field the installed type declares but the observation lacks is a finding."""
-    from simrig.checks.contract import BATCH_CONTRACT
+    from simrig.reference.contract import BATCH_CONTRACT
 
     full = {name: arr([0], np.dtype(c.dtype), c.kind) for name, c in BATCH_CONTRACT.items()
             if not name.startswith("pcp.")}

@@ -7,9 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from simrig.checks.expected import EXPECTATION_MISSING, mark_expected, missing_expectations
-from simrig.checks.findings import Finding
-from simrig.report.classes import (
+from simrig.findings.classes import (
     ClassTally,
     Where,
     classes_from_rows,
@@ -17,8 +15,10 @@ from simrig.report.classes import (
     verdict_line,
     verdict_of,
 )
+from simrig.findings.expected import EXPECTATION_MISSING, mark_expected, missing_expectations
+from simrig.findings.findings import Finding
 from simrig.report.timing import time_share
-from simrig.sources.trace import Expectation, TraceError, TraceReader
+from simrig.trace_io.trace import Expectation, TraceError, TraceReader
 
 
 def _f(kind="key_error", step=0, stage="gather", fld="", exc="KeyError", ids=("ghost",), **kw):

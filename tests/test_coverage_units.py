@@ -183,7 +183,7 @@ def test_simrig_coverage_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args
 
 def test_simrig_coverage_on_a_store_without_coverage_is_exit_2(tmp_path, capsys):
     from simrig.cli import main
-    from simrig.report.history import append_run
+    from simrig.history.store import append_run
 
     append_run(tmp_path, {"command": "replay", "suite": "replay x", "vllm_version": "0.33.0",
                           "exit_status": 0}, None)

@@ -1,4 +1,4 @@
-"""vLLM's real cudagraph dispatch, built without a GPU (simrig.adapters.cudagraph)."""
+"""vLLM's real cudagraph dispatch, built without a GPU (simrig.vllm_parts.cudagraph)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_full_and_piecewise_pads_decodes_and_mixed_batches(vllm_api):
-    from simrig.adapters.cudagraph import build_dispatcher
+    from simrig.vllm_parts.cudagraph import build_dispatcher
 
     m = build_dispatcher("FULL_AND_PIECEWISE", [1, 2, 4, 8, 16], max_num_reqs=8, decode_query_len=1)
     # 3 uniform decodes: the FULL decode graph for 4 tokens / 4 requests (padded by one row)
@@ -23,7 +23,7 @@ def test_full_and_piecewise_pads_decodes_and_mixed_batches(vllm_api):
 
 
 def test_spec_decode_rounds_to_whole_requests(vllm_api):
-    from simrig.adapters.cudagraph import build_dispatcher, capture_descriptors
+    from simrig.vllm_parts.cudagraph import build_dispatcher, capture_descriptors
 
     m = build_dispatcher("FULL_DECODE_ONLY", [1, 2, 4, 8], max_num_reqs=4, decode_query_len=3,
                          num_speculative_tokens=2)
@@ -37,7 +37,7 @@ def test_spec_decode_rounds_to_whole_requests(vllm_api):
 
 
 def test_bad_mode_is_named(vllm_api):
-    from simrig.adapters.cudagraph import build_dispatcher
+    from simrig.vllm_parts.cudagraph import build_dispatcher
 
     with pytest.raises(ValueError, match="cudagraph mode: 'FAST'"):
         build_dispatcher("FAST", [1], max_num_reqs=1, decode_query_len=1)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simrig.checks.decisions import PATHS, decisions, decisions_table, page_section
+from simrig.ledger.decisions import PATHS, decisions, decisions_table, page_section
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "decisions.md"
 
 
 def test_the_page_holds_the_generated_table():
     assert page_section(PAGE.read_text(encoding="utf-8")) == decisions_table(), (
-        "docs/decisions.md differs from simrig.checks.decisions.decisions_table(): regenerate it")
+        "docs/decisions.md differs from simrig.ledger.decisions.decisions_table(): regenerate it")
 
 
 def test_every_decision_is_judged_or_reasoned_with_evidence():

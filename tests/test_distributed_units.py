@@ -75,9 +75,9 @@ def test_workers_must_be_positive(tmp_path):
 
 
 def test_merged_tallies_keep_true_counts_and_the_first_and_last_place():
-    from simrig.checks.findings import Finding
     from simrig.distributed.merge import prefixed
-    from simrig.report.classes import ClassTally, Where, merge_tallies
+    from simrig.findings.classes import ClassTally, Where, merge_tallies
+    from simrig.findings.findings import Finding
 
     def finding(step: int, req: str) -> Finding:
         return Finding(kind="key_error", step=step, stage="gather", check="runner_errors",

@@ -1,4 +1,4 @@
-"""Each dummy batch held to what it is for (simrig/checks/dummy_batches.py), and the
+"""Each dummy batch held to what it is for (simrig/graph_rules/dummy_batches.py), and the
 profile rule proven able to fail: a seeded mutant is caught by a replay of a bundled trace."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simrig.checks.dummy_batches import (
+from simrig.graph_rules.dummy_batches import (
     check_capture_padding,
     check_dummy_dcp,
     check_idle_dummy,
@@ -70,7 +70,7 @@ def test_the_profile_run_is_the_whole_budget_split_evenly():
 def test_an_even_share_over_max_model_len_is_named_and_known_but_an_uneven_split_is_not():
     """A token budget over max_num_reqs * max_model_len (vLLM warns, and accepts it): the even
     share is over max_model_len, the known form; a request over the even share stays new."""
-    from simrig.checks.known import load_known_findings
+    from simrig.findings.known import load_known_findings
 
     over = RunnerConfig(max_num_reqs=2, max_num_batched_tokens=128, max_model_len=48)
     found = check_profile(0, over, _batch(PROFILE, 128, 2, False))
@@ -133,9 +133,9 @@ def test_fields_of_features_never_enabled_hold_their_off_value():
 
 MUTANT_REPLAY = """
 import sys
-from simrig.adapters import mutate
 from simrig.adapters.runner import load
 from simrig.selftest.catalogue import BY_NAME
+from simrig.vllm_runtime import mutate
 load()
 if sys.argv[1] != "-":
     mutate.apply(BY_NAME[sys.argv[1]])

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from simrig.checks import evidence
-from simrig.checks.evidence import REASONS, RULES, Cite, block, check_cite, verify, vllm_version
-from simrig.checks.unchecked import UNCHECKED
+from simrig.ledger import evidence
+from simrig.ledger.evidence import REASONS, RULES, Cite, block, check_cite, verify, vllm_version
+from simrig.ledger.unchecked import UNCHECKED
 
 
 def _installed() -> Path:

@@ -15,9 +15,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from simrig.checks import findings as fk
 from simrig.checks.checker import Checker, check_step, is_rejection_of, silent_acceptance_finding
 from simrig.checks.lifecycle import DUPLICATE_NEW, UNKNOWN_ID
+from simrig.findings import findings as fk
 from simrig.harness import Harness
 from simrig.observe import ErrorObs
 from simrig.step import CachedUpdate, NewRequest, Step

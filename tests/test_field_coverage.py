@@ -3,7 +3,7 @@
 Drives the real vLLM through every stage (lifecycle, gather, dispatch,
 prepare, postprocess, partition on every PCP and DCP rank, the dummy, the
 capture dummies of a graph mode) and holds each observed (stage, field) to
-``simrig.checks.unchecked``; the oracle page's table (docs/oracle.md) is generated from that list.
+``simrig.ledger.unchecked``; the oracle page's table (docs/oracle.md) is generated from that list.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simrig.checks import findings as fk
-from simrig.checks.decisions import decisions
-from simrig.checks.unchecked import UNCHECKED, VALUE_CHECKED, lookup, readme_table
+from simrig.findings import findings as fk
 from simrig.harness import Harness
+from simrig.ledger.decisions import decisions
+from simrig.ledger.unchecked import UNCHECKED, VALUE_CHECKED, lookup, readme_table
 from simrig.observe import StepObs
 from simrig.step import RunnerConfig
 from tests.test_checks_real import BASE, CONFIGS, check_all, clean_steps, mutated, set_field
@@ -48,7 +48,7 @@ def test_every_observed_field_is_checked_or_listed(observed):
                      if lookup(VALUE_CHECKED, s, f) is None and lookup(UNCHECKED, s, f) is None)
     both = sorted(f"{s}.{f}" for (s, f) in observed
                   if lookup(VALUE_CHECKED, s, f) is not None and lookup(UNCHECKED, s, f) is not None)
-    assert neither == [], "observed, but neither value-checked nor listed in simrig/checks/unchecked.py"
+    assert neither == [], "observed, but neither value-checked nor listed in simrig/ledger/unchecked.py"
     assert both == [], "both value-checked and listed as unchecked"
 
 

@@ -24,8 +24,8 @@ import pytest
 from simrig.campaign import report as campaign_report
 from simrig.campaign import shrink
 from simrig.campaign.fuzz import Campaign, CampaignOptions, FindingClass
-from simrig.checks.findings import Finding
-from simrig.report.classes import Where
+from simrig.findings.classes import Where
+from simrig.findings.findings import Finding
 from simrig.report.writer import REPORT_FILES
 from simrig.step import NewRequest, RunnerConfig, Step
 
@@ -175,7 +175,7 @@ def test_a_rig_error_stops_the_campaign_as_a_rig_error_in_the_class_table(tmp_pa
 
 def test_a_malformed_known_findings_file_is_a_rig_error_stop_not_a_signal(tmp_path, monkeypatch):
     """What the audit saw: the file fails inside the machine's first example."""
-    from simrig.checks import known
+    from simrig.findings import known
 
     _fake_vllm(monkeypatch)
     bad = tmp_path / "known-findings.json"

@@ -7,8 +7,8 @@ import json
 import pandas as pd
 
 from simrig.cli import main
-from simrig.report.history import append_run, class_timeline, load_history, run_trends
-from simrig.report.history_page import history_summary
+from simrig.history.page import history_summary
+from simrig.history.store import append_run, class_timeline, load_history, run_trends
 
 
 def _classes(*signatures, verdict="new"):

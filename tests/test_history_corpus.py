@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from simrig.checks.known import in_range
+from simrig.findings.known import in_range
 from simrig.report.docs_tables import HISTORY_COLUMNS, HISTORY_KINDS, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_the_sliding_window_fix_names_its_known_findings():
 def _source(release: str) -> Path | None:
     """A folder holding vllm/ of ``release``: the installed vLLM for its release, else
     SIMRIG_VLLM_SOURCES/<release> (default /tmp/vllm-src/<release>)."""
-    from simrig.checks.known import installed_vllm_version
+    from simrig.findings.known import installed_vllm_version
 
     if release == installed_vllm_version():
         import importlib.util

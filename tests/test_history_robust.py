@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from simrig.cli import main
-from simrig.commands.common import record_history
-from simrig.report import history
-from simrig.report.history import StoreListing, append_run, load_history
+from simrig.history import store as history
+from simrig.history.store import StoreListing, append_run, load_history
+from simrig.tools.common import record_history
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def _store(tmp_path: Path, runs: int = 3) -> tuple[Path, list[str]]:
 APPENDER = textwrap.dedent("""
     import sys
     import pandas as pd
-    from simrig.report.history import append_run
+    from simrig.history.store import append_run
     store, n = sys.argv[1], int(sys.argv[2])
     classes = pd.DataFrame([{"signature": f"k · {i}", "kind": "k", "stage": "gather", "field": "",
                              "exception_type": "", "verdict": "known", "occurrences": 1} for i in range(20)])

@@ -10,9 +10,9 @@ from simrig.cli import main
 from simrig.errors import UsageError
 from simrig.replay import replay_problems as replay_errors
 from simrig.sources.record import continuity_problems, stats_of
-from simrig.sources.trace import read_trace
 from simrig.sources.workloads import MOONCAKE_BLOCK, azure, burstgpt, mooncake, prefix_token, read_file
 from simrig.step import synth_token
+from simrig.trace_io.trace import read_trace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -12,10 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from simrig.checks import findings as fk
 from simrig.checks.checker import Checker
-from simrig.checks.known import load_known_findings, parse_known_findings
 from simrig.errors import UsageError
+from simrig.findings import findings as fk
+from simrig.findings.known import load_known_findings, parse_known_findings
 from simrig.harness import Harness
 from simrig.observe import StepObs
 from simrig.step import RunnerConfig

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from simrig.checks import findings as fk
-from simrig.checks.known import in_range, load_known_findings, parse_known_findings, release_tuple
 from simrig.errors import UsageError
+from simrig.findings import findings as fk
+from simrig.findings.known import in_range, load_known_findings, parse_known_findings, release_tuple
 
 SUPPORTED = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 

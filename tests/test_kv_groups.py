@@ -14,14 +14,14 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from simrig.checks import findings as fk
-from simrig.checks.blocks import PAD_SLOT_ID, BlockTracker, below_window, check_attn_blocks
+from simrig.findings import findings as fk
 from simrig.observe import PREPARE, StageObs
-from simrig.sources.trace import TraceError, TraceHeader, read_trace, write_trace
+from simrig.reference.blocks import PAD_SLOT_ID, BlockTracker, below_window, check_attn_blocks
 from simrig.step import CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step, block_groups
+from simrig.trace_io.trace import TraceError, TraceHeader, read_trace, write_trace
 from strategies import kv_group_lists, runner_configs, scheduled_runs
 from strategies.blocks import BlockPool
-from simrig.checks.comparer import short
+from simrig.reference.comparer import short
 from tests.test_blocks import _arr, _batch
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -260,7 +260,7 @@ def test_block_ids_must_name_each_group(tmp_path: Path, blocks, message):
 # ------------------------------------------------------------------ real vLLM agrees
 def _known_here(finding) -> bool:
     """Whether the installed release's known findings explain ``finding``."""
-    from simrig.checks.known import installed_vllm_version, load_known_findings
+    from simrig.findings.known import installed_vllm_version, load_known_findings
 
     return load_known_findings(installed_vllm_version()).judge(finding) is not None
 

@@ -6,14 +6,14 @@ import gzip
 
 import pytest
 
-from simrig.adapters.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 from simrig.replay import replay_problems as replay_errors
 from simrig.sources import live
 from simrig.sources.record import continuity_problems, record, stats_of
 from simrig.sources.sampler import SyntheticSampler
-from simrig.sources.trace import TraceReader, step_to_json
 from simrig.sources.workloads import parse_spec
 from simrig.step import NewRequest, Step
+from simrig.trace_io.trace import TraceReader, step_to_json
+from simrig.vllm_parts.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 
 SETUP = SchedulerSetup(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=512,
                        num_kv_blocks=40, num_speculative_tokens=2)

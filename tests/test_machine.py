@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from simrig.checks import findings as fk
+from simrig.findings import findings as fk
 from simrig.step import RunnerConfig
 from strategies import MachineSettings, NewFinding, SchedulerContractMachine
 

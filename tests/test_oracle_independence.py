@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simrig.checks.fields import decode_graph_eligible, runs_as_decode
-from simrig.checks.semantics import check_batch_semantics
 from simrig.observe import FieldObs, StageObs
+from simrig.reference.semantics import check_batch_semantics
 
 rows = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 40), st.integers(1, 6), st.integers(0, 3)),
                 min_size=1, max_size=8)
@@ -110,7 +110,7 @@ def _chunk_picture_rows(p: int, dcp: int, shard: bool, q: list[int], prefilling:
        st.lists(st.tuples(st.integers(0, 40), st.booleans()), min_size=1, max_size=8))
 def test_pcp_layout_agrees_with_the_chunk_picture(p, dcp_shard, batch):
     """pcp_layout's token-by-token DualChunkSwap against the chunk-by-chunk picture."""
-    from simrig.checks.pcp_layout import dispatch_token_count, rank_rows
+    from simrig.partition.pcp_layout import dispatch_token_count, rank_rows
     from simrig.step import RunnerConfig
 
     dcp, shard = dcp_shard
@@ -129,7 +129,7 @@ def test_pcp_layout_agrees_with_the_chunk_picture(p, dcp_shard, batch):
 def test_uniform_graphs_agree_with_rounding_each_capture_size(sizes, max_reqs, u):
     """Uniform decode graphs, per request count in captured_graphs, against rounding every
     capture size up to whole requests of u tokens and dropping what exceeds the limits."""
-    from simrig.checks.padding import captured_graphs
+    from simrig.graph_rules.padding import captured_graphs
     from simrig.step import RunnerConfig
 
     config = RunnerConfig(cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=tuple(sorted(sizes)),

@@ -1,4 +1,4 @@
-"""Padding on every path (simrig/checks/padded_attn.py), on hand-built observations, and the
+"""Padding on every path (simrig/graph_rules/padded_attn.py), on hand-built observations, and the
 stateful machine's large-then-small order (strategies/steps.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simrig.checks.evidence import RULES
-from simrig.checks.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
+from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
+from simrig.ledger.evidence import RULES
 from simrig.observe import CAPTURE, DUMMY, PREPARE, FieldObs, StageObs
 from simrig.step import RunnerConfig
 from strategies.machine import SchedulerContractMachine

@@ -97,7 +97,7 @@ def _stage(name: str, **fields) -> StageObs:
 
 
 def test_dispatch_rules_name_each_broken_promise():
-    from simrig.checks.padding import check_dispatch
+    from simrig.graph_rules.padding import check_dispatch
 
     config, _, _ = _graph_step()
     q, pref = np.array([1, 1]), np.array([False, False])
@@ -124,7 +124,7 @@ def test_dispatch_rules_name_each_broken_promise():
 
 
 def test_capture_dummy_must_match_its_descriptor():
-    from simrig.checks.padding import check_capture
+    from simrig.graph_rules.padding import check_capture
 
     config, _, _ = _graph_step()
     good = _stage("capture", **{"desc.cg_mode": "FULL", "desc.num_tokens": 4, "desc.num_reqs": 2,
@@ -158,7 +158,7 @@ def test_parity_compares_graph_shapes_with_the_capture_dummy():
 
 
 def test_dcp_peer_that_differs_is_a_finding():
-    from simrig.checks.pcp import check_dcp_peers
+    from simrig.partition.pcp import check_dcp_peers
 
     a = _stage("partition", seq_lens=np.array([3, 4], dtype=np.int32))
     b = _stage("partition", seq_lens=np.array([3, 5], dtype=np.int32))
@@ -174,7 +174,7 @@ def test_dcp_peer_that_differs_is_a_finding():
 def test_graph_config_is_validated_with_the_field_named(tmp_path):
     import json
 
-    from simrig.sources.trace import TraceError, read_trace
+    from simrig.trace_io.trace import TraceError, read_trace
 
     with pytest.raises(ValueError, match="FULL is refused with PCP"):
         RunnerConfig(pcp_size=2, cudagraph_mode="FULL").validate()
@@ -193,7 +193,7 @@ def test_graph_config_is_validated_with_the_field_named(tmp_path):
 
 
 def test_graph_fields_round_trip_and_eager_headers_stay_as_before(tmp_path):
-    from simrig.sources.trace import TraceHeader, read_trace, write_trace
+    from simrig.trace_io.trace import TraceHeader, read_trace, write_trace
 
     graph = RunnerConfig(cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(2, 8), varlen_decode=True)
     write_trace(tmp_path / "g.jsonl", TraceHeader(config=graph), [])
@@ -226,7 +226,7 @@ def test_full_and_piecewise_decode_sent_to_piecewise_is_flagged(pcp, shard):
     """CompilationConfig: FULL_AND_PIECEWISE runs "full cudagraph for decode batches": a
     decode batch (under PCP: its largest rank-local batch) that fits a FULL decode graph
     may not run PIECEWISE; a prefill batch may."""
-    from simrig.checks.padding import check_dispatch
+    from simrig.graph_rules.padding import check_dispatch
 
     config = RunnerConfig(max_num_reqs=4, max_num_batched_tokens=64, max_model_len=128,
                           cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(4,), pcp_size=pcp,
@@ -245,7 +245,7 @@ def test_full_and_piecewise_decode_sent_to_piecewise_is_flagged(pcp, shard):
 def test_capture_request_count_follows_the_descriptor_meaning_not_a_formula():
     """FULL: exactly desc.num_reqs requests; PIECEWISE (num_reqs None): any non-empty split the
     runner admits, so a change in how vLLM splits its capture dummy is not a finding."""
-    from simrig.checks.padding import check_capture
+    from simrig.graph_rules.padding import check_capture
 
     config, _, _ = _graph_step()
 

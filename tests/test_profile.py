@@ -49,7 +49,7 @@ def test_a_profiled_campaign_writes_its_split(tmp_path, capsys):
 
 
 def test_a_kernel_launch_through_the_coverage_hook_stays_vllms():
-    """The sampler's pass-through frames (simrig/adapters/interpreter.py, trace_gate.launch)
+    """The sampler's pass-through frames (simrig/vllm_runtime/interpreter.py, trace_gate.launch)
     between a vLLM caller and Triton's interpreter do not make the launch the rig's."""
     from types import SimpleNamespace
 
@@ -58,7 +58,7 @@ def test_a_kernel_launch_through_the_coverage_hook_stays_vllms():
                                                       co_name=qualname.rsplit(".", 1)[-1]), f_back=back)
 
     caller = frame(f"{SITE}/vllm/v1/worker/gpu/block_table.py", "BlockTables.gather_block_tables")
-    hook = frame("/home/u/simrig/simrig/adapters/interpreter.py", "sample_traced_launches.<locals>.launch",
+    hook = frame("/home/u/simrig/simrig/vllm_runtime/interpreter.py", "sample_traced_launches.<locals>.launch",
                  caller)
     gate = frame("/home/u/simrig/simrig/trace_gate.py", "launch", hook)
     leaf = frame(f"{SITE}/triton/runtime/interpreter.py", "GridExecutor.__call__", gate)

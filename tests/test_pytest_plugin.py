@@ -42,8 +42,8 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def _seeded_regression(simrig_api):
-    from simrig.adapters import mutate
     from simrig.selftest.catalogue import BY_NAME
+    from simrig.vllm_runtime import mutate
 
     mutate.apply(BY_NAME["idx-mapping-host-int32"])
 '''
@@ -67,7 +67,7 @@ def test_docstring_pattern_fails_readably_under_a_mutant(tmp_path):
     assert "Traceback" not in out and "function_scoped_fixture" not in out
     trace = tmp_path / ".simrig" / "failures" / "test_runner_accepts_valid_schedules.jsonl"
     assert trace.is_file() and f"simrig replay {trace}" in out
-    from simrig.sources.trace import read_trace
+    from simrig.trace_io.trace import read_trace
 
     header, steps = read_trace(trace)
     assert 1 <= len(steps) <= 2  # shrunk: the first step already shows the int32 mapping

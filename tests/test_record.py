@@ -15,9 +15,9 @@ from simrig.errors import UsageError
 from simrig.replay import replay_problems as replay_errors
 from simrig.sources.record import continuity_problems, stats_of
 from simrig.sources.sampler import SyntheticSampler
-from simrig.sources.trace import TraceReader, read_trace
 from simrig.sources.workloads import clamp, parse_spec
 from simrig.step import CachedUpdate, NewRequest, Step, synth_token
+from simrig.trace_io.trace import TraceReader, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "traces" / "recorded"

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from simrig.checks.reference import ReferenceModel, batch_order, short
+from simrig.reference.reference import ReferenceModel, batch_order, short
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step, synth_token
 
 
@@ -92,7 +92,7 @@ def test_a_rejected_draft_shows_in_input_ids_and_the_next_step_rolls_back():
 
 
 def test_order_rules_come_from_the_documented_layout_not_from_one_sort():
-    from simrig.checks.reference import order_problem
+    from simrig.reference.reference import order_problem
 
     scheduled = {"p": 7, "d1": 1, "v": 3, "d2": 1, "e": 2}
     drafts = {"v": 2}

@@ -1,10 +1,11 @@
-"""Every release is judged by one meaning: a per-release branch in simrig/checks/ is
+"""Every release is judged by one meaning: a per-release branch in the oracle is
 either an accepted difference (reports/baselines/release-differences.json, with its
 evidence in vLLM's code) or it is not allowed (a behaviour one release has and
 another lacks is judged by the documented meaning and listed as a version-ranged
 known finding in reports/baselines/known-findings.json).
 
-A *per-release branch* is code in simrig/checks/ that reads the release or a
+The oracle is simrig/checks/ and the rooms below it (``ORACLE_ROOMS``: findings,
+ledger, reference, partition, graph_rules). A *per-release branch* is code there that reads the release or a
 release-derived fact: a name or attribute from ``RELEASE_NAMES`` (the version, the
 adapter's ``ApiShape`` flags, a stage's ``declared`` fields), or a field name that
 only some releases have (the fields whose presence differs between the committed
@@ -22,13 +23,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_layout import ORACLE_ROOMS
+
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = ROOT / "simrig" / "checks"
+SIMRIG = ROOT / "simrig"
 BASELINES = ROOT / "reports" / "baselines"
 DIFFERENCES = BASELINES / "release-differences.json"
 # known.py is the version-range machinery of item (b) itself: it reads the release
-# to choose which documented findings apply, never what is right.
-NOT_SCANNED = ("known.py",)
+# to choose which documented findings apply, never what is right; classes.py groups
+# findings into classes with the verdict those known findings give.
+NOT_SCANNED = ("known.py", "classes.py")
 RELEASE_NAMES = frozenset({"version", "vllm_version", "installed_vllm_version", "release", "in_range",
                            "release_tuple", "__version__", "declared", "ApiShape", "capabilities",
                            "unavailable"})
@@ -37,13 +41,13 @@ KINDS = ("api", "contract", "known_findings", "not_a_judgement")
 
 
 def api_shape_flags() -> frozenset[str]:
-    """The fields of simrig.adapters.versions.ApiShape, read from its source (no vLLM import)."""
-    tree = ast.parse((ROOT / "simrig" / "adapters" / "versions.py").read_text(encoding="utf-8"))
+    """The fields of simrig.vllm_api.versions.ApiShape, read from its source (no vLLM import)."""
+    tree = ast.parse((ROOT / "simrig" / "vllm_api" / "versions.py").read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "ApiShape":
             return frozenset(s.target.id for s in node.body
                              if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name))
-    raise AssertionError("simrig/adapters/versions.py has no ApiShape")
+    raise AssertionError("simrig/vllm_api/versions.py has no ApiShape")
 
 
 def release_specific_fields() -> frozenset[str]:
@@ -139,7 +143,7 @@ def scanned_branches() -> set[tuple[str, str, str]]:
     names = RELEASE_NAMES | api_shape_flags()
     fields = release_specific_fields()
     out: set[tuple[str, str, str]] = set()
-    for path in sorted(CHECKS.glob("*.py")):
+    for path in sorted(p for room in ORACLE_ROOMS for p in (SIMRIG / room).glob("*.py")):
         if path.name not in NOT_SCANNED:
             out |= find_release_branches(path.read_text(encoding="utf-8"), path.stem, names, fields)
     return out
@@ -196,10 +200,10 @@ def test_every_per_release_branch_in_the_checks_is_an_accepted_difference():
     found = scanned_branches()
     listed = registered()
     unlisted = sorted(found - set(listed))
-    assert not unlisted, ("per-release branches in simrig/checks/ not in "
+    assert not unlisted, ("per-release branches in the oracle not in "
                           f"{DIFFERENCES.relative_to(ROOT)}: {unlisted}")
     stale = sorted(set(listed) - found)
-    assert not stale, f"listed branches no longer in simrig/checks/ (remove them): {stale}"
+    assert not stale, f"listed branches no longer in the oracle (remove them): {stale}"
 
 
 def test_the_blocks_check_has_no_per_release_branch():

@@ -41,7 +41,7 @@ def _side(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def _installed_version() -> str:
-    from simrig.checks.known import installed_vllm_version
+    from simrig.findings.known import installed_vllm_version
 
     return installed_vllm_version()
 

@@ -25,8 +25,8 @@ from simrig.replay import (
 )
 from simrig.report.tables import ColumnTable
 from simrig.report.writer import REPORT_FILES, write_report
-from simrig.sources.trace import TraceError, read_trace
 from simrig.step import Step
+from simrig.trace_io.trace import TraceError, read_trace
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "traces" / "samples"

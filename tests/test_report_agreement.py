@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from simrig.cli import main
-from simrig.report.classes import verdict_line
+from simrig.findings.classes import verdict_line
 
 ROOT = Path(__file__).resolve().parents[1]
 REGRESSIONS = ROOT / "traces" / "regressions"
@@ -96,9 +96,9 @@ def test_json_prints_only_the_summary(tmp_path, capsys):
 
 MUTANT_REPLAY = """
 import sys
-from simrig.adapters import mutate
 from simrig.adapters.runner import load
 from simrig.selftest.catalogue import BY_NAME
+from simrig.vllm_runtime import mutate
 load()
 mutate.apply(BY_NAME["getitem-to-get"])   # an unknown id no longer raises KeyError
 from simrig.cli import main

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from simrig.checks import findings as fk
 from simrig.checks.checker import Checker, check_step
-from simrig.checks.contract import DriftTracker, check_contract
-from simrig.checks.known import KnownFindings
 from simrig.checks.lifecycle import runner_errors
 from simrig.checks.parity import check_parity
-from simrig.checks.pcp import check_pcp
-from simrig.checks.reference import ReferenceModel
+from simrig.findings import findings as fk
+from simrig.findings.known import KnownFindings
 from simrig.observe import FieldObs, StageObs, StepObs
+from simrig.partition.pcp import check_pcp
+from simrig.reference.contract import DriftTracker, check_contract
+from simrig.reference.reference import ReferenceModel
 from simrig.step import NewRequest, RunnerConfig, Step
 
 NOT_A_FIELD = object()  # what a broken observer might store instead of a FieldObs
@@ -134,7 +134,7 @@ def test_harness_crash_is_a_rig_error():
 
 
 def test_semantics_module():
-    from simrig.checks.semantics import check_batch_semantics
+    from simrig.reference.semantics import check_batch_semantics
 
     stage = StageObs("dummy", fields={"num_scheduled_tokens": arr([2, 2], np.int32, "numpy"),
                                       "query_start_loc": NOT_A_FIELD})
@@ -192,7 +192,7 @@ def test_fuzz_report_is_complete_or_absent(tmp_path, monkeypatch):
 
 
 def test_padding_module():
-    from simrig.checks.padding import check_capture, check_dispatch
+    from simrig.graph_rules.padding import check_capture, check_dispatch
 
     config = RunnerConfig(max_num_reqs=4, max_num_batched_tokens=16, cudagraph_mode="FULL_AND_PIECEWISE")
     # a descriptor without its token count, as a broken dispatch observer might hand it over
@@ -204,7 +204,7 @@ def test_padding_module():
 
 
 def test_dcp_peer_check():
-    from simrig.checks.pcp import check_dcp_peers
+    from simrig.partition.pcp import check_dcp_peers
 
     peer = StageObs("partition", rank=0, dcp_rank=1, fields={"seq_lens": NOT_A_FIELD})
     base = StageObs("partition", rank=0, fields={"seq_lens": arr([1], np.int32)})

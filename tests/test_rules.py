@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from simrig.checks.pcp import is_replicated
+from simrig.partition.pcp import is_replicated
 from simrig.replay import BatchTracker
 from simrig.step import NewRequest, RunnerConfig, Step
 

@@ -10,7 +10,7 @@ import pytest
 
 from simrig.harness import Harness
 from simrig.runners import RunnerPool
-from simrig.sources.trace import read_trace
+from simrig.trace_io.trace import read_trace
 
 pytestmark = pytest.mark.vllm
 

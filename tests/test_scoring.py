@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from simrig.checks import findings as fk
-from simrig.checks.findings import Finding
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding
 from simrig.selftest.catalogue import BY_NAME, CATALOGUE
 from simrig.selftest.driver import ChildResult, counts_as_detection, scoreboard_rows
 

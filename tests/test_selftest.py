@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from test_report_agreement import assert_report_agrees
 
-from simrig.adapters import mutate
 from simrig.cli import main
 from simrig.selftest.catalogue import CATALOGUE, Mutant
+from simrig.vllm_runtime import mutate
 
 pytestmark = pytest.mark.vllm
 

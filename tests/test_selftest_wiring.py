@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from simrig.adapters import mutate
-from simrig.adapters.mutate import Mutant
 from simrig.selftest.catalogue import BY_NAME, CATALOGUE, WIRING
+from simrig.vllm_runtime import mutate
+from simrig.vllm_runtime.mutate import Mutant
 
 TARGETS = {m.qualname for m in WIRING}
 

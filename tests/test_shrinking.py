@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 
 from simrig.campaign.fuzz import Campaign, CampaignOptions
 from simrig.campaign.shrink import class_key, replay_with_checks
-from simrig.checks import findings as fk
-from simrig.sources.trace import read_trace
+from simrig.findings import findings as fk
 from simrig.step import RunnerConfig
+from simrig.trace_io.trace import read_trace
 
 pytestmark = pytest.mark.vllm
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from simrig.sources.trace import TraceError, TraceHeader, TraceReader, TraceWriter, read_trace, write_trace
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.trace_io.trace import TraceError, TraceHeader, TraceReader, TraceWriter, read_trace, write_trace
 
 HERE = Path(__file__).resolve().parent
 MALFORMED = HERE / "malformed"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from simrig.sources.trace import TraceError, TraceHeader, TraceReader, read_trace, trace_files_in, write_trace
 from simrig.step import NewRequest, Step
+from simrig.trace_io.trace import TraceError, TraceHeader, TraceReader, read_trace, trace_files_in, write_trace
 
 STEPS_PER_FILE = 400  # each step line is ~80 bytes: the file is well past 8 KiB
 

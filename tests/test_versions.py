@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 
 from simrig.adapters import runner as runner_mod
-from simrig.adapters import versions
 from simrig.adapters.runner import VllmApiError
 from simrig.step import RunnerConfig
+from simrig.vllm_api import versions
 
 # release -> (prepare takes num_active_loras, partition takes batch_desc,
 #             PCP decode sharding, SchedulerOutput fields simrig must fill)

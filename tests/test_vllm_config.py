@@ -1,4 +1,4 @@
-"""Capture sizes and PCP options from vLLM's own config code (simrig.adapters.vllm_config).
+"""Capture sizes and PCP options from vLLM's own config code (simrig.vllm_parts.vllm_config).
 
 Expected sizes are written by hand from the rule VllmConfig._set_cudagraph_sizes
 documents: with no sizes named, ``max = min(max_num_seqs * decode_query_len * 2,
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.vllm
 
 
 def _sizes(**kwargs) -> tuple[int, ...]:
-    from simrig.adapters.vllm_config import capture_sizes_for
+    from simrig.vllm_parts.vllm_config import capture_sizes_for
 
     return capture_sizes_for(RunnerConfig(**kwargs))
 
@@ -56,7 +56,7 @@ def test_spec_decode_adds_whole_request_decode_sizes(vllm_api):
 
 
 def test_named_sizes_override_the_default(vllm_api):
-    from simrig.adapters.vllm_config import vllm_config_for
+    from simrig.vllm_parts.vllm_config import vllm_config_for
 
     config = RunnerConfig(cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(7, 3, 5))
     compilation = vllm_config_for(config).compilation_config
@@ -66,8 +66,8 @@ def test_named_sizes_override_the_default(vllm_api):
 
 
 def test_configs_are_cached_per_key_and_build_the_managers_config(vllm_api):
-    from simrig.adapters.cudagraph import dispatcher_for
-    from simrig.adapters.vllm_config import vllm_config_for
+    from simrig.vllm_parts.cudagraph import dispatcher_for
+    from simrig.vllm_parts.vllm_config import vllm_config_for
 
     config = RunnerConfig(max_num_reqs=8, cudagraph_mode="PIECEWISE")
     assert vllm_config_for(config) is vllm_config_for(dataclasses.replace(config, block_size=32))
@@ -80,7 +80,7 @@ def test_configs_are_cached_per_key_and_build_the_managers_config(vllm_api):
 def test_pcp_options_are_read_off_the_parallel_config(vllm_api):
     from types import SimpleNamespace
 
-    from simrig.adapters import versions
+    from simrig.vllm_api import versions
 
     parallel = SimpleNamespace(enable_expert_parallel=True, cp_kv_cache_interleave_size=4)
     kwargs = versions.pcp_kwargs(vllm_api.shape, False, vllm_api.PCPManager, parallel)
@@ -117,7 +117,7 @@ def test_the_oracle_judges_padding_by_the_sizes_the_runner_used(vllm_api):
 
 
 def test_capture_sizes_are_held_to_their_documented_properties():
-    from simrig.checks.padding import check_capture_sizes
+    from simrig.graph_rules.padding import check_capture_sizes
 
     config = RunnerConfig(max_num_batched_tokens=32, cudagraph_mode="PIECEWISE")
     assert check_capture_sizes(0, config, [1, 2, 4, 32]) == []
@@ -153,7 +153,7 @@ def test_decodes_dispatch_against_the_derived_spec_decode_sizes(vllm_api):
 
 
 def test_a_config_vllm_refuses_is_one_line_naming_the_rule(vllm_api):
-    from simrig.adapters.vllm_config import vllm_config_for
+    from simrig.vllm_parts.vllm_config import vllm_config_for
 
     with pytest.raises(ValueError) as caught:
         vllm_config_for(RunnerConfig(max_num_reqs=8, max_num_batched_tokens=4))

@@ -1,12 +1,14 @@
-"""Adapters: the only code in simrig that imports ``vllm``.
+"""Adapters: the model-less GPUModelRunner, built, equipped, observed and reused.
 
-Platform setup (CPU interpreter or CUDA, applied before vLLM is imported),
-the runner adapter (version detection, entry-point checks, Step ->
-SchedulerOutput, the model-less GPUModelRunner equipped for its own
-execute_model, its stand-ins, the probes that observe it by wrapping, the
-sampler and drafter stand-ins), the scheduler adapter (the
-real v1 Scheduler, offline) and the in-memory mutation engine used by the
-self-test. Differences between vLLM releases are handled here and nowhere
-else. Adapters may import the core step model; never ``checks``, ``report``,
-``campaign`` or ``selftest``.
+``runner.py`` (version detection, Step -> SchedulerOutput; ``VllmApi.build_parts``:
+the runner and everything driven next to it), ``wiring.py`` (the one list
+of what ``execute_model`` reads: ``equip`` sets every attribute of the
+model-less runner), ``standins.py`` (model, model state, FULL replay),
+``sampling.py`` (the sampler and drafter stand-ins), ``probes.py`` (observing
+by wrapping, the capture tap, a descriptor's observed fields) and
+``reuse.py`` (a runner's state after start-up, kept and put back). One of the
+four rooms that may import ``vllm`` (with ``vllm_runtime``, ``vllm_api`` and
+``vllm_parts``, below it); it may import the core step model and
+observations, never the oracle, ``sources``, ``trace_io``, ``report``,
+``campaign``, ``selftest``, the harness or the replay loop.
 """

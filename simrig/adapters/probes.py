@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from simrig import observe as obs
-from simrig.adapters import cudagraph
 from simrig.step import Step
+from simrig.vllm_parts import cudagraph
 
 
 def wrap(obj: Any, name: str, probe: Any) -> None:

@@ -1,4 +1,4 @@
-"""The vLLM adapter: the only module in simrig that imports vllm.
+"""The vLLM adapter: the runner side of the only code in simrig that imports vllm.
 
 It detects the installed version, checks that every entry point simrig drives
 exists with the parameters it calls, maps a vLLM-agnostic ``Step`` to the
@@ -16,10 +16,13 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from simrig.adapters import cudagraph, lora, platform, versions, wiring
-from simrig.adapters.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
-from simrig.adapters.vllm_config import vllm_config_for
+from simrig.adapters import wiring
 from simrig.step import RunnerConfig, Step, block_groups
+from simrig.vllm_api import versions
+from simrig.vllm_api.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
+from simrig.vllm_parts import cudagraph, lora
+from simrig.vllm_parts.vllm_config import vllm_config_for
+from simrig.vllm_runtime import platform
 
 
 def _vllm_version() -> str:
@@ -162,7 +165,7 @@ class VllmApi:
 
     def build_dispatcher(self, config: RunnerConfig) -> Any:
         """vLLM's CudaGraphManager for ``config``'s mode and capture sizes (see
-        ``simrig.adapters.cudagraph``); drift is one VllmApiError."""
+        ``simrig.vllm_parts.cudagraph``); drift is one VllmApiError."""
         try:
             return cudagraph.dispatcher_for(config)
         except (AttributeError, TypeError, ImportError) as exc:

@@ -22,12 +22,12 @@ timer. Only collaborators that need a model or a GPU are stand-ins
                                     with its block size)
     pcp_manager                     PCP rank 0's real PCPManager (block tables set
                                     where the release has set_block_tables)
-    cudagraph_manager               vLLM's CudaGraphManager (adapters/cudagraph.py);
+    cudagraph_manager               vLLM's CudaGraphManager (vllm_parts/cudagraph.py);
                                     FULL replay is FullGraphReplay
     kv_connector, ec_connector      vLLM's no-op connectors
     eplb, step_timing               vLLM's EPLBController, StepTimingCollector
     vllm_config                     the trace config as vLLM's VllmConfig
-                                    (adapters/vllm_config.py; set_forward_context)
+                                    (vllm_parts/vllm_config.py; set_forward_context)
     model, model_state              ModelStandIn (forward, compute_logits),
                                     ModelStateStandIn
     sampler, rejection_sampler,     GreedySampler, GreedyVerifier, DrafterStandIn
@@ -37,7 +37,7 @@ timer. Only collaborators that need a model or a GPU are stand-ins
     draft_tokens_handler            DraftTokensHandler
     main_stream, output_copy_stream platform.StreamStandIn on CPU
     lora_config, lora_state         vLLM's LoRAConfig (None when the trace has no
-                                    LoRA) and LoraState (adapters/lora.py)
+                                    LoRA) and LoraState (vllm_parts/lora.py)
     lora_manager                    LoraManagerStandIn when LoRA is on
 """
 
@@ -48,8 +48,10 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
-from simrig.adapters import lora, platform, sampling, standins
+from simrig.adapters import sampling, standins
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
+from simrig.vllm_parts import lora
+from simrig.vllm_runtime import platform
 
 
 def layer_names(group: int) -> list[str]:
@@ -150,7 +152,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
         max_num_tokens=config.max_num_batched_tokens,
         device=device,
     )
-    # the trace config as vLLM's own VllmConfig (adapters/vllm_config.py), the
+    # the trace config as vLLM's own VllmConfig (vllm_parts/vllm_config.py), the
     # one the dispatcher was built from: the forward context reads it
     vllm_config = dispatcher.vllm_config
     runner.vllm_config = vllm_config
@@ -189,7 +191,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.lora_manager = standins.LoraManagerStandIn() if runner.lora_config is not None else None
     _equip_sampling(runner, config, device)
     runner.execute_model_state = None
-    # The dispatcher keeps the VllmConfig it was built from (adapters/vllm_config.py).
+    # The dispatcher keeps the VllmConfig it was built from (vllm_parts/vllm_config.py).
     dispatcher.device = device
     runner.cudagraph_manager = dispatcher
     runner.pcp_manager = pcp_manager

@@ -6,11 +6,11 @@
                     paths (default ``vllm/v1/worker/gpu``) laid over the closest release
                     that is installed (``--base``, else the newest vX.Y.Z tag at or
                     before the commit that has a venv, else the installed vLLM), through
-                    ``simrig.adapters.overlay``; nothing is built
+                    ``simrig.vllm_runtime.overlay``; nothing is built
 
 Each judgement is one child process,
 
-    PYTHON -m simrig.adapters.overlay replay TRACE --json --quiet --out DIR --stages S
+    PYTHON -m simrig.vllm_runtime.overlay replay TRACE --json --quiet --out DIR --stages S
 
 (history off), whose ``classes.csv`` says whether the class shows (any verdict:
 new, known or expected). No report, a ``rig_error`` class without the class,
@@ -75,7 +75,7 @@ def available_releases() -> dict[str, str]:
             if venv.name.startswith("vllm-") and envs._RELEASE.match(name) \
                     and (venv / "bin" / "python").exists():
                 out[name] = str(venv / "bin" / "python")
-    from simrig.checks.known import installed_vllm_version
+    from simrig.findings.known import installed_vllm_version
 
     installed = installed_vllm_version()
     if installed and installed not in out:
@@ -118,7 +118,7 @@ def base_for(repo: Path, commit: str, base: str | None, releases: dict[str, str]
         after = [v for v in releases if release_tuple(v) > release_tuple(tag)]
         chosen = max(before, key=release_tuple) if before else min(after, key=release_tuple)
         return chosen, releases[chosen]
-    from simrig.checks.known import installed_vllm_version
+    from simrig.findings.known import installed_vllm_version
 
     return installed_vllm_version() or "installed", sys.executable
 
@@ -197,7 +197,7 @@ class Judge:
                 env.update(SIMRIG_OVERLAY=str(folder), SIMRIG_OVERLAY_PATHS=",".join(self.paths),
                            SIMRIG_OVERLAY_LOG=str(served_log))
             out = work_dir / "report"
-            cmd = [point.python, "-m", "simrig.adapters.overlay", "replay", str(self.trace), "--json",
+            cmd = [point.python, "-m", "simrig.vllm_runtime.overlay", "replay", str(self.trace), "--json",
                    "--quiet", "--out", str(out), "--stages", self.stages]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=envs.PROJECT,

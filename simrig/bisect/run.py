@@ -176,7 +176,7 @@ def run(trace: Path, key: ClassKey, legs: list[LegPlan], judge: bp.Judge, repo: 
 
 
 def _signature(key: ClassKey) -> str:
-    from simrig.report.classes import signature_text
+    from simrig.findings.classes import signature_text
 
     return signature_text(key.kind, key.stage, key.field, key.exception_type)
 

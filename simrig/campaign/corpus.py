@@ -12,15 +12,15 @@ from pathlib import Path
 
 from simrig.campaign.options import FindingClass
 from simrig.campaign.shrink import class_key, replay_with_checks
-from simrig.checks.findings import Finding
-from simrig.report.classes import Where
+from simrig.findings.classes import Where
+from simrig.findings.findings import Finding
 
 
 class TraceReplays:
     """The trace-replay phases of ``simrig.campaign.fuzz.Campaign``."""
 
     def replay_regressions(self) -> None:
-        from simrig.sources.trace import trace_files_in
+        from simrig.trace_io.trace import trace_files_in
 
         folder = Path(self.options.regressions_dir)
         for path in trace_files_in(folder) if folder.is_dir() else []:
@@ -51,7 +51,7 @@ class TraceReplays:
     def replay_corpus(self) -> None:
         """Examples earlier steered campaigns kept for reaching new arcs, first
         (their findings count as the campaign's; their arcs are reached at once)."""
-        from simrig.sources.trace import TraceError, trace_files_in
+        from simrig.trace_io.trace import TraceError, trace_files_in
 
         for path in trace_files_in(Path(self.options.corpus_dir)):
             if self.interrupted:

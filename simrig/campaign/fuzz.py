@@ -42,10 +42,10 @@ from simrig.campaign.repeatable import seed_only_draws
 from simrig.campaign.shrink import class_key
 from simrig.campaign.steering import CoverageSteering, plateau
 from simrig.campaign.stopping import StopRules
-from simrig.checks.findings import Finding
+from simrig.findings.findings import Finding
 from simrig.observe import DISPATCH
 from simrig.replay import BatchTracker, ReplayRecorder
-from simrig.report.classes import ClassTally, Where
+from simrig.findings.classes import ClassTally, Where
 from simrig.step import Step
 
 IDLE_CHUNKS = 3  # Hypothesis runs in a row without one step: the campaign stops ("idle")
@@ -154,7 +154,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         from simrig.errors import UsageError
         from simrig.interrupt import StopRequests
         from simrig.progress import Progress
-        from simrig.sources.trace import TraceError
+        from simrig.trace_io.trace import TraceError
 
         o = self.options
         api = load()  # the one-off vLLM import (~15 s) is not part of the budget
@@ -292,7 +292,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         (in the class table too: it fails the run with exit 3)."""
         import traceback
 
-        from simrig.checks.findings import rig_error
+        from simrig.findings.findings import rig_error
 
         self.stats.rig_errors.append("".join(traceback.format_exception(exc)))
         finding = rig_error(exc, step=self.stats.steps, stage="campaign", check=check)

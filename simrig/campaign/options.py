@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simrig.checks.findings import Finding
+from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig, Step
 

@@ -153,9 +153,9 @@ def check_run(run: Any, *, api: Any = None, stages: Sequence[str] = RUN_STAGES,
               name: str | None = None, fail: bool = True) -> list:
     """Replay ``run`` = ``(config, steps)`` through the one replay loop; on a new finding
     class write the run as a v1 trace and ``pytest.fail`` with a class summary."""
+    from simrig.findings.classes import NEW, ClassTally, Where, class_rows_for_print, verdict_of
     from simrig.replay import run_steps
-    from simrig.report.classes import NEW, ClassTally, Where, class_rows_for_print, verdict_of
-    from simrig.sources.trace import TraceHeader, write_trace
+    from simrig.trace_io.trace import TraceHeader, write_trace
 
     config, steps = _unpack(run)
     header = TraceHeader(config=config, source={"kind": "generated", "tool": "simrig pytest plugin"})

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from simrig.campaign.shrink import replay_command_args, save_regression, write_shrunk
-from simrig.report.classes import Where, known_lookup, verdict_of
+from simrig.findings.classes import Where, known_lookup, verdict_of
 
 
 @dataclass
@@ -46,7 +46,7 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
     (plus ``report``) and sets ``campaign.report_summary`` and ``campaign.class_table``.
     ``confirm``: replay each shrunk trace to check it reproduces its class (a
     sharded driver's shards already did)."""
-    from simrig.report.classes import class_frame
+    from simrig.findings.classes import class_frame
     from simrig.report.timing import time_share
     from simrig.report.writer import staging_dir, swap_into_place, write_report
 

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simrig.checks.findings import Finding
+from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
-from simrig.sources.trace import Expectation, TraceHeader, write_trace
+from simrig.trace_io.trace import Expectation, TraceHeader, write_trace
 
 
 def class_key(finding: Finding) -> tuple[str, str, str, str, bool]:

@@ -48,7 +48,7 @@ class CoverageSteering:
     def _keep(self, machine: Any, new: int) -> None:
         import hashlib
 
-        from simrig.sources.trace import TraceHeader, write_trace
+        from simrig.trace_io.trace import TraceHeader, write_trace
 
         folder = Path(self.options.corpus_dir)
         header = TraceHeader(config=machine.config, adversarial=self.options.mode == "adversarial",

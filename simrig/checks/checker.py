@@ -28,19 +28,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from simrig.checks import findings as fk
-from simrig.checks.blocks import BlockTracker, check_attn_blocks
-from simrig.checks.contract import DriftTracker, check_contract
-from simrig.checks.dummy_batches import (
-    check_capture_padding,
-    check_dummy_dcp,
-    check_idle_dummy,
-    check_placeholder_fields,
-    check_profile,
-)
 from simrig.checks.fields import check_model_fields, check_runner_state, runs_as_decode
-from simrig.checks.findings import Finding
-from simrig.checks.known import KnownFindings, installed_vllm_version, load_known_findings
 from simrig.checks.lifecycle import (
     DUPLICATE_NEW,
     IDENTITY_RULES,
@@ -48,19 +36,26 @@ from simrig.checks.lifecycle import (
     UNKNOWN_CACHED,
     SchedulerContract,
 )
-from simrig.checks.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
-from simrig.checks.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
-from simrig.checks.padding import (
+from simrig.checks.parity import check_parity, desc_key
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding
+from simrig.findings.known import KnownFindings, installed_vllm_version, load_known_findings
+from simrig.graph_rules.dummy_batches import (
+    check_capture_padding,
+    check_dummy_dcp,
+    check_idle_dummy,
+    check_placeholder_fields,
+    check_profile,
+)
+from simrig.graph_rules.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
+from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
+from simrig.graph_rules.padding import (
     check_capture,
     check_capture_sizes,
     check_dispatch,
     descriptor,
     sizes_in_force,
 )
-from simrig.checks.parity import check_parity, desc_key
-from simrig.checks.pcp import check_dcp_peers, check_pcp
-from simrig.checks.reference import GlobalBatch, ReferenceModel
-from simrig.checks.semantics import check_batch_semantics
 from simrig.observe import (
     CAPTURE,
     CAPTURE_SIZES,
@@ -72,6 +67,11 @@ from simrig.observe import (
     PROFILE,
     StepObs,
 )
+from simrig.partition.pcp import check_dcp_peers, check_pcp
+from simrig.reference.blocks import BlockTracker, check_attn_blocks
+from simrig.reference.contract import DriftTracker, check_contract
+from simrig.reference.reference import GlobalBatch, ReferenceModel
+from simrig.reference.semantics import check_batch_semantics
 from simrig.step import RunnerConfig, Step
 
 # An extra check a campaign or a test adds: (index, step, observation) -> findings.

@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from simrig.checks import findings as fk
-from simrig.checks.comparer import Comparer
-from simrig.checks.findings import Finding, guarded
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding, guarded
 from simrig.observe import GATHER, POSTPROCESS, PREPARE, StepObs
+from simrig.reference.comparer import Comparer
 from simrig.step import RunnerConfig, Step, synth_token
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simrig.checks import findings as fk
-from simrig.checks.findings import Finding, guarded
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding, guarded
 from simrig.observe import GATHER, LIFECYCLE, StepObs
 from simrig.step import RunnerConfig, Step
 

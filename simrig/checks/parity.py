@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from simrig.checks import findings as fk
-from simrig.checks.contract import ARRAY_KINDS, stage_req_ids
-from simrig.checks.findings import Finding, guarded
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding, guarded
 from simrig.observe import DUMMY, StageObs
+from simrig.reference.contract import ARRAY_KINDS, stage_req_ids
 
 SHAPED_FIELDS = (
     "idx_mapping", "idx_mapping_np", "query_start_loc", "query_start_loc_np", "seq_lens",
@@ -40,11 +40,11 @@ SHAPED_FIELDS = (
 SHAPED_UNLESS_DRAFTS = ("logits_indices", "expanded_idx_mapping", "expanded_local_pos")
 TOKEN_SHAPED = ("input_ids", "positions", "is_padding")
 # Observed beside a batch, not built with it: prepare_attn's block tables and
-# slot mappings and execute_model's DCP lengths (checks/blocks.py), the PCP
+# slot mappings and execute_model's DCP lengths (reference/blocks.py), the PCP
 # manager's own index arrays (simrig's view of the manager), and the PCP batch
 # metadata only partition_batch builds: a dummy under PCP is staged by
 # prepare_inputs_for_capture_or_profile, "Stage a capture or dummy batch in
-# persistent PCP input buffers" (buffers only; checks/pcp.py judges the metadata).
+# persistent PCP input buffers" (buffers only; partition/pcp.py judges the metadata).
 NOT_BUILT_WITH_THE_BATCH = ("attn.", "manager.", "pcp.")
 # dcp_local_seq_lens_cpu_upper_bound is that PCP metadata before 0.33 moved it into ``pcp``
 NOT_BUILT_FIELDS = ("dcp_local_seq_lens", "dcp_local_seq_lens_cpu_upper_bound")

@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from simrig.commands.dispatch import main
     from simrig.errors import EXIT_USAGE
-    from simrig.report.history import history_dir
+    from simrig.history.store import history_dir
     from simrig.report.writer import check_out_dir
 
     out = Path(args.out)

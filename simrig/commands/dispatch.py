@@ -55,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         try:
-            module = importlib.import_module(f"simrig.commands.{name}")
+            module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == f"simrig.commands.{name}":
+            if exc.name == name:
                 continue  # command not shipped in this build
             raise
         module.register(sub)
@@ -86,9 +86,9 @@ def quiet_vllm_logs(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simrig.adapters.entry_points import VllmApiError, VllmUnavailable
     from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
-    from simrig.sources.trace import TraceError
+    from simrig.trace_io.trace import TraceError
+    from simrig.vllm_api.entry_points import VllmApiError, VllmUnavailable
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 def _choose_known_findings(path: str | None) -> None:
     """--known FILE for this process and its children; every file is read now,
     before vLLM is imported, so a malformed one fails in a second."""
-    from simrig.checks.known import KNOWN_ENV, validate_known_findings
+    from simrig.findings.known import KNOWN_ENV, validate_known_findings
 
     if path:
         os.environ[KNOWN_ENV] = os.path.abspath(path)

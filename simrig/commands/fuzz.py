@@ -14,7 +14,7 @@ DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.commands.common import add_output_flags
+    from simrig.tools.common import add_output_flags
 
     p = sub.add_parser(
         "fuzz", help="fuzz the runner with the stateful scheduler-contract machine",
@@ -104,12 +104,12 @@ def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> t
 
 def options_from_args(args: argparse.Namespace):
     from simrig.campaign.fuzz import CampaignOptions
-    from simrig.commands.common import progress_mode
     from simrig.coverage.session import CoverageRun
     from simrig.errors import UsageError
     from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.sources.trace import trace_files_in
+    from simrig.tools.common import progress_mode
+    from simrig.trace_io.trace import trace_files_in
     from strategies.machine import VIOLATIONS
 
     if args.budget is not None and args.budget <= 0:
@@ -159,11 +159,11 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
     from simrig.campaign.report import headline
-    from simrig.commands.common import emit_json, record_history
     from simrig.coverage.session import without_coverage_data
     from simrig.distributed.cluster import distributed_workers
-    from simrig.report.classes import class_rows_for_print, verdict_line
+    from simrig.findings.classes import class_rows_for_print, verdict_line
     from simrig.report.timing import time_share_line
+    from simrig.tools.common import emit_json, record_history
 
     options = options_from_args(args)
     if options.profile and (args.workers is not None or args.ray is not None):

@@ -16,7 +16,7 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.commands.common import add_output_flags
+    from simrig.tools.common import add_output_flags
 
     p = sub.add_parser(
         "replay", help="replay traces through vLLM's real runner input path and report findings",
@@ -54,7 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.commands.common import progress_mode
     from simrig.interrupt import StopRequests
     from simrig.progress import Progress
     from simrig.replay import (
@@ -67,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         scan_trace,
     )
     from simrig.report.writer import check_out_dir, default_out_dir
+    from simrig.tools.common import progress_mode
 
     started = time.perf_counter()
     pcp_sizes = parse_pcp_sizes(args.pcp_sizes)
@@ -124,12 +124,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, started: float, paths: list, workers: int | None,
             sharded: Any, result: Any, out: Any, interrupted: bool, coverage: Any = None) -> int:
-    from simrig.commands.common import emit_json, record_history
     from simrig.coverage.session import without_coverage_data
     from simrig.errors import EXIT_INTERRUPTED
-    from simrig.report.classes import class_rows_for_print, verdict_counts, verdict_line
+    from simrig.findings.classes import class_rows_for_print, verdict_counts, verdict_line
     from simrig.report.timing import time_share_line
     from simrig.report.writer import write_report
+    from simrig.tools.common import emit_json, record_history
 
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
                **result.summary()}

@@ -14,7 +14,7 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.commands.common import add_output_flags
+    from simrig.tools.common import add_output_flags
 
     p = sub.add_parser(
         "selftest", help="mutate the installed vLLM in a child process and check simrig catches it",
@@ -51,11 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.commands.common import progress_mode
     from simrig.interrupt import StopRequests
     from simrig.report.writer import check_out_dir, default_out_dir
     from simrig.selftest.catalogue import CATALOGUE
     from simrig.selftest.driver import bundled_traces, select_mutants
+    from simrig.tools.common import progress_mode
 
     if args.list:
         for m in CATALOGUE:
@@ -156,12 +156,12 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
                 workers: int | None, started: float, interrupted: bool) -> int:
     import pandas as pd
 
-    from simrig.checks.known import installed_vllm_version
-    from simrig.commands.common import emit_json, record_history
     from simrig.errors import EXIT_INTERRUPTED
-    from simrig.report.classes import class_rows_for_print, verdict_line
+    from simrig.findings.classes import class_rows_for_print, verdict_line
+    from simrig.findings.known import installed_vllm_version
     from simrig.report.writer import write_report
     from simrig.selftest.driver import scoreboard_classes, scoreboard_rows
+    from simrig.tools.common import emit_json, record_history
 
     if not results:  # stopped before the first child finished: nothing to score
         print("simrig selftest: interrupted before the first run finished; no scoreboard written",

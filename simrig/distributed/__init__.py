@@ -12,7 +12,7 @@
 
 Ray is an optional extra (``simrig[ray]``): nothing here imports it at module
 level, and a missing Ray is a one-line usage error. Import rules: this package
-may import the core (step, replay, harness, progress, errors), sources, checks,
+may import the core (step, replay, harness, progress, errors), trace_io, sources, findings,
 report and campaign; never ``vllm`` directly (only through the adapters, and
 only on workers), ``selftest`` or ``commands``. The self-test command hands its
 own child runner to ``tasks.map_in_order`` instead.

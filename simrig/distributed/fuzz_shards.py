@@ -38,7 +38,7 @@ from simrig.distributed.shard import (  # noqa: F401 -- plan_shards re-exported
     plan_shards,
     run_shard,
 )
-from simrig.report.classes import merge_tallies
+from simrig.findings.classes import merge_tallies
 
 MIN_REASSIGN_S = 1.0  # a lost shard's leftover budget below this is not reassigned
 STOP_GRACE_S = 60.0  # after a stop request, how long the driver waits for shards to return

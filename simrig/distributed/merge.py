@@ -1,6 +1,6 @@
 """Merging what workers return into what one process would have kept.
 
-    ClassTally per unit / shard ──merge_tallies (simrig.report.classes)──► one ClassTally;
+    ClassTally per unit / shard ──merge_tallies (simrig.findings.classes)──► one ClassTally;
                                   a shard's places renamed with ``prefixed``, a lost
                                   shard's classes from its heartbeat (``tally_from_counts``)
     frames per shard ──concat_frames / merge_contract──► one steps / occurrences / contract table
@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from simrig.report.classes import ClassTally, Where
+from simrig.findings.classes import ClassTally, Where
 
 
 def tally_from_counts(shard: str, state: Any, classes: dict[Any, Any]) -> ClassTally:

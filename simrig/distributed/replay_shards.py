@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simrig.checks.findings import Finding
+from simrig.findings.classes import ClassTally, Where
+from simrig.findings.findings import Finding
 from simrig.replay import FIRST_FINDINGS, KNOWN_ROWS_PER_SIGNATURE, ReplayRecorder, ReplayResult, sort_rows
-from simrig.report.classes import ClassTally, Where
 from simrig.step import Step
 
 MIN_SEGMENT_STEPS = 200  # below this a resync costs more than the parallelism gains
@@ -90,7 +90,7 @@ def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> 
     from simrig.distributed.cluster import worker_name
     from simrig.replay import BatchTracker, replay_args, run_steps
     from simrig.sources.live import RunnerMirror
-    from simrig.sources.trace import TraceReader
+    from simrig.trace_io.trace import TraceReader
 
     api = load()
     reader = TraceReader(unit.path)
@@ -160,7 +160,7 @@ def merge_units(results: list[UnitResult], traces: Sequence[str], pcp_sizes: Seq
     (built by the same ``ReplayRecorder.result``: class table, reproducers,
     known-finding explanations)."""
     from simrig.distributed.merge import concat_frames
-    from simrig.report.classes import merge_tallies
+    from simrig.findings.classes import merge_tallies
 
     results = sorted(results, key=lambda r: r.unit.order)
     rec = ReplayRecorder()

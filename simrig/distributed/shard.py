@@ -21,7 +21,7 @@ from typing import Any
 from simrig.campaign.fuzz import Campaign, CampaignOptions, CampaignStats
 from simrig.distributed.cluster import worker_name
 from simrig.distributed.collector import actor_database
-from simrig.report.classes import ClassTally
+from simrig.findings.classes import ClassTally
 
 POLL_S = 0.5  # heartbeat / stop-flag period of a shard
 

@@ -6,7 +6,7 @@
     driver.py     runs both sides interleaved and writes one report
     fuzzsides.py  the same seeded fuzz campaign under each side, its classes compared
 
-May import the core, sources, checks, report and ``simrig.bench.stats`` (the
+May import the core, trace_io, findings, report and ``simrig.bench.stats`` (the
 bootstrap intervals of interleaved rounds); the adapters only inside side.py,
 lazily, since that worker runs in the side venv. Never ``campaign``,
 ``selftest``, ``commands``, ``bisect`` or ``repro``. Nothing here imports vllm:

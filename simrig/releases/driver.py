@@ -173,7 +173,7 @@ def write(result: Comparison, out: Path) -> Path:
 
 def class_verdicts(sides: pd.DataFrame) -> pd.DataFrame:
     """The class diff as one row per class with a verdict (report.classes)."""
-    from simrig.report.classes import KNOWN, NEW, ClassStats, class_frame
+    from simrig.findings.classes import KNOWN, NEW, ClassStats, class_frame
 
     stats = []
     for row in sides.itertuples():

@@ -87,7 +87,7 @@ def side_for_compare(spec: str) -> SideSpec:
     installed vLLM when its version is the requested release."""
     side = resolve_spec(spec)
     if side.kind == "release" and not (side.venv / "bin" / "python").exists():
-        from simrig.checks.known import installed_vllm_version
+        from simrig.findings.known import installed_vllm_version
 
         if installed_vllm_version() == side.spec:
             return SideSpec(side.spec, "installed", None)

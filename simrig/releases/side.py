@@ -66,7 +66,7 @@ class SideRun:
     def _replay(self, collect_values: bool) -> tuple[dict[str, float], dict[tuple, str]]:
         from simrig.adapters.runner import load
         from simrig.replay import replay_steps
-        from simrig.sources.trace import TraceReader
+        from simrig.trace_io.trace import TraceReader
 
         api = load()
         stage_s: dict[str, float] = defaultdict(float)
@@ -91,7 +91,7 @@ class SideRun:
             return self._replay(collect_values=False)[0]
         from simrig.adapters.runner import load
         from simrig.replay import replay_steps
-        from simrig.sources.trace import TraceReader
+        from simrig.trace_io.trace import TraceReader
 
         api = load()
         stage_s: dict[str, float] = defaultdict(float)

@@ -7,7 +7,7 @@
 
 tests/test_docs.py fails when a page's table differs from the function's output, so a
 new or changed entry cannot leave the documentation stale. (The oracle page's table of
-fields with no value expectation is ``simrig.checks.unchecked.readme_table()``.)
+fields with no value expectation is ``simrig.ledger.unchecked.readme_table()``.)
 
 Pure Python: reads the JSON files, never imports vLLM.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 BASELINES = Path(__file__).resolve().parents[2] / "reports" / "baselines"
 
-# The optional keys of an entry that narrow its signature (simrig/checks/known.py).
+# The optional keys of an entry that narrow its signature (simrig/findings/known.py).
 _SIGNATURE_KEYS = ("expected", "actual", "pattern")
 
 
@@ -59,7 +59,7 @@ def release_differences_table(path: Path | None = None) -> str:
     ``reports/baselines/release-differences.json``, with its branches and evidence."""
     path = BASELINES / "release-differences.json" if path is None else Path(path)
     data = json.loads(path.read_text(encoding="utf-8"))
-    rows = ["| difference | kind | releases | branches in simrig/checks/ | evidence in vLLM | why not a bug |",
+    rows = ["| difference | kind | releases | branches in the oracle | evidence in vLLM | why not a bug |",
             "|---|---|---|---|---|---|"]
     for entry in data["differences"]:
         branches = "; ".join(f"`{b['module']}.{b['function']}` ({b['marker']})" for b in entry["branches"])

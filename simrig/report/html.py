@@ -61,7 +61,7 @@ def jsonable(value: Any) -> Any:
 
 def banner(summary: dict[str, Any]) -> tuple[str, bool]:
     """(text, bad) from the class verdict counts summary.json carries."""
-    from simrig.report.classes import verdict_line
+    from simrig.findings.classes import verdict_line
 
     counts = summary.get("classes") or {}
     text = verdict_line(counts)

@@ -46,7 +46,7 @@ _STARTUP_FUNCTIONS = {"_import_vllm", "load"}
 def _transparent(short: str, qualname: str) -> bool:
     """The rig's pass-through around a kernel launch (the coverage sampler's hook):
     the launch stays vLLM's, as it is without the hook."""
-    return ((short == "simrig/adapters/interpreter.py" and qualname.startswith("sample_traced_launches"))
+    return ((short == "simrig/vllm_runtime/interpreter.py" and qualname.startswith("sample_traced_launches"))
             or (short == "simrig/trace_gate.py" and qualname == "launch"))
 
 

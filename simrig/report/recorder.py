@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 
 from simrig import observe as obs
-from simrig.checks.findings import Finding
-from simrig.report.classes import NEW, ClassTally, Where, known_lookup, verdict_counts, verdict_of
+from simrig.findings.classes import NEW, ClassTally, Where, known_lookup, verdict_counts, verdict_of
+from simrig.findings.findings import Finding
 from simrig.report.tables import ColumnTable, kind_of
 from simrig.report.timing import time_share
 from simrig.step import Step

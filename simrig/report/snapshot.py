@@ -2,7 +2,7 @@
 
 A small built-in scenario (fresh prefill, chunked prefill, decode, spec
 decode with a rejection, PCP 2) runs through the Harness (``simrig contract
-snapshot``, ``simrig.commands.contract.build_snapshot``); every field of
+snapshot``, ``simrig.tools.contract.build_snapshot``); every field of
 every stage is recorded with its kind and dtype, next to the dtype the
 contract declares (null for fields outside the table):
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simrig.checks.contract import CONTRACT
 from simrig.errors import UsageError
 from simrig.observe import POSTPROCESS, StepObs
+from simrig.reference.contract import CONTRACT
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 FORMAT_NAME = "simrig-contract"

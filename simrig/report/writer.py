@@ -121,7 +121,7 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
     (default: ``findings``) are shown collapsed under their class. The banner
     comes from the class verdicts, the same numbers summary.json carries
     under ``classes``; ``headline`` is one line of facts under it."""
-    from simrig.report.classes import classes_from_rows, verdict_counts
+    from simrig.findings.classes import classes_from_rows, verdict_counts
 
     out = check_out_dir(out_dir)
     extra_tables = dict(extra_tables or {})

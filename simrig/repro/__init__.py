@@ -5,7 +5,7 @@
     template.py     the file's fixed part, as text: it imports only vLLM,
                     torch, numpy, pytest and the standard library
 
-May import the core, sources (the trace reader), checks (the dtype contract)
+May import the core, trace_io (the trace reader), reference (the dtype contract)
 and ``simrig.bisect.search`` (ClassKey, the class a file asserts). The
 template's vLLM imports are text, never executed here: nothing in this package
 imports vllm, the adapters, ``releases``, ``campaign``, ``selftest`` or ``commands``.

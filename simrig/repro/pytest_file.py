@@ -12,7 +12,7 @@ and asserts the property the class violates, in vLLM's words:
 
     kind            stage                           assertion
     dtype_drift     gather, prepare, dummy,         the field has the contract's dtype
-                    partition                       (simrig.checks.contract); for dummy,
+                    partition                       (simrig.reference.contract); for dummy,
                                                     first the same dtype as prepare_inputs'
     missing_field   dummy                           None on one side iff on the other
                     gather, prepare, partition      not None outside the documented condition
@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from simrig.bisect.search import ClassKey
-from simrig.checks.contract import CONTRACT
 from simrig.errors import UsageError
+from simrig.reference.contract import CONTRACT
 from simrig.repro.template import TEMPLATE
-from simrig.sources.trace import TraceError, read_trace
+from simrig.trace_io.trace import TraceError, read_trace
 
 SUPPORTED = {"dtype_drift": ("gather", "prepare", "dummy", "partition"),
              "missing_field": ("gather", "prepare", "dummy", "partition"),

@@ -6,7 +6,7 @@
 
 The file imports only vLLM, torch, numpy, pytest and the standard library (no
 simrig). It adapts to the installed vLLM release by looking at signatures and
-dataclass fields at run time, as ``simrig.adapters.versions`` does, and builds
+dataclass fields at run time, as ``simrig.vllm_api.versions`` does, and builds
 the model-less runner the way ``simrig.adapters.runner`` does: the real
 GPUModelRunner methods, RequestState, InputBuffers and PCPManager, with
 stand-ins only for the model state, KV block tables and LoRA bookkeeping.

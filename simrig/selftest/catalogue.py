@@ -8,7 +8,7 @@ applies (it is then re-targeted, not silently dropped).
 
 from __future__ import annotations
 
-from simrig.adapters.mutate import Mutant
+from simrig.vllm_runtime.mutate import Mutant
 
 _MR = "vllm.v1.worker.gpu.model_runner"
 _IB = "vllm.v1.worker.gpu.input_batch"

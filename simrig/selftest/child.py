@@ -31,10 +31,10 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
             sig = finding.signature
             if collect_all:
                 # a class the unmutated code shows only as known (a precise signature,
-                # checks/known.py) does not excuse a new finding of the same class
+                # findings/known.py) does not excuse a new finding of the same class
                 if list(sig) not in result.signatures and not finding.known:
                     result.signatures.append(list(sig))
-                from simrig.report.classes import NEW, verdict_of
+                from simrig.findings.classes import NEW, verdict_of
 
                 result.new_findings += int(verdict_of(finding) == NEW)
                 continue
@@ -69,8 +69,8 @@ def main(spec_path: str, result_path: str) -> int:
             collector = Collector()
             collector.start()
         if spec["mutant"] != BASELINE:
-            from simrig.adapters import mutate
             from simrig.selftest.catalogue import BY_NAME
+            from simrig.vllm_runtime import mutate
 
             try:
                 mutate.apply(BY_NAME[spec["mutant"]])

@@ -75,14 +75,14 @@ def counts_as_detection(finding: Any, baseline: set[tuple[str, ...]]) -> bool:
 
 def baseline_cache(root: Path) -> Path:
     """Where the last baseline run's classes are kept for ``--skip-baseline``."""
-    from simrig.checks.known import installed_vllm_version
+    from simrig.findings.known import installed_vllm_version
 
     return root / ".cache" / "selftest" / f"baseline-vllm-{installed_vllm_version()}.json"
 
 
 def bundled_traces(root: Path) -> list[Path]:
     """Regressions first, then samples and the recorded corpus."""
-    from simrig.sources.trace import trace_files_in
+    from simrig.trace_io.trace import trace_files_in
 
     out: list[Path] = []
     for sub in ("regressions", "samples", "recorded"):
@@ -170,7 +170,7 @@ def scoreboard_classes(rows: list[dict[str, Any]]) -> Any:
     A clean baseline and a surviving control mutant are no class: their
     absence of one is the point.
     """
-    from simrig.report.classes import EXPECTED, KNOWN, NEW, ClassStats, Where, class_frame
+    from simrig.findings.classes import EXPECTED, KNOWN, NEW, ClassStats, Where, class_frame
 
     out = []
     for row in rows:

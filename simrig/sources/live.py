@@ -34,8 +34,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from simrig.sources.trace import TraceHeader, TraceWriter, step_to_json
 from simrig.step import NewRequest, RunnerConfig, Step, block_groups, step_block_ids
+from simrig.trace_io.trace import TraceHeader, TraceWriter, step_to_json
 
 log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"
@@ -144,7 +144,7 @@ class LiveRecorder:
         self.pending: OrderedDict[int, Step] = OrderedDict()
 
     def on_schedule(self, so: Any) -> None:
-        from simrig.adapters.scheduler import step_from_output
+        from simrig.vllm_parts.scheduler import step_from_output
 
         self.pending[id(so)] = step_from_output(so, keep_token_ids=False)
 
@@ -171,7 +171,7 @@ class LiveRecorder:
 
 
 def recorder_for(scheduler: Any, directory: str, *, max_mb: float = 64.0, max_files: int = 16) -> LiveRecorder:
-    from simrig.adapters.scheduler import runner_config_of, vllm_version
+    from simrig.vllm_parts.scheduler import runner_config_of, vllm_version
 
     config = runner_config_of(scheduler)
     stem = f"sched-{os.getpid()}-{next(_instances)}"
@@ -205,7 +205,7 @@ def attach(scheduler: Any, recorder: LiveRecorder) -> None:
 
 
 def _count_rejected(so: Any, model_runner_output: Any, into: dict[str, int]) -> None:
-    from simrig.adapters.scheduler import rejected_from_output
+    from simrig.vllm_parts.scheduler import rejected_from_output
 
     into.update(rejected_from_output(so, model_runner_output))
 
@@ -236,7 +236,7 @@ def register() -> None:
         return
     max_mb = float(os.environ.get(ENV_MAX_MB, "64"))
     max_files = int(os.environ.get(ENV_MAX_FILES, "16"))
-    from simrig.adapters.scheduler import scheduler_class
+    from simrig.vllm_parts.scheduler import scheduler_class
 
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):
@@ -257,7 +257,7 @@ def register() -> None:
 
 def unregister() -> None:
     """Undo ``register`` (Schedulers built later are not recorded)."""
-    from simrig.adapters.scheduler import scheduler_class
+    from simrig.vllm_parts.scheduler import scheduler_class
 
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):

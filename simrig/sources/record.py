@@ -15,7 +15,7 @@ is running and the next arrival lies ahead, the clock jumps to it (idle time
 records no steps). ``time_scale`` multiplies arrival times (0.5 = arrivals
 twice as dense).
 
-The scheduler-side plumbing lives in ``simrig.adapters.scheduler`` (adapter).
+The scheduler-side plumbing lives in ``simrig.vllm_parts.scheduler`` (adapter).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simrig.sources.sampler import SyntheticSampler
-from simrig.sources.trace import TraceHeader, TraceWriter
 from simrig.sources.workloads import WorkloadRequest
 from simrig.step import Step
+from simrig.trace_io.trace import TraceHeader, TraceWriter
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def record_to_file(path: str, setup: Any, workload: list[WorkloadRequest], *, sp
                    extra_source: dict | None = None) -> RecordResult:
     """Build a real scheduler for ``setup`` and stream the trace to ``path``
     (written atomically: an error leaves no file behind)."""
-    from simrig.adapters import scheduler as vs
+    from simrig.vllm_parts import scheduler as vs
 
     t0 = time.perf_counter()
     scheduler = vs.RealScheduler(setup)

@@ -79,7 +79,7 @@ def builtin_steps(num_reqs: int = 8) -> tuple[RunnerConfig, list[Step]]:
 
 
 def load_bench_trace() -> BenchTrace:
-    from simrig.sources.trace import read_trace
+    from simrig.trace_io.trace import read_trace
 
     for path in sorted(SAMPLES.glob("*.jsonl")) if SAMPLES.is_dir() else []:
         header, steps = read_trace(path)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from simrig.adapters import cudagraph
+from simrig.vllm_parts import cudagraph
 
 pytestmark = [pytest.mark.bench, pytest.mark.vllm]
 

@@ -16,10 +16,10 @@ import statistics
 
 import pytest
 
-from simrig.adapters.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 from simrig.sources.record import record
 from simrig.sources.sampler import SyntheticSampler
 from simrig.sources.workloads import parse_spec
+from simrig.vllm_parts.scheduler import STOP_TOKEN_ID, RealScheduler, SchedulerSetup
 
 STEPS = 200
 CASES = {

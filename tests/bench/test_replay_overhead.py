@@ -22,7 +22,7 @@ import pytest
 
 from simrig.harness import Harness
 from simrig.replay import replay_trace
-from simrig.sources.trace import read_trace
+from simrig.trace_io.trace import read_trace
 
 pytestmark = [pytest.mark.bench, pytest.mark.vllm]
 

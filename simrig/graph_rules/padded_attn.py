@@ -1,0 +1,154 @@
+"""Padding on every path: what rows and tokens past the real batch must hold.
+
+The real step's padded values (query_start_loc, seq_lens, positions, is_padding; block-table
+rows and slot mappings past the batch) are judged by the reference model and blocks.py. This
+module fills what those leave out, each rule from the meaning vLLM documents (``evidence.RULES``
+holds every cited line; tests/test_evidence.py re-reads them):
+
+    rule                                      source (vLLM 0.33.0)
+    ────                                      ────────────────────
+    PADDED SHAPES (real step, every PCP       GPUModelRunner.prepare_attn: "Block tables:
+      rank 0): one block-table row per         num_kv_cache_groups x [num_reqs_padded,
+      padded request (num_reqs_after_          max_num_blocks]"; "Slot mappings: [num_kv_cache_
+      padding); without PCP one slot per       groups, num_tokens_padded]. Kernel pads beyond
+      padded token (num_tokens_after_padding)  num_tokens with PAD_SLOT_ID" (a FULL graph replays
+                                               the padded shape: a missing row or slot is read
+                                               from whatever the shared buffer held)
+    DUMMY NULL ROWS (idle dummy, capture      BlockTables.get_dummy_block_tables: "Zero the rows
+      dummies): a dummy row owns no blocks:    so dummy runs write mamba state to the reserved null
+      every entry the null block 0, also       block rather than through the previous real step's
+      right after a real step filled the       (stale) block ids"; set_dummy_context: "Give each
+      shared tables; a row given context       dummy request context_len of context, for profiling
+      (num_computed_tokens > 0) is not judged  step cost and for DCP FULL cudagraph capture"
+    DUMMY PAD SLOTS: every slot of a dummy    BlockTables.get_dummy_slot_mappings: "Fill the entire
+      is PAD_SLOT_ID (its tokens are all       slot_mappings tensor, not just the first `num_tokens`
+      padding), at least one per token         entries"; _compute_slot_mappings_kernel: "idx_mapping
+                                               == -1 marks a dummy (or CUDA-graph padding) request
+                                               that owns no blocks ... emit PAD for its tokens"
+    UNIFORM DUMMY (idle dummy): a descriptor  BatchExecutionDescriptor: "Describes the shape of the
+      with uniform_token_count u runs u        batch ... to make shape matches between the capture
+      tokens in every dummy request            and runtime" (capture dummies: padding.check_capture)
+    MIXED FULL BOUND (capture dummies): the   prepare_inputs_to_capture: "Mixed graphs can replay a
+      dummy of a FULL graph with neither a     single prefill spanning the entire batch, even when
+      uniform count nor a query bound          the dummy batch distributes one token to each
+      promises max_query_len None or >= its    request"
+      token count
+
+One meaning for every release: a release that keeps stale ids in a dummy is judged by it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding, guarded
+from simrig.ledger.evidence import RULES
+from simrig.observe import CAPTURE, DUMMY, StageObs
+from simrig.reference.blocks import BLOCK_TABLES, NULL_BLOCK_ID, PAD_SLOT_ID, SLOT_MAPPINGS
+from simrig.reference.contract import stage_req_ids
+from simrig.reference.semantics import field_value
+from simrig.step import RunnerConfig
+
+CHECK = "padding"
+
+
+def _tables(stage: StageObs) -> list[tuple[str, np.ndarray]]:
+    """(field, table) of every KV cache group the stage observed, in group order."""
+    out, group = [], 0
+    while (table := field_value(stage, f"{BLOCK_TABLES}.{group}")) is not None:
+        out.append((f"{BLOCK_TABLES}.{group}", np.asarray(table)))
+        group += 1
+    return out
+
+
+def _adder(index: int, stage: StageObs, out: list[Finding]) -> Any:
+    def add(name: str, expected: Any, actual: Any, message: str) -> None:
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage, check=CHECK,
+                           rank=stage.rank, req_ids=stage_req_ids(stage), field=name,
+                           expected=str(expected), actual=str(actual), message=message))
+    return add
+
+
+@guarded(CHECK)
+def check_padded_shapes(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
+    """Rule PADDED SHAPES on the batch prepare_attn ran (prepare, or PCP rank 0's partition)."""
+    out: list[Finding] = []
+    if stage.error is not None or not stage.fields:
+        return out
+    add = _adder(index, stage, out)
+    rows = field_value(stage, "num_reqs_after_padding")
+    if rows is not None:
+        for name, table in _tables(stage):
+            if table.ndim != 2 or table.shape[0] != int(rows):
+                add(name, f"[{int(rows)}, max_num_blocks]", list(table.shape),
+                    f"PADDED SHAPES: one block-table row per padded request ({RULES['attn_rows'].where()})")
+    tokens, mapping = field_value(stage, "num_tokens_after_padding"), field_value(stage, SLOT_MAPPINGS)
+    if config.pcp_size == 1 and tokens is not None and mapping is not None:
+        mapping = np.asarray(mapping)
+        if mapping.ndim != 2 or mapping.shape[1] != int(tokens):
+            add(SLOT_MAPPINGS, f"[num_kv_cache_groups, {int(tokens)}]", list(mapping.shape),
+                f"PADDED SHAPES: one slot per padded token ({RULES['attn_slots'].where()})")
+    return out
+
+
+@guarded(CHECK)
+def check_dummy_attn(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
+    """Rules DUMMY NULL ROWS and DUMMY PAD SLOTS on an idle or capture dummy."""
+    out: list[Finding] = []
+    if stage.stage not in (DUMMY, CAPTURE) or stage.error is not None or not stage.fields:
+        return out
+    add = _adder(index, stage, out)
+    computed = field_value(stage, "num_computed_tokens_np")
+    for name, table in _tables(stage):
+        if table.ndim != 2:
+            continue
+        judged = np.ones(table.shape[0], dtype=bool)
+        if computed is not None:  # rows given context (set_dummy_context) may hold its blocks
+            with_context = np.asarray(computed).astype(np.int64) > 0
+            judged[:len(with_context)] &= ~with_context[:table.shape[0]]
+        bad = np.flatnonzero(judged & np.any(table != NULL_BLOCK_ID, axis=1))
+        if bad.size:
+            add(name, f"row {int(bad[0])}: null block only", table[bad[0]].tolist(),
+                f"DUMMY NULL ROWS: {bad.size} of {table.shape[0]} dummy rows hold block ids "
+                f"({RULES['dummy_null_rows'].where()})")
+    mapping, tokens = field_value(stage, SLOT_MAPPINGS), field_value(stage, "num_tokens")
+    if mapping is not None:
+        mapping = np.asarray(mapping)
+        wrong = np.flatnonzero(mapping.reshape(-1) != PAD_SLOT_ID) if mapping.size else np.zeros(0)
+        if wrong.size:
+            add(SLOT_MAPPINGS, f"all {PAD_SLOT_ID}", f"{wrong.size} of {mapping.size} set "
+                f"(first {int(mapping.reshape(-1)[wrong[0]])})",
+                f"DUMMY PAD SLOTS: a dummy token's slot is not PAD_SLOT_ID ({RULES['dummy_pad_slots'].where()})")
+        if tokens is not None and (mapping.ndim != 2 or mapping.shape[1] < int(tokens)):
+            add(SLOT_MAPPINGS, f"[num_kv_cache_groups, >= {int(tokens)}]", list(mapping.shape),
+                "DUMMY PAD SLOTS: a slot for every dummy token")
+    return out
+
+
+@guarded(CHECK)
+def check_dummy_shape(index: int, stage: StageObs) -> list[Finding]:
+    """Rules UNIFORM DUMMY (idle dummy) and MIXED FULL BOUND (capture dummies)."""
+    out: list[Finding] = []
+    if stage.stage not in (DUMMY, CAPTURE) or stage.error is not None or not stage.fields:
+        return out
+    add = _adder(index, stage, out)
+    q = field_value(stage, "num_scheduled_tokens")
+    if q is None or not len(q):
+        return out
+    q = np.asarray(q).astype(np.int64)
+    u = field_value(stage, "desc.uniform_token_count")
+    if stage.stage == DUMMY and u is not None and (q != int(u)).any():
+        add("num_scheduled_tokens", f"every query {int(u)} tokens", q.tolist(),
+            f"UNIFORM DUMMY: the idle dummy of a uniform-decode descriptor (u={int(u)}) is not "
+            f"uniform ({RULES['descriptor'].where()})")
+    mode, n_tok = field_value(stage, "desc.cg_mode"), field_value(stage, "desc.num_tokens")
+    bound, promised = field_value(stage, "desc.max_query_len"), field_value(stage, "max_query_len")
+    if (stage.stage == CAPTURE and mode == "FULL" and u is None and bound is None and n_tok is not None
+            and promised is not None and int(promised) < int(n_tok)):
+        add("max_query_len", f"None or >= {int(n_tok)}", promised,
+            f"MIXED FULL BOUND: a mixed FULL graph replays a single prefill of up to {int(n_tok)} "
+            f"tokens, its dummy promises {int(promised)} ({RULES['mixed_full_query'].where()})")
+    return out

@@ -1,0 +1,270 @@
+"""Block tables and slot mappings, judged from what they mean (never from vLLM's kernels).
+
+``BlockTracker`` follows each live request's block ids from the Steps alone;
+``check_attn_blocks`` holds the prepare stage's ``attn.block_tables.<g>``,
+``attn.slot_mappings`` and ``dcp_local_seq_lens`` to these rules (vLLM 0.33.0):
+
+    rule                                       source
+    ────                                       ──────
+    TRACK: a new request's block_ids are its   NewRequestData.block_ids; CachedRequestData: "For
+      list; a cached update appends its new      request ids not in resumed_req_ids, new_block_ids
+      ones, a resumed one replaces the list;     will be appended ... For those in the set,
+      finished / preempted requests drop it      new_block_ids will be used as the request's block
+                                                 IDs instead of appending"
+    ROWS: row i of group g starts with the     BlockTables.gather_block_tables: "Gather the batch's
+      blocks of the batch's i-th request         block-table rows into the forward-pass tables"
+    BELOW WINDOW: in a sliding-window group    BlockTables.gather_block_tables (0.33): "sliding-
+      (window W, block size B), row i's first    window groups get every entry wholly below the
+      max(0, c_i - (W - 1)) // B entries, c_i    window of the request's first scheduled token
+      = request i's computed tokens, are the     replaced by the null block. Those blocks may
+      null block, on every release (one          already have been freed by the sliding-window
+      meaning: a release that keeps them         manager and reused, while attention kernels can
+      is judged by it, and its known finding     still load them as part of a KV tile that
+      names the form: pattern                    straddles the window start: masked-out NaN in
+      below_window_kept:window=W)                such a tile propagates into the output" (reach =
+                                                 SlidingWindowSpec.num_retained_tokens, W - 1)
+    PAST n_i: entries past a request's block   nothing documents them (attention reads only the
+      count are not judged                       blocks that cover seq_len); rule chosen: free
+    PADDED ROWS: rows past the batch's         gather kernel: "Zero out padded rows";
+      requests hold only the null block 0        gather_block_tables: "Also clear rows left by a
+                                                 larger batch"; utils.NULL_BLOCK_ID = 0
+    SLOT: per group g (B = its block size),    utils.PAD_SLOT_ID = -1; a scheduler block spans
+      token at position p, without DCP:          B * dcp tokens (kv_cache_utils.
+      blocks_g[p // B] * B + p % B               resolve_dcp_kv_block_size: "the token span of a
+      with DCP (size D, rank d, interleave I):   cache block under DCP"); cp_kv_cache_interleave_
+      the token lives on rank (p // I) % D;      size: "Store interleave_size tokens on dcp_rank i,
+      elsewhere PAD_SLOT_ID; on its rank the     then store next interleave_size tokens on dcp_rank
+      slot is blocks[p // (B*D)] * B + k,        i+1" and "Tokens are then stored in (rank i+1,
+      k = how many of that virtual block's       block j) only after (rank i, block j) is fully
+      tokens before p the rank also holds        occupied": rank d fills its block j in token order
+    PADDED TOKENS: slots past the batch's      compute_slot_mappings kernel: "Pad remaining slots
+      tokens are PAD_SLOT_ID                     to -1 ... Start from actual token count (not
+                                                 padded)"; prepare_attn: "Kernel pads beyond
+                                                 num_tokens with PAD_SLOT_ID"
+    PCP GATHERED: the gathered mapping writes  PCPManager._build_batch_layout: "Replicated rows
+      each global token's slot exactly once,     contain identical KV, so rank 0 is the canonical
+      every other entry PAD_SLOT_ID (the         writer. A sharded decode has exactly one owner";
+      layout is pcp.py's to judge: here the      padding in "padded gathered: [A B G _ | C D E F]"
+      multiset only)
+    DCP LOCAL SEQ LENS: rank d holds the       the interleave docstring above; padded rows hold
+      tokens t < seq_len with (t // I) % D == d  0 (seq_lens: "pad unused seq_lens as 0")
+
+In a sliding-window group every scheduled token's slot is judged: a token at
+p >= c_i lies past the skipped tokens (SlidingWindowManager.get_num_skipped_tokens:
+"the tokens that are prior to the current sliding window", c_i - W + 1 <= p), so
+its block is one the scheduler still holds for the request.
+
+A request whose trace gave fewer blocks than its positions need (traces from
+before block ids were recorded carry none) breaks the scheduler's side of the
+contract: its slots are not judged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding, guarded
+from simrig.observe import StageObs
+from simrig.reference.comparer import short
+from simrig.reference.reference import GlobalBatch
+from simrig.step import RunnerConfig, Step, block_groups
+
+PAD_SLOT_ID = -1  # vllm.v1.attention.backends.utils.PAD_SLOT_ID
+NULL_BLOCK_ID = 0  # vllm.v1.attention.backends.utils.NULL_BLOCK_ID
+CP_INTERLEAVE = 1  # the interleave the harness builds BlockTables with
+BLOCK_TABLES = "attn.block_tables"  # + ".<group>"
+SLOT_MAPPINGS = "attn.slot_mappings"
+DCP_LOCAL_SEQ_LENS = "dcp_local_seq_lens"
+
+
+class BlockTracker:
+    """Each live request's block ids per KV-cache group, from the Steps (rule TRACK).
+
+    Call ``apply(step)`` once per step, before checking that step's batch.
+    """
+
+    def __init__(self, num_groups: int = 1):
+        self.num_groups = num_groups
+        self.blocks: dict[str, list[list[int]]] = {}
+
+    def apply(self, step: Step) -> None:
+        for req_id in (*step.finished, *step.preempted):
+            self.blocks.pop(req_id, None)
+        for req in step.new_requests:
+            self.blocks[req.req_id] = block_groups(req.block_ids, self.num_groups)
+        for upd in step.cached:
+            if upd.new_block_ids is None:
+                continue
+            if upd.resumed or upd.req_id not in self.blocks:
+                self.blocks[upd.req_id] = [[] for _ in range(self.num_groups)]
+            for held, new in zip(self.blocks[upd.req_id], block_groups(upd.new_block_ids, self.num_groups)):
+                held.extend(new)
+
+    def of(self, req_id: str, group: int = 0) -> list[int]:
+        groups = self.blocks.get(req_id)
+        return list(groups[group]) if groups is not None else []
+
+
+def expected_slot(blocks: Sequence[int], position: int, block_size: int, dcp_size: int = 1,
+                  dcp_rank: int = 0, interleave: int = CP_INTERLEAVE) -> int | None:
+    """Rule SLOT: the slot of ``position`` on DCP rank ``dcp_rank``; PAD_SLOT_ID when
+    another rank stores it; None when ``blocks`` does not reach the position."""
+    span = block_size * dcp_size  # tokens one block id covers
+    index = position // span
+    if index >= len(blocks):
+        return None
+    if (position // interleave) % dcp_size != dcp_rank:
+        return PAD_SLOT_ID
+    start = index * span
+    offset = sum(1 for t in range(start, position) if (t // interleave) % dcp_size == dcp_rank)
+    return int(blocks[index]) * block_size + offset
+
+
+def dcp_local_seq_len(seq_len: int, dcp_size: int, dcp_rank: int, interleave: int = CP_INTERLEAVE) -> int:
+    """Rule DCP LOCAL SEQ LENS: tokens t < seq_len stored on ``dcp_rank``."""
+    return sum(1 for t in range(seq_len) if (t // interleave) % dcp_size == dcp_rank)
+
+
+def _array(stage: StageObs, name: str) -> np.ndarray | None:
+    obs = stage.fields.get(name)
+    if obs is None or not isinstance(obs.values, np.ndarray):
+        return None
+    return obs.values
+
+
+def below_window(config: RunnerConfig, group: int, num_computed: int) -> int:
+    """Rule BELOW WINDOW: leading entries of ``group`` wholly below the window of a
+    request whose first scheduled position is ``num_computed`` (0: none)."""
+    spec = config.kv_groups[group]
+    if spec.kind != "sliding_window" or config.dcp_size > 1 or config.pcp_size > 1:
+        return 0
+    return max(0, num_computed - (spec.window - 1)) // config.group_block_size(group)
+
+
+def _token_slots(config: RunnerConfig, tracker: BlockTracker, batch: GlobalBatch, group: int,
+                 dcp_rank: int) -> list[int | None]:
+    """Rule SLOT for every real token of ``batch`` (None: the trace gave too few blocks)."""
+    out: list[int | None] = []
+    qsl = [int(x) for x in batch.query_start_loc]
+    for i, req_id in enumerate(batch.req_ids):
+        blocks = tracker.of(req_id, group)
+        for t in range(qsl[i], qsl[i + 1]):
+            out.append(expected_slot(blocks, int(batch.positions[t]), config.group_block_size(group),
+                                     config.dcp_size, dcp_rank))
+    return out
+
+
+@guarded("blocks")
+def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, stage: StageObs,
+                      batch: GlobalBatch, row_req_ids: Sequence[str] | None = None) -> list[Finding]:
+    """Findings for the prepare stage's block tables, slot mappings and DCP local seq lens.
+
+    The caller passes:
+      config       the run's RunnerConfig (block_size, dcp_size, pcp_size)
+      tracker      a BlockTracker that has ``apply``-ed every step up to and including this one
+      index        the step index
+      stage        the prepare StageObs (its ``dcp_rank`` is the DCP rank judged) carrying
+                   ``attn.block_tables.<g>``, ``attn.slot_mappings`` and, under DCP,
+                   ``dcp_local_seq_lens``; absent fields are not judged
+      batch        the reference model's GlobalBatch in the observed batch order
+                   (ReferenceModel.global_batch(step, observed order)): req_ids,
+                   query_start_loc, positions, num_computed, query_lens
+      row_req_ids  the requests of the block-table rows, in order, when they are not
+                   ``batch.req_ids`` (under PCP: the rank-local batch's requests)
+    """
+    rows = list(batch.req_ids if row_req_ids is None else row_req_ids)
+    dcp_rank = stage.dcp_rank if config.dcp_size > 1 else 0
+    out: list[Finding] = []
+    computed = {r: int(c) for r, c in zip(batch.req_ids, batch.num_computed)}
+
+    def mismatch(name: str, ids: Sequence[str], expected: Any, actual: Any, rule: str,
+                 pattern: str | None = None) -> None:
+        out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage, check="blocks",
+                           rank=stage.rank, req_ids=tuple(ids), field=name,
+                           expected=short(expected), actual=short(actual), message=rule,
+                           extra={"dcp_rank": dcp_rank, **({"pattern": pattern} if pattern else {})}))
+
+    for group in range(tracker.num_groups):
+        name = f"{BLOCK_TABLES}.{group}"
+        table = _array(stage, name)
+        if table is None:
+            continue
+        if table.ndim != 2 or table.shape[0] < len(rows):
+            mismatch(name, rows, f"[>= {len(rows)}, max_num_blocks]", list(table.shape),
+                     "one row per batch request (padded rows after them)")
+            continue
+        for i, req_id in enumerate(rows):
+            blocks = tracker.of(req_id, group)
+            got = table[i, :len(blocks)].tolist()
+            skipped = min(below_window(config, group, computed.get(req_id, 0)), len(blocks))
+            nulled = [NULL_BLOCK_ID] * skipped + blocks[skipped:]
+            if got != nulled:
+                # the one form known findings name: the entries below the window kept as
+                # sent (a release before the nulling, or a window the nulling misses)
+                kept = bool(skipped and got == blocks)
+                mismatch(name, (req_id,), nulled, got,
+                         f"ROWS: row {i} must start with request {req_id}'s blocks"
+                         + (f" (BELOW WINDOW: its first {skipped} null)" if skipped else ""),
+                         pattern=f"below_window_kept:window={config.kv_groups[group].window}" if kept else None)
+        padded = table[len(rows):]
+        if padded.size and np.any(padded != NULL_BLOCK_ID):
+            bad = len(rows) + int(np.argwhere(np.any(padded != NULL_BLOCK_ID, axis=1))[0][0])
+            mismatch(name, (), [NULL_BLOCK_ID] * table.shape[1], table[bad].tolist(),
+                     f"PADDED ROWS: row {bad} is past the batch's {len(rows)} requests: null block only")
+
+    mapping = _array(stage, SLOT_MAPPINGS)
+    if mapping is not None:
+        _check_slot_mappings(config, tracker, batch, mapping, dcp_rank, mismatch)
+    local = _array(stage, DCP_LOCAL_SEQ_LENS)
+    if local is not None and config.dcp_size > 1 and config.pcp_size == 1:
+        seq_lens = [int(nc + q) for nc, q in zip(batch.num_computed, batch.query_lens)]
+        expected = [dcp_local_seq_len(s, config.dcp_size, dcp_rank) for s in seq_lens]
+        expected += [0] * (len(local) - len(expected))
+        if local.tolist() != expected:
+            mismatch(DCP_LOCAL_SEQ_LENS, rows, expected, local.tolist(),
+                     f"DCP LOCAL SEQ LENS: tokens of each sequence stored on DCP rank {dcp_rank}")
+    return out
+
+
+def _check_slot_mappings(config: RunnerConfig, tracker: BlockTracker, batch: GlobalBatch,
+                         mapping: np.ndarray, dcp_rank: int, mismatch: Callable[..., None]) -> None:
+    """Rules SLOT, PADDED TOKENS and PCP GATHERED; findings go to ``mismatch``."""
+    num_groups = tracker.num_groups
+    if mapping.ndim != 2 or mapping.shape[0] != num_groups:
+        mismatch(SLOT_MAPPINGS, (), f"[{num_groups}, num_tokens]", list(mapping.shape),
+                 "one slot mapping row per KV-cache group")
+        return
+    num_tokens = int(batch.query_start_loc[-1])
+    token_req = [r for i, r in enumerate(batch.req_ids)
+                 for _ in range(int(batch.query_start_loc[i + 1] - batch.query_start_loc[i]))]
+    for group in range(num_groups):
+        row = mapping[group].tolist()
+        expected = _token_slots(config, tracker, batch, group, dcp_rank)
+        if config.pcp_size > 1:
+            if None in expected or len(row) % config.pcp_size:
+                continue  # blocks missing from the trace / a layout pcp.py reports
+            want = Counter(s for s in expected if s != PAD_SLOT_ID)
+            got = Counter(s for s in row if s != PAD_SLOT_ID)
+            if want != got:
+                mismatch(SLOT_MAPPINGS, (), sorted(want.elements()), sorted(got.elements()),
+                         "PCP GATHERED: each global token's slot written exactly once, PAD elsewhere")
+            continue
+        if len(row) < num_tokens:
+            mismatch(SLOT_MAPPINGS, (), f"[{num_groups}, >= {num_tokens}]", list(mapping.shape),
+                     "a slot for every token of the batch")
+            continue
+        for t, want_slot in enumerate(expected):
+            if want_slot is not None and row[t] != want_slot:
+                shown = [s if s is not None else "?" for s in expected]
+                mismatch(SLOT_MAPPINGS, (token_req[t],), shown, row[:num_tokens],
+                         f"SLOT: token {t} (position {int(batch.positions[t])} of {token_req[t]})")
+                break
+        tail = row[num_tokens:]
+        if any(s != PAD_SLOT_ID for s in tail):
+            mismatch(SLOT_MAPPINGS, (), [PAD_SLOT_ID] * len(tail), tail,
+                     f"PADDED TOKENS: slots past the batch's {num_tokens} tokens are PAD_SLOT_ID")

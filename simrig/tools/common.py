@@ -1,0 +1,88 @@
+"""Flags every report-writing command shares, with one meaning everywhere.
+
+    --out DIR            the report directory
+    --progress MODE      tty | plain | quiet (default: tty on a terminal, else plain)
+    --quiet              same as --progress quiet
+    --json               print summary.json on stdout (nothing else there), for scripts
+    --verbose            show vLLM's own import messages (added to every command by simrig.commands.dispatch)
+
+and the history record each of them appends (simrig.history.store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_STATUSES = ("exit status: 0 nothing new; 1 a new finding class (or a surviving mutant); "
+                 "2 bad arguments or input (one line on stderr, no report)")
+
+
+def add_output_flags(p: argparse.ArgumentParser, kind: str, *, out_default: str | None = None) -> None:
+    p.add_argument("--out", default=out_default, metavar="DIR",
+                   help=f"report directory (default: {out_default or f'reports/{kind}-<UTC time>'})")
+    p.add_argument("--progress", choices=("tty", "plain", "quiet"), default=None,
+                   help="progress on stderr (default: tty on a terminal, else plain)")
+    p.add_argument("--quiet", action="store_true", help="same as --progress quiet")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON on stdout (the human lines are not printed)")
+
+
+def progress_mode(args: argparse.Namespace) -> str | None:
+    """The --progress mode; --quiet means quiet. (Progress is on stderr, so --json,
+    which owns stdout, leaves it alone.)"""
+    if getattr(args, "quiet", False):
+        return "quiet"
+    mode = getattr(args, "progress", None)
+    if mode is None and not sys.stderr.isatty():
+        return "plain"
+    return mode
+
+
+def emit_json(summary: dict[str, Any]) -> None:
+    from simrig.report.html import jsonable
+
+    sys.stdout.write(json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n")
+
+
+def record_history(summary: dict[str, Any], classes: Any) -> None:
+    """Append this run to the history store. The run's result is already decided:
+    a store that cannot be written, any error from it, or a Ctrl-C during the
+    append costs one warning line, never the exit status."""
+    root = None
+    try:
+        from simrig.history.store import append_run, history_dir
+
+        root = history_dir()
+        if root is None:
+            return
+        append_run(root, summary, classes)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 -- see above
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
+            " ".join(str(exc).split()) or type(exc).__name__
+        where = root if root is not None else "the history store"
+        print(f"simrig: warning: history not recorded in {where}: {why}", file=sys.stderr)
+
+
+def open_history_store(args: argparse.Namespace) -> Any:
+    """The store ``--store`` (or $SIMRIG_HISTORY) names, checked before reading:
+    recording on, ``--since`` an ISO date/time, ``runs/`` present (UsageError)."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from simrig.errors import UsageError
+    from simrig.history.store import history_dir
+
+    store = Path(args.store) if args.store else history_dir()
+    if store is None:
+        raise UsageError("--store: history recording is off (SIMRIG_HISTORY=none); name a store")
+    if args.since:
+        try:
+            datetime.fromisoformat(args.since)
+        except ValueError:
+            raise UsageError(f"--since: not an ISO date/time: {args.since!r}") from None
+    if not (store / "runs").is_dir():
+        raise UsageError(f"--store: {store} holds no history yet (runs/ is missing)")
+    return store
