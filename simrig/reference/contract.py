@@ -122,6 +122,7 @@ CONTRACT: dict[str, dict[str, FieldContract]] = {
     PREPARE: BATCH_CONTRACT,
     DUMMY: BATCH_CONTRACT,
     CAPTURE: BATCH_CONTRACT,
+    PROFILE: BATCH_CONTRACT,  # the profile run's batch is a make_dummy batch too
     PARTITION: PARTITION_CONTRACT,
 }
 
