@@ -175,13 +175,15 @@ class Recorder:
     def __init__(self):
         self.max_model_len, self.path, self.seen = CONFIG["max_model_len"], "step", []
     def prepare_attn(self, batch, cg_mode, tables, slot_mappings, *a, **k):
-        self.seen.append(SimpleNamespace(path=self.path, batch=batch, cg_mode=cg_mode,
+        self.seen.append(SimpleNamespace(path=self.path, batch=snapshot(batch), cg_mode=cg_mode,
                                          block_tables=[t.clone() for t in tables or ()]))
         return {}
     def prepare_inputs(self, batch, req_states):
         if self.path == "profile":
-            self.seen.append(SimpleNamespace(path="profile", batch=batch, cg_mode=None, block_tables=[]))
+            self.seen.append(SimpleNamespace(path="profile", batch=snapshot(batch), cg_mode=None,
+                                             block_tables=[]))
         return {}
+
     def add_request(self, *a): pass
     def remove_request(self, *a): pass
     def apply_staged_writes(self): pass
@@ -190,6 +192,12 @@ class Recorder:
     def prepare_dummy_inputs(self, *a): return {}
     def capture_inner_cudagraphs(self, *a, **k): pass
     def custom_sampler(self, *a): return None
+
+
+def snapshot(batch):
+    """The batch's fields as they are now (they are views into buffers the next step reuses)."""
+    copy = lambda v: v.clone() if isinstance(v, torch.Tensor) else v.copy() if isinstance(v, np.ndarray) else v
+    return SimpleNamespace(**{f.name: copy(getattr(batch, f.name)) for f in dataclasses.fields(batch)})
 
 
 class Sampler:  # the sampler needs logits of a model; run_step samples in its place

@@ -60,15 +60,9 @@ def drive(runner):
         profile_run(runner)
     captured = []
     if CLASS["stage"] == "capture" and runner.cudagraph_manager.needs_capture():
-        manager, real = runner.cudagraph_manager, runner.cudagraph_manager.capture
-        def capture(forward_fn, *a, **k):
-            def tapped(desc, *x, **y):
-                captured.append(desc)
-                runner.model_state.desc = desc
-                return forward_fn(desc, *x, **y)
-            return real(tapped, *a, **k)
-        manager.capture = capture
         capture_model(runner)
+        # the descriptors vLLM captured graphs for (its own list, per mode)
+        captured = [d for descs in runner.cudagraph_manager._capture_descs.values() for d in descs]
     runner.cudagraph_manager._graphs_captured = True  # dispatch as after the start-up capture
     steps = []
     for index, step in enumerate(STEPS):
