@@ -125,7 +125,7 @@ def vllm_config(tmp_dir):
     config._set_cudagraph_sizes()
     from vllm.v1.attention.backend import AttentionCGSupport
     compilation.resolve_cudagraph_mode_and_sizes(  # as initialize_kv_cache does
-        AttentionCGSupport.ALWAYS, None, 1, use_v2_model_runner=True,
+        AttentionCGSupport.ALWAYS, None, 1 + CONFIG["num_speculative_tokens"], use_v2_model_runner=True,
         max_num_reqs=CONFIG["max_num_reqs"], piecewise_capture_available=True)
     return config
 
@@ -225,9 +225,10 @@ def build_runner(tmp_dir):
     r = mr.GPUModelRunner.__new__(mr.GPUModelRunner)
     r.vllm_config, r.parallel_config = config, config.parallel_config
     r.observability_config = config.observability_config
-    r.device, r.max_num_reqs, r.decode_query_len, r.vocab_size = DEVICE, CONFIG["max_num_reqs"], 1, VOCAB
+    drafts = CONFIG["num_speculative_tokens"]  # the drafter is not run: the schedule names its drafts
+    r.device, r.max_num_reqs, r.decode_query_len, r.vocab_size = DEVICE, CONFIG["max_num_reqs"], 1 + drafts, VOCAB
     r.max_model_len, r.max_num_tokens = CONFIG["max_model_len"], CONFIG["max_num_batched_tokens"]
-    r.num_speculative_steps, r.model_config = 0, SimpleNamespace(rswa_window=None)
+    r.num_speculative_steps, r.model_config = drafts, SimpleNamespace(rswa_window=None)
     for name in ("adaptive_verification", "fast_prefill", "pooling_runner", "pp_handler", "encoder_cache",
                  "kv_block_zeroer", "routed_experts_capturer", "intermediate_tensors", "aux_output_connector",
                  "ubatch_runner", "speculator", "rejection_sampler", "batch_sharder",
@@ -243,7 +244,7 @@ def build_runner(tmp_dir):
     r.dcp_size, r.dcp_rank, r.cp_interleave, r._draft_workspace_lane = 1, 0, 1, 0
     r.req_states = RequestState(**kwargs_for(
         RequestState, max_num_reqs=CONFIG["max_num_reqs"], max_model_len=CONFIG["max_model_len"],
-        max_num_batched_tokens=CONFIG["max_num_batched_tokens"], num_speculative_steps=0,
+        max_num_batched_tokens=CONFIG["max_num_batched_tokens"], num_speculative_steps=drafts,
         vocab_size=VOCAB, device=DEVICE))
     r.input_buffers = InputBuffers(max_num_reqs=CONFIG["max_num_reqs"],
                                    max_num_tokens=CONFIG["max_num_batched_tokens"], device=DEVICE)
@@ -278,7 +279,7 @@ def build_runner(tmp_dir):
         from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
         r.draft_tokens_handler = DraftTokensHandler(DEVICE)
         manager = cudagraph_utils.ModelCudaGraphManager(
-            config, None, config.compilation_config.cudagraph_mode, decode_query_len=1)
+            config, None, config.compilation_config.cudagraph_mode, decode_query_len=1 + drafts)
     # as GPUModelRunner.__init__ / initialize_kv_cache set them
     manager.lora_capture_cases = list(get_lora_capture_cases(r.lora_config, config.compilation_config))
     manager._lora_dispatch_map, manager._max_lora_case = manager._build_lora_dispatch_map()
@@ -331,7 +332,8 @@ def scheduler_output(step):
             num_computed_tokens=[c["num_computed_tokens"] for c in cached],
             new_block_ids=[None if c["new_block_ids"] is None else tuple(per_group(c["new_block_ids"], groups))
                            for c in cached]),
-        num_scheduled_tokens=dict(nst), scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+        num_scheduled_tokens=dict(nst), scheduled_encoder_inputs={},
+        scheduled_spec_decode_tokens={k: [-1] * n for k, n in step.get("spec_tokens", {}).items() if n},
         finished_req_ids=set(step["finished"]), free_encoder_mm_hashes=[],
         preempted_req_ids=set(step["preempted"]) or None)
 

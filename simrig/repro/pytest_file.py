@@ -120,14 +120,15 @@ def _step_literal(step: Any) -> dict[str, Any]:
                     "new_block_ids": None if c.new_block_ids is None else
                     [list(g) if isinstance(g, (list, tuple)) else g for g in c.new_block_ids]}
                    for c in step.cached],
-        "num_scheduled_tokens": dict(step.num_scheduled_tokens), "finished": list(step.finished),
+        "num_scheduled_tokens": dict(step.num_scheduled_tokens),
+        **({"spec_tokens": dict(step.spec_tokens)} if step.spec_tokens else {}), "finished": list(step.finished),
         "preempted": list(step.preempted)}
 
 
 def property_of(key: ClassKey) -> str:
     """Which assertion of the template states the class; UsageError when none does."""
     kind, stage, name = key.kind, key.stage, key.field
-    if kind in ("key_error", "exception"):
+    if kind in ("key_error", "exception", "silent_acceptance"):
         return "raises_or_not"
     if kind == "dtype_drift" and stage in FORWARD_STAGES:
         return "dtype"
@@ -158,7 +159,8 @@ def class_literal(key: ClassKey, header: Any) -> dict[str, Any]:
         declared = f"torch.{contract.dtype}" if contract.kind == "torch" else f"numpy.{contract.dtype}"
     expected_raise = False
     if prop == "raises_or_not":
-        expected_raise = bool(header.adversarial) or bool(header.source.get("loud_rejection"))
+        expected_raise = (key.kind == "silent_acceptance" or bool(header.adversarial)
+                          or bool(header.source.get("loud_rejection")))
         prop = "raises" if expected_raise else "no_raise"
     meaning = MEANING.get(prop, "")
     if prop == "present":
@@ -177,17 +179,17 @@ def render(trace: Path, key: ClassKey) -> str:
         header, steps = read_trace(trace)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    if header.adversarial and key.kind not in ("key_error", "exception") \
+    if header.adversarial and key.kind not in ("key_error", "exception", "silent_acceptance") \
             and not key.field.startswith("attn.block_tables."):
         raise UsageError(f"{trace}: an adversarial trace reproduces only key_error/exception classes "
                          "and block-table classes")
     cls = class_literal(key, header)
     c = header.config
-    if c.num_speculative_tokens or c.dcp_size > 1:
-        raise UsageError(f"{trace}: the standalone runner drives no drafts and no DCP "
-                         f"(num_speculative_tokens {c.num_speculative_tokens}, dcp_size {c.dcp_size})")
+    if c.dcp_size > 1:
+        raise UsageError(f"{trace}: the standalone runner drives no DCP (dcp_size {c.dcp_size})")
     config = {"max_num_reqs": c.max_num_reqs, "max_num_batched_tokens": c.max_num_batched_tokens,
               "max_model_len": c.max_model_len, "block_size": c.block_size,
+              "num_speculative_tokens": c.num_speculative_tokens,
               "kv_groups": [{"kind": g.kind, "window": g.window} for g in c.kv_groups],
               "pcp_size": c.pcp_size, "shard_decode_requests": c.shard_decode_requests,
               "cudagraph_mode": c.cudagraph_mode, "capture_sizes": list(c.capture_sizes),

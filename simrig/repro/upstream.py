@@ -50,6 +50,15 @@ FINDINGS: dict[str, Upstream] = {
         "the dummy derives them from the int32 `query_start_loc`, so a graph captured on the dummy "
         "replays with another dtype",
         "`logits_indices = (query_start_loc[1:] - 1).to(torch.int64)` in `make_dummy`"),
+    "missing_field:dummy:num_draft_tokens_per_req": Upstream(
+        "Dummy batch `num_draft_tokens_per_req` is None under speculative decoding", (9,),
+        f"{_IB}:206 (`InputBatch.make_dummy`: `num_draft_tokens=0, num_draft_tokens_per_req=None`)",
+        "vllm/v1/worker/gpu/model_runner.py:1427-1429, `prepare_inputs`: whenever drafts are "
+        "scheduled, `num_draft_tokens_per_req = batch_req_state.num_draft_tokens_np` (zeros when "
+        "None): a spec-decode batch always carries an int32 array, so a graph captured on the dummy "
+        "(the same shape) never sees per-request draft counts",
+        "give `make_dummy` the per-request draft counts of the shape it stands for (zeros, or "
+        "`decode_query_len - 1` per row for a uniform spec-decode dummy) when the runner drafts"),
     "value_mismatch:dummy:positions": Upstream(
         "Dummy batch positions are all zero", (12, 14),
         f"{_IB}:183 (`InputBatch.make_dummy`: `positions = input_buffers.positions[:num_tokens].zero_()`)",
