@@ -1,7 +1,8 @@
 '''The standalone pytest file ``simrig repro`` writes: three sections, as text.
 
     @@DOC@@     the module docstring (class, property, where, how to run)
-    RUNNER      a CPU runner: vLLM's GPUModelRunner without a model (cpu_runner.py)
+    RUNNER      a CPU runner: vLLM's GPUModelRunner without a model (cpu_runner.py),
+                and the drive helpers: a step through execute_model and the dummy paths (drive.py)
     @@DATA@@    CONFIG, CLASS and STEPS as Python literals: the minimal schedule
     PROPERTY    the drive (execute_model per step; profile_run, capture_model,
                 _dummy_run where the class lives) and the assertion
@@ -11,6 +12,7 @@ simrig); it adapts to the installed release by looking at signatures.
 '''
 
 from simrig.repro.cpu_runner import RUNNER
+from simrig.repro.drive import DRIVE
 
 HEAD = r'''"""@@DOC@@"""
 import contextlib
@@ -199,7 +201,7 @@ def test_@@TEST@@(tmp_path):
      "no_raise": lambda: None}[CLASS["property"]]()
 '''
 
-RUNNER_SECTION = RUNNER
+RUNNER_SECTION = RUNNER + DRIVE
 
 
 def assemble(doc: str, data: str, test: str) -> str:
