@@ -195,3 +195,18 @@ def check_folder(folder: Path, pythons: dict[str, str], run: Any) -> tuple[dict[
     verdict_path.write_text(json.dumps(verdict, indent=1) + "\n")
     ok = all(measured[r] == verdict["expected"].get(r) for r in measured)
     return measured, ok
+
+
+def verdict_table(root: Path = KNOWN.parents[1] / "upstream") -> str:
+    """The folders' verdicts as a markdown table: measured where --check ran (with the
+    expected one when they differ), else the expected one marked as not measured."""
+    rows = ["| folder | class | " + " | ".join(RELEASES) + " |", "|---|---|" + "---|" * len(RELEASES)]
+    for folder in sorted(p for p in root.iterdir() if (p / "verdict.json").is_file()):
+        verdict = json.loads((folder / "verdict.json").read_text())
+        cells = []
+        for release in RELEASES:
+            want, got = verdict["expected"][release], verdict.get("measured", {}).get(release)
+            cells.append(f"expected {want}, not measured" if got is None else
+                         got if got == want else f"**{got}** (expected {want})")
+        rows.append(f"| `{folder.name}` | `{verdict['class']}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows)

@@ -50,7 +50,8 @@ from vllm.v1.worker.gpu.states import RequestState  # noqa: E402
 if ON_CPU:
     buffer_utils.is_uva_available = lambda: False  # pinned memory needs CUDA
 DEVICE = torch.device("cpu" if ON_CPU else "cuda")
-VOCAB, HIDDEN = 1024, 8
+VOCAB = 1024  # token ids of the schedule (any vocabulary works: no model reads them)
+HIDDEN = 8  # the stand-in model's hidden size
 
 
 def kwargs_for(fn, **kwargs):
@@ -309,6 +310,7 @@ def build_runner(tmp_dir):
     return r
 
 
+
 def scheduler_output(step):
     """One step of the schedule as this release's SchedulerOutput."""
     def build(cls, **kw):
@@ -501,6 +503,14 @@ def drive(runner):
     return steps, captured
 
 
+def at_stage(seen):
+    """The batches of the class's stage (prepare: the real steps' batches)."""
+    path = {"prepare": "step"}.get(CLASS["stage"], CLASS["stage"])
+    records = [r for r in seen if r.path == path]
+    assert records, f"no batch of stage {CLASS['stage']} reached the forward"
+    return records
+
+
 def where(record):
     return {"step": "execute_model", "dummy": "_dummy_run", "profile": "profile_run",
             "capture": "capture_model"}[record.path]
@@ -508,7 +518,7 @@ def where(record):
 
 def check_dtype(seen):
     real = [r for r in seen if r.path == "step"]
-    for r in (r for r in seen if r.path == CLASS["stage"]):
+    for r in at_stage(seen):
         value = field(r.batch, CLASS["field"])
         if real and r.path != "step":
             expected = dtype_of(field(real[-1].batch, CLASS["field"]))
@@ -524,16 +534,14 @@ def check_dtype(seen):
 def check_present(seen):
     real = [r for r in seen if r.path == "step" and field(r.batch, CLASS["field"]) is not None]
     assert real, f"the schedule never makes execute_model build InputBatch.{CLASS['field']}"
-    for r in (r for r in seen if r.path == CLASS["stage"]):
+    for r in at_stage(seen):
         assert field(r.batch, CLASS["field"]) is not None, (
             f"{where(r)}: InputBatch.{CLASS['field']} is None where the real batch (execute_model) "
             f"has {dtype_of(field(real[-1].batch, CLASS['field']))}: {CLASS['meaning']}")
 
 
 def check_positions(seen):
-    records = [r for r in seen if r.path == CLASS["stage"]]
-    assert records, f"{CLASS['stage']}: no batch reached the forward"
-    for r in records:
+    for r in at_stage(seen):
         b = r.batch
         qsl = b.query_start_loc_np[: b.num_reqs + 1] if hasattr(b, "query_start_loc_np") \
             else b.query_start_loc[: b.num_reqs + 1].cpu().numpy()
