@@ -184,3 +184,25 @@ def test_the_repro_docs_show_the_folders_verdicts():
     """docs/bisect.md carries upstream.verdict_table(); regenerate it with
     python -c "from simrig.repro.upstream import verdict_table as t; print(t())"."""
     assert upstream.verdict_table() in (ROOT / "docs" / "bisect.md").read_text()
+
+
+def test_check_records_each_release_and_says_when_a_verdict_differs(tmp_path):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "test_f.py").write_text("def test_x():\n    assert False\n")
+    (folder / "verdict.json").write_text(json.dumps(
+        {"test": "test_f.py", "expected": {"0.31.0": "fails", "0.33.0": "fails"}}))
+    statuses = {"py31": 1, "py33": 0}  # what pytest exited with under each interpreter
+    measured, ok = upstream.check_folder(folder, {"0.31.0": "py31", "0.33.0": "py33"},
+                                         lambda python, file: (statuses[python], ""))
+    assert measured == {"0.31.0": "fails", "0.33.0": "passes"} and not ok
+    assert json.loads((folder / "verdict.json").read_text())["measured"] == measured
+    statuses["py33"] = 1
+    assert upstream.check_folder(folder, {"0.33.0": "py33"}, lambda p, f: (statuses[p], ""))[1]
+
+
+def test_check_on_a_bad_folder_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "verdict.json").write_text("{not json")
+    assert main(["repro", str(tmp_path), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "verdict.json: not readable JSON" in err[0]

@@ -93,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if status not in (0, 1):
         raise UsageError(f"--check: pytest could not run the file on {where} (exit {status}): "
                          f"{tail.splitlines()[-1] if tail else ''}")
-    loud = repro.class_literal(key, repro.read_trace(trace)[0])["property"] == "raises"
+    # a loud rejection shows when its file passes; a silent acceptance when it fails
+    loud = (repro.class_literal(key, repro.read_trace(trace)[0])["property"] == "raises"
+            and key.kind != "silent_acceptance")
     shows = (status == 1) != loud  # a loud rejection shows when its test passes
     verb = "passes" if status == 0 else "FAILS"
     what = (f"it reproduces {key.text}" if shows and not loud else
@@ -112,14 +114,15 @@ def _check_folder(folder: "Path") -> int:
     from simrig.releases import envs
     from simrig.repro import pytest_file, upstream
 
-    pythons, missing = {}, []
+    upstream.read_verdict(folder)  # a bad folder is one line, before any run
+    pythons = {}
     for release in upstream.RELEASES:
         try:
             pythons[release] = envs.side_for_compare(release).python
-        except UsageError:
-            missing.append(release)
+        except UsageError:  # no side venv for it: reported as not run
+            continue
     measured, ok = upstream.check_folder(folder, pythons, pytest_file.run_pytest)
-    expected = upstream.json.loads((folder / "verdict.json").read_text())["expected"]
+    expected = upstream.read_verdict(folder)["expected"]
     for release in upstream.RELEASES:
         got = measured.get(release, "not run (no side venv)")
         mark = "" if release not in measured else "  ok" if got == expected[release] else "  DIFFERS"

@@ -179,13 +179,28 @@ def issue_text(info: Upstream, key: ClassKey, trace: Path, test: Path) -> str:
         "## Suggested fix", "", info.fix, ""])
 
 
+def read_verdict(folder: Path) -> dict[str, Any]:
+    """A folder's verdict.json; UsageError naming the file and what is wrong."""
+    path = folder / "verdict.json"
+    try:
+        verdict = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--check {folder}: no verdict.json there (write it with --upstream)") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{path}: not readable JSON ({exc})") from None
+    for key in ("test", "expected"):
+        if key not in verdict:
+            raise UsageError(f"{path}: field {key!r} missing")
+    if not (folder / str(verdict["test"])).is_file():
+        raise UsageError(f"{path}: field 'test': no file {verdict['test']} in {folder}")
+    return verdict
+
+
 def check_folder(folder: Path, pythons: dict[str, str], run: Any) -> tuple[dict[str, str], bool]:
     """Run the folder's test under each release's interpreter (``pythons``); record what
     was measured in verdict.json. Returns (verdict per release, all as expected)."""
     verdict_path = folder / "verdict.json"
-    if not verdict_path.is_file():
-        raise UsageError(f"--check {folder}: no verdict.json there (write it with --upstream)")
-    verdict = json.loads(verdict_path.read_text())
+    verdict = read_verdict(folder)
     test = folder / verdict["test"]
     measured: dict[str, str] = {}
     for release, python in pythons.items():
