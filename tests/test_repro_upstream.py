@@ -101,6 +101,8 @@ def test_each_class_kind_fails_where_vllm_shows_it_and_its_control_passes(tmp_pa
         got, text = results.get(f"test_{name}", ("missing", ""))
         assert got == outcome, f"{cls}: expected {outcome} on 0.33.0, got {got}: {text[:600]}"
         assert message in text, f"{cls}: {text[:600]}"
+        if got == "failed":  # the property's assertion, not the file's own trouble
+            assert text.startswith("AssertionError"), f"{cls}: {text[:600]}"
 
 
 def test_the_generated_file_imports_no_simrig_and_drives_execute_model(tmp_path):
@@ -191,14 +193,16 @@ def test_check_records_each_release_and_says_when_a_verdict_differs(tmp_path):
     folder.mkdir()
     (folder / "test_f.py").write_text("def test_x():\n    assert False\n")
     (folder / "verdict.json").write_text(json.dumps(
-        {"test": "test_f.py", "expected": {"0.31.0": "fails", "0.33.0": "fails"}}))
-    statuses = {"py31": 1, "py33": 0}  # what pytest exited with under each interpreter
-    measured, ok = upstream.check_folder(folder, {"0.31.0": "py31", "0.33.0": "py33"},
-                                         lambda python, file: (statuses[python], ""))
-    assert measured == {"0.31.0": "fails", "0.33.0": "passes"} and not ok
+        {"test": "test_f.py", "expected": {"0.30.0": "fails", "0.31.0": "fails", "0.33.0": "fails"}}))
+    property_fails = (1, "E   AssertionError: execute_model: ...")
+    rig_fails = (1, "E   Failed: the runner raised AttributeError: ..., before the property could be checked")
+    results = {"py30": rig_fails, "py31": property_fails, "py33": (0, "")}  # pytest under each interpreter
+    measured, ok = upstream.check_folder(folder, {"0.30.0": "py30", "0.31.0": "py31", "0.33.0": "py33"},
+                                         lambda python, file: results[python])
+    assert measured["0.31.0"] == "fails" and measured["0.33.0"] == "passes" and not ok
+    assert measured["0.30.0"].startswith("error (pytest exit 1: Failed: the runner raised")
     assert json.loads((folder / "verdict.json").read_text())["measured"] == measured
-    statuses["py33"] = 1
-    assert upstream.check_folder(folder, {"0.33.0": "py33"}, lambda p, f: (statuses[p], ""))[1]
+    assert upstream.check_folder(folder, {"0.33.0": "py33"}, lambda p, f: property_fails)[1]
 
 
 def test_check_on_a_bad_folder_is_one_line_and_exit_2(tmp_path, capsys):
