@@ -73,7 +73,8 @@ CASES = [
      {**SMALL, "cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": [1, 2], "max_loras": 1,
       "cudagraph_specialize_lora": False}, PREFILL, False, "failed", "LoRA-free graph(s)"),
     ("capture_control", "dtype_drift:capture:idx_mapping",
-     {**SMALL, "cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": [1, 2]}, PREFILL, False, "passed", ""),
+     {**SMALL, "cudagraph_mode": "FULL_AND_PIECEWISE", "capture_sizes": [1, 2]}, PREFILL, False,
+     "passed", ""),
     ("exception", "silent_acceptance:lifecycle:duplicate_new_id", SMALL, DUPLICATE, True, "failed",
      "the runner accepted the schedule silently"),
     ("exception_control", "key_error:gather:unknown_scheduled_id:KeyError", SMALL,
@@ -89,7 +90,8 @@ def test_each_class_kind_fails_where_vllm_shows_it_and_its_control_passes(tmp_pa
         assert main(["repro", str(trace), "--class", cls, "--pytest", str(tmp_path / f"test_{name}.py")]) == 0
     report = tmp_path / "junit.xml"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:simrig",
-                           "-c", "/dev/null", "--rootdir", str(tmp_path), f"--junitxml={report}", str(tmp_path)],
+                           "-c", "/dev/null", "--rootdir", str(tmp_path), f"--junitxml={report}",
+                           str(tmp_path)],
                           capture_output=True, text=True, cwd=tmp_path, timeout=1500)
     assert report.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     results = {}
@@ -108,7 +110,8 @@ def test_each_class_kind_fails_where_vllm_shows_it_and_its_control_passes(tmp_pa
 def test_the_generated_file_imports_no_simrig_and_drives_execute_model(tmp_path):
     trace = _trace(tmp_path / "t.jsonl", GRAPHS, DECODES)
     out = tmp_path / "test_x.py"
-    assert main(["repro", str(trace), "--class", "value_mismatch:dispatch:cg_mode", "--pytest", str(out)]) == 0
+    assert main(["repro", str(trace), "--class", "value_mismatch:dispatch:cg_mode",
+                 "--pytest", str(out)]) == 0
     text = out.read_text()
     roots = {a.name.split(".")[0] for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import)
              for a in node.names}
@@ -142,7 +145,8 @@ def test_every_open_0_33_bug_has_one_complete_folder():
     covered: dict[int, str] = {}
     for folder in _folders():
         verdict = json.loads((folder / "verdict.json").read_text())
-        assert {"ISSUE.md", "trace.jsonl", verdict["test"], "verdict.json"} <= {p.name for p in folder.iterdir()}
+        files = {p.name for p in folder.iterdir()}
+        assert {"ISSUE.md", "trace.jsonl", verdict["test"], "verdict.json"} <= files, folder.name
         for name in verdict["known_findings"]:
             index = int(name.rsplit("#", 1)[1])
             assert index not in covered, f"entry #{index} in {folder.name} and {covered[index]}"

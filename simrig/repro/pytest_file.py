@@ -121,7 +121,8 @@ def _step_literal(step: Any) -> dict[str, Any]:
                     [list(g) if isinstance(g, (list, tuple)) else g for g in c.new_block_ids]}
                    for c in step.cached],
         "num_scheduled_tokens": dict(step.num_scheduled_tokens),
-        **({"spec_tokens": dict(step.spec_tokens)} if step.spec_tokens else {}), "finished": list(step.finished),
+        **({"spec_tokens": dict(step.spec_tokens)} if step.spec_tokens else {}),
+        "finished": list(step.finished),
         "preempted": list(step.preempted)}
 
 
