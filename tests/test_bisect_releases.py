@@ -50,7 +50,8 @@ def test_the_dummy_logits_indices_file_fails_on_both_releases(tmp_path):
     for python in (sys.executable, _side_python()):
         status, tail = run_pytest(python, file)
         assert status == 1, tail
-        assert "make_dummy's logits_indices is torch.int32, prepare_inputs' is torch.int64" in tail
+        assert ("_dummy_run: InputBatch.logits_indices is torch.int32, the real batch's "
+                "(execute_model) is torch.int64") in tail
 
 
 def test_idx_mapping_bisects_to_0_31_0_and_its_file_fails_only_there(tmp_path):
@@ -59,7 +60,7 @@ def test_idx_mapping_bisects_to_0_31_0_and_its_file_fails_only_there(tmp_path):
         pytest.skip(f"the int32 idx_mapping class is 0.31.0's; the side venv holds {side}")
     file = _repro(tmp_path, "dtype_drift:prepare:idx_mapping")
     status, tail = run_pytest(_side_python(), file)
-    assert status == 1 and "prepare_inputs' idx_mapping is torch.int32, expected torch.int64" in tail
+    assert status == 1 and "execute_model: InputBatch.idx_mapping is torch.int32, expected torch.int64" in tail
     status, tail = run_pytest(sys.executable, file)
     assert status == 0, tail
     venvs = tmp_path / "venvs"  # only the side venv: the range holds no release in between

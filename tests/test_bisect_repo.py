@@ -117,7 +117,7 @@ def test_the_standalone_file_fails_before_the_fix_and_passes_after_it(checkout, 
     assert main(["repro", str(trace), "--pytest", str(file)]) == 0  # the class from the header
     before = _pytest_on_commit(repo, c["c5"], file, root / "cache")
     assert before.returncode == 1, before.stdout[-3000:]
-    assert "prepare_inputs' idx_mapping is torch.int32, expected torch.int64" in before.stdout
+    assert "execute_model: InputBatch.idx_mapping is torch.int32, expected torch.int64" in before.stdout
     after = _pytest_on_commit(repo, c["c8"], file, root / "cache")
     assert after.returncode == 0, after.stdout[-3000:]
     assert "1 passed" in after.stdout

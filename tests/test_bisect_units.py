@@ -205,8 +205,8 @@ def test_repro_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     out = ["--pytest", str(tmp_path / "test_x.py")]
     assert "neither a trace file nor a class" in _error(capsys, ["repro", "garbage", *out])
     assert "--trace FILE or --report DIR" in _error(capsys, ["repro", "dtype_drift:dummy:x", *out])
-    assert "no standalone reproducer" in _error(
-        capsys, ["repro", str(trace), "--class", "value_mismatch:prepare:positions", *out])
+    assert "no standalone property" in _error(
+        capsys, ["repro", str(trace), "--class", "value_mismatch:gather:num_scheduled_tokens", *out])
     assert "not in simrig's dtype contract" in _error(
         capsys, ["repro", str(trace), "--class", "dtype_drift:prepare:no_such_field", *out])
     report = tmp_path / "rep"

@@ -43,7 +43,7 @@ CLASS_COLUMNS = ("signature", "verdict", "occurrences", "kind", "stage", "field"
                  "first_step", "first_rank", "first_elapsed_s", "first_example", "last_trace",
                  "last_pcp_size", "last_step", "last_rank", "req_ids", "message", "reproducer",
                  "reproduce", "repro_pytest", "explanation", "evidence")
-# Kinds `simrig repro` turns into a standalone pytest file (simrig.repro.pytest_file.SUPPORTED).
+# Kinds `simrig repro` turns into a standalone pytest file (simrig.repro.pytest_file.property_of).
 REPRO_KINDS = ("dtype_drift", "missing_field", "key_error", "exception")
 
 

@@ -35,16 +35,29 @@ from typing import Any
 from simrig.bisect.search import ClassKey
 from simrig.errors import UsageError
 from simrig.reference.contract import CONTRACT
-from simrig.repro.template import TEMPLATE
+from simrig.repro.template import assemble
 from simrig.trace_io.trace import TraceError, read_trace
 
-SUPPORTED = {"dtype_drift": ("gather", "prepare", "dummy", "partition"),
-             "missing_field": ("gather", "prepare", "dummy", "partition"),
-             "key_error": ("lifecycle", "gather", "prepare", "partition", "postprocess", "dummy"),
-             "exception": ("lifecycle", "gather", "prepare", "partition", "postprocess", "dummy")}
-WHY = {"dtype_drift": "index arrays are int64 (np.intp / torch.int64), lengths and offsets int32, "
-                      "masks bool, in the real and the dummy batch alike",
-       "missing_field": "InputBatch/BatchReqState field comments name when a field may be None"}
+FORWARD_STAGES = ("prepare", "dummy", "capture", "profile")
+DUMMY_STAGES = ("dummy", "capture", "profile")
+# Each property in the words of the vLLM code that gives it its meaning.
+MEANING = {
+    "dtype": "index arrays are int64 (combine_sampled_and_draft_tokens allocates logits_indices "
+             "torch.int64), lengths and offsets int32, masks bool, in the real and the dummy batch alike",
+    "present": "InputBatch's field comments name when a field may be None",
+    "positions": "positions are the tokens' sequence positions: a row with query_len q and seq_len s "
+                 "holds s-q, ..., s-1 (InputBatch: seq_lens, query_start_loc)",
+    "block_tables": "gather_block_tables: every entry wholly below the window is replaced by the null "
+                    "block, since a KV tile that straddles the window start can still load a freed, "
+                    "reused block and 'masked-out NaN in such a tile propagates into the output'",
+    "full_decode": "a uniform decode batch runs the FULL decode graph its rank-local batch fits "
+                   "(CUDAGraphMode FULL_AND_PIECEWISE / FULL_DECODE_ONLY: FULL graphs for decode batches)",
+    "lora": "CompilationConfig.cudagraph_specialize_lora: 'When set to False, the LoRA-enabled cuda "
+            "graph will be used for all cases'",
+    "raises": "the scheduler output breaks the scheduler's contract on purpose; the runner must reject "
+              "it loudly",
+    "no_raise": "valid scheduler output must never make the runner raise",
+}
 
 
 def resolve_input(arg: str, cls: str | None, trace: str | None, report: str | None
@@ -97,46 +110,65 @@ def _from_report(report: Path, key: ClassKey) -> Path:
 
 def _step_literal(step: Any) -> dict[str, Any]:
     return {
-        "new_requests": [{"id": r.req_id, "prompt_len": r.prompt_len, "prefill_len": r.num_prefill_tokens,
-                          "num_computed_tokens": r.num_computed_tokens, "max_tokens": r.max_tokens,
-                          "token_ids": list(r.prompt_token_ids) if r.prompt_token_ids else None,
-                          "block_ids": list(r.block_ids)} for r in step.new_requests],
+        "new": [{"id": r.req_id, "prompt_len": r.prompt_len, "prefill_len": r.num_prefill_tokens,
+                 "num_computed_tokens": r.num_computed_tokens, "max_tokens": r.max_tokens,
+                 "block_ids": [list(g) for g in r.block_ids] if r.block_ids and isinstance(
+                     r.block_ids[0], (list, tuple)) else list(r.block_ids),
+                 **({"lora_id": r.lora_id} if getattr(r, "lora_id", None) else {})}
+                for r in step.new_requests],
         "cached": [{"id": c.req_id, "num_computed_tokens": c.num_computed_tokens,
-                    "new_block_ids": None if c.new_block_ids is None else list(c.new_block_ids),
-                    "resumed": c.resumed} for c in step.cached],
-        "num_scheduled_tokens": dict(step.num_scheduled_tokens), "spec_tokens": dict(step.spec_tokens),
-        "rejected": dict(step.rejected), "finished": list(step.finished),
+                    "new_block_ids": None if c.new_block_ids is None else
+                    [list(g) if isinstance(g, (list, tuple)) else g for g in c.new_block_ids]}
+                   for c in step.cached],
+        "num_scheduled_tokens": dict(step.num_scheduled_tokens),
+        **({"spec_tokens": dict(step.spec_tokens)} if step.spec_tokens else {}),
+        "finished": list(step.finished),
         "preempted": list(step.preempted)}
 
 
+def property_of(key: ClassKey) -> str:
+    """Which assertion of the template states the class; UsageError when none does."""
+    kind, stage, name = key.kind, key.stage, key.field
+    if kind in ("key_error", "exception", "silent_acceptance"):
+        return "raises_or_not"
+    if kind == "dtype_drift" and stage in FORWARD_STAGES:
+        return "dtype"
+    if kind == "missing_field" and stage in DUMMY_STAGES:
+        return "present"
+    if kind == "value_mismatch":
+        if name == "positions" and stage in FORWARD_STAGES:
+            return "positions"
+        if stage == "prepare" and name.startswith("attn.block_tables."):
+            return "block_tables"
+        if stage == "dispatch" and name == "cg_mode":
+            return "full_decode"
+        if (stage, name) in (("dispatch", "num_active_loras"), ("capture", "desc.num_active_loras")):
+            return "lora"
+    raise UsageError(f"class {key.text}: no standalone property for kind {kind} at stage {stage} "
+                     f"(field {name or '-'}); see docs/bisect.md for the classes simrig repro states")
+
+
 def class_literal(key: ClassKey, header: Any) -> dict[str, Any]:
-    """What the test asserts; UsageError for a class it cannot state."""
-    stages = SUPPORTED.get(key.kind)
-    if stages is None:
-        raise UsageError(f"class {key.text}: kind {key.kind} has no standalone reproducer "
-                         f"(supported kinds: {', '.join(SUPPORTED)})")
-    if key.stage not in stages:
-        raise UsageError(f"class {key.text}: stage {key.stage} is not supported for {key.kind} "
-                         f"(supported: {', '.join(stages)})")
-    if key.field.startswith("manager."):
-        raise UsageError(f"class {key.text}: the PCP manager's private arrays are not reproduced "
-                         "standalone")
-    contract = CONTRACT.get(key.stage, {}).get(key.field)
-    if key.kind in ("dtype_drift", "missing_field") and contract is None:
-        raise UsageError(f"class {key.text}: {key.stage}.{key.field} is not in simrig's dtype "
-                         "contract, so there is no property to assert")
-    raises = key.kind in ("key_error", "exception")
-    expected = raises and (bool(header.adversarial) or bool(header.source.get("loud_rejection")))
-    why = WHY.get(key.kind, "")
-    if raises:
-        why = ("the scheduler output breaks the scheduler's contract on purpose; the runner must "
-               "reject it loudly" if expected else "valid scheduler output must never make the runner raise")
-    return {"kind": key.kind, "stage": key.stage, "field": key.field,
+    """What the test asserts, with the field's meaning; UsageError for a class it cannot state."""
+    prop = property_of(key)
+    declared = ""
+    if prop == "dtype":
+        contract = CONTRACT.get("prepare", {}).get(key.field)
+        if contract is None:
+            raise UsageError(f"class {key.text}: {key.field} is not in simrig's dtype contract, so "
+                             "there is no property to assert")
+        declared = f"torch.{contract.dtype}" if contract.kind == "torch" else f"numpy.{contract.dtype}"
+    expected_raise = False
+    if prop == "raises_or_not":
+        expected_raise = (key.kind == "silent_acceptance" or bool(header.adversarial)
+                          or bool(header.source.get("loud_rejection")))
+        prop = "raises" if expected_raise else "no_raise"
+    meaning = MEANING.get(prop, "")
+    if prop == "present":
+        meaning = f"a batch of the same shape carries it in the real step; {MEANING['present']}"
+    return {"kind": key.kind, "stage": key.stage, "field": key.field, "property": prop,
             "exception_type": key.exception_type or ("KeyError" if key.kind == "key_error" else "Exception"),
-            "expected_raise": expected,
-            "declared": "" if contract is None else (f"torch.{contract.dtype}" if contract.kind == "torch"
-                                                     else f"numpy.{contract.dtype}"),
-            "none_when": "" if contract is None else contract.none_when, "why": why}
+            "declared": declared, "meaning": meaning}
 
 
 def test_name(key: ClassKey) -> str:
@@ -148,48 +180,42 @@ def render(trace: Path, key: ClassKey) -> str:
         header, steps = read_trace(trace)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    if header.adversarial and key.kind not in ("key_error", "exception"):
-        raise UsageError(f"{trace}: an adversarial trace reproduces only key_error/exception classes")
+    if header.adversarial and key.kind not in ("key_error", "exception", "silent_acceptance") \
+            and not key.field.startswith("attn.block_tables."):
+        raise UsageError(f"{trace}: an adversarial trace reproduces only key_error/exception classes "
+                         "and block-table classes")
     cls = class_literal(key, header)
     c = header.config
+    if c.dcp_size > 1:
+        raise UsageError(f"{trace}: the standalone runner drives no DCP (dcp_size {c.dcp_size})")
     config = {"max_num_reqs": c.max_num_reqs, "max_num_batched_tokens": c.max_num_batched_tokens,
-              "max_model_len": c.max_model_len, "num_speculative_tokens": c.num_speculative_tokens,
-              "pcp_size": c.pcp_size, "dcp_size": c.dcp_size,
-              "shard_decode_requests": c.shard_decode_requests}
-    if key.stage == "partition" and c.pcp_size <= 1:
-        raise UsageError(f"{trace}: class {key.text} needs a PCP trace (config.pcp_size > 1)")
+              "max_model_len": c.max_model_len, "block_size": c.block_size,
+              "num_speculative_tokens": c.num_speculative_tokens,
+              "kv_groups": [{"kind": g.kind, "window": g.window} for g in c.kv_groups],
+              "pcp_size": c.pcp_size, "shard_decode_requests": c.shard_decode_requests,
+              "cudagraph_mode": c.cudagraph_mode, "capture_sizes": list(c.capture_sizes),
+              "max_loras": c.max_loras, "cudagraph_specialize_lora": c.cudagraph_specialize_lora}
     lines = ["CONFIG = " + pprint.pformat(config, width=100, sort_dicts=False),
              "CLASS = " + pprint.pformat(cls, width=100, sort_dicts=False),
-             "# The scheduler's steps (simrig trace format v1, defaults filled in): one per line.",
+             "# The scheduler's steps, one per line: new requests (prompt and prefill lengths, block",
+             "# ids), cached requests (computed tokens, new block ids), tokens scheduled per request.",
              "STEPS = ["]
     lines += [f"    {_step_literal(s)!r}," for s in steps]
     lines.append("]")
-    return (TEMPLATE.replace("@@DOC@@", _doc(trace, key, cls, header, len(steps)))
-            .replace("@@DATA@@", "\n".join(lines)).replace("@@TEST@@", test_name(key)))
+    return assemble(_doc(trace, key, cls, header, len(steps)), "\n".join(lines), test_name(key))
 
 
 def _doc(trace: Path, key: ClassKey, cls: dict[str, Any], header: Any, num_steps: int) -> str:
-    if key.kind == "dtype_drift":
-        prop = (f"InputBatch.make_dummy must build {key.field} with the dtype prepare_inputs builds, "
-                f"and both must be {cls['declared']}" if key.stage == "dummy" else
-                f"{key.stage}'s {key.field} must be {cls['declared']}")
-    elif key.kind == "missing_field":
-        prop = f"{key.stage}'s {key.field} must not be None where the real batch has it"
-    elif cls["expected_raise"]:
-        prop = f"the runner must raise {cls['exception_type']} in {key.stage} for a contract violation"
-    else:
-        prop = f"valid scheduler output must never make {key.stage} raise"
-    mode = header.config.cudagraph_mode
-    eager = "" if mode == "NONE" else f" Replayed eagerly (the trace's cudagraph mode {mode} is not)."
+    stage = {"dummy": "GPUModelRunner._dummy_run", "profile": "GPUModelRunner.profile_run",
+             "capture": "GPUModelRunner.capture_model"}.get(key.stage, "GPUModelRunner.execute_model")
     return (f"Reproducer for a vLLM Model Runner V2 input-path defect (written by simrig repro).\n\n"
-            f"Finding class: {key.text}\nProperty: {prop}.\n"
-            f"Steps: {num_steps}, from {trace.name} ({header.source.get('kind', 'trace')}), replayed as "
-            "SchedulerOutputs through\nGPUModelRunner's own finish/add/update_requests, "
-            "gather_batch_req_state and prepare_inputs,\nPCPManager.partition_batch and "
-            f"InputBatch.make_dummy.{eager}\n\n"
+            f"Finding class: {key.text}\nWhere it shows: {stage}\n"
+            f"Property ({cls['property']}): {cls['meaning']}\n"
+            f"Schedule: {num_steps} step(s), from {trace.name} ({header.source.get('kind', 'trace')}), "
+            "each run through\nGPUModelRunner.execute_model as a worker runs it.\n\n"
             "Fails on a vLLM that shows the class, passes where it is fixed. Run: pytest -q THIS_FILE\n"
-            "Needs only vllm, torch, numpy and pytest; without CUDA it runs the MRV2 Triton kernels in\n"
-            "Triton's interpreter.\n")
+            "Needs only vllm, torch, numpy and pytest; without CUDA the runner is built on CPU and\n"
+            "the MRV2 Triton kernels run in Triton's interpreter.\n")
 
 
 def run_pytest(python: str, file: Path, timeout: float = 900, env: dict[str, str] | None = None
