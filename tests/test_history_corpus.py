@@ -76,9 +76,8 @@ def test_reachable_fixes_without_a_known_finding_are_marked():
     open_fixes = [r for r in _rows() if r["kind"] in ("bug_fix", "regression")
                   and r["cpu_reachable"] == "yes" and not r["known_finding"]]
     assert all(r["reason"].startswith("NEEDS") for r in open_fixes), open_fixes
-    # pinned: the two fixes still waiting for a known finding or axis
-    assert sorted((r["to_release"], r["file"]) for r in open_fixes) == [
-        ("0.31.0", GPU + "cudagraph_utils.py"), ("0.33.0", GPU + "block_table.py")]
+    # pinned: the one fix still waiting for a known finding or axis
+    assert sorted((r["to_release"], r["file"]) for r in open_fixes) == [("0.33.0", GPU + "block_table.py")]
 
 
 def test_the_sliding_window_fix_names_its_known_findings():

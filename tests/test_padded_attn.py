@@ -85,6 +85,24 @@ def test_uniform_idle_dummy_and_mixed_full_bound():
     assert check_dummy_shape(0, capture) == []
 
 
+def test_an_unset_mixed_full_bound_promises_the_dummys_own_split():
+    """max_query_len None is "set when a descriptor promises a query length this batch's own
+    split does not reach": unset, a dummy of one token per request promises 1, not "any"."""
+    capture = _dummy(CAPTURE, [1] * 4, [[0]] * 4, [[-1] * 4], cg_mode="FULL", num_tokens=4)
+    capture.fields["max_query_len"] = _sc(None)
+    found = check_dummy_shape(0, capture)
+    assert _rules(found) == ["MIXED FULL BOUND"]
+    assert (found[0].expected, found[0].actual) == (">= 4", "None (its own longest query 1)")
+    assert found[0].extra["pattern"] == "unset_bound_below_graph_tokens"
+    capture.fields["max_query_len"] = _sc(3)  # a set bound that is too short has no pattern
+    assert "pattern" not in check_dummy_shape(0, capture)[0].extra
+    unsplit = _dummy(CAPTURE, [4], [[0]], [[-1] * 4], cg_mode="FULL", num_tokens=4)
+    unsplit.fields["max_query_len"] = _sc(None)  # one request of 4 tokens: its split reaches 4
+    assert check_dummy_shape(0, unsplit) == []
+    del capture.fields["max_query_len"]  # not observed: not judged
+    assert check_dummy_shape(0, capture) == []
+
+
 def test_each_rule_cites_a_vllm_line():
     for key in ("attn_rows", "attn_slots", "dummy_null_rows", "dummy_context", "dummy_pad_slots",
                 "mixed_full_query"):

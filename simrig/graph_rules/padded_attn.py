@@ -31,8 +31,9 @@ holds every cited line; tests/test_evidence.py re-reads them):
     MIXED FULL BOUND (capture dummies): the   prepare_inputs_to_capture: "Mixed graphs can replay a
       dummy of a FULL graph with neither a     single prefill spanning the entire batch, even when
       uniform count nor a query bound          the dummy batch distributes one token to each
-      promises max_query_len None or >= its    request"
-      token count
+      promises max_query_len >= its token      request"; InputBatch.max_query_len: "Set when a
+      count; None promises the dummy's own     cudagraph descriptor promises a query length this
+      longest query                            batch's own split does not reach"
 
 One meaning for every release: a release that keeps stale ids in a dummy is judged by it.
 """
@@ -146,9 +147,18 @@ def check_dummy_shape(index: int, stage: StageObs) -> list[Finding]:
             f"uniform ({RULES['descriptor'].where()})")
     mode, n_tok = field_value(stage, "desc.cg_mode"), field_value(stage, "desc.num_tokens")
     bound, promised = field_value(stage, "desc.max_query_len"), field_value(stage, "max_query_len")
+    # max_query_len None is no absence of a bound: "Set when a cudagraph descriptor promises a
+    # query length this batch's own split does not reach" (RULES['promised_query']), so unset
+    # the batch promises its own longest query (and prepare_attn builds the metadata from it).
+    unset = "max_query_len" in stage.fields and promised is None
+    effective = int(q.max()) if unset else promised
     if (stage.stage == CAPTURE and mode == "FULL" and u is None and bound is None and n_tok is not None
-            and promised is not None and int(promised) < int(n_tok)):
-        add("max_query_len", f"None or >= {int(n_tok)}", promised,
+            and effective is not None and int(effective) < int(n_tok)):
+        shown = f"None (its own longest query {int(effective)})" if unset else promised
+        add("max_query_len", f">= {int(n_tok)}", shown,
             f"MIXED FULL BOUND: a mixed FULL graph replays a single prefill of up to {int(n_tok)} "
-            f"tokens, its dummy promises {int(promised)} ({RULES['mixed_full_query'].where()})")
+            f"tokens, its dummy promises {int(effective)} ({RULES['mixed_full_query'].where()}; "
+            f"unset: {RULES['promised_query'].where()})")
+        if unset:  # the signature of the bound left to the dummy's own split
+            out[-1].extra["pattern"] = "unset_bound_below_graph_tokens"
     return out
