@@ -33,6 +33,7 @@ def test_unmutated_execute_model_replays_clean(mutant, tmp_path, capsys):
                  "--progress", "quiet"]) == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # a mutated runner per case, replayed in a child process: ~30 s each
 @pytest.mark.parametrize("mutant", sorted(CASES))
 def test_a_wiring_change_is_a_new_finding_on_replay(mutant, tmp_path):
     trace, signature = CASES[mutant]

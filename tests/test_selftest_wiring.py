@@ -29,6 +29,7 @@ def test_every_wiring_mutant_applies(vllm_api):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow  # two mutant campaigns in child processes, ~30 s each
 @pytest.mark.parametrize("name, kind, field", [
     # an existing dummy_batches rule: the idle dummy runs its descriptor's request count
     ("idle-dummy-unpadded-requests", "value_mismatch", "desc.num_reqs"),
