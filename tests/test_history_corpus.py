@@ -55,6 +55,13 @@ def test_the_csv_has_its_columns_and_valid_values():
         assert any((r["from_release"], r["to_release"]) == (a, b) for r in rows), (a, b)
 
 
+def test_every_row_is_classified():
+    """Every behavioural change on the input path has a kind: none is left unreviewed."""
+    unreviewed = [(r["from_release"], r["to_release"], r["file"])
+                  for r in _rows() if r["kind"] == "unreviewed"]
+    assert not unreviewed, unreviewed
+
+
 def test_known_findings_named_exist_and_cover_the_buggy_releases():
     """A fix's findings apply before the fix and not at it; a regression's at it."""
     entries = _known_entries()
