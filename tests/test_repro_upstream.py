@@ -214,3 +214,29 @@ def test_check_on_a_bad_folder_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["repro", str(tmp_path), "--check"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "verdict.json: not readable JSON" in err[0]
+
+
+@pytest.mark.parametrize("kind, stage, fld, suggested", [
+    ("value_mismatch", "dummy", "positions", True),          # the file states it since execute_model drives
+    ("value_mismatch", "dispatch", "cg_mode", True),
+    ("dtype_drift", "profile", "logits_indices", True),
+    ("dtype_drift", "gather", "idx_mapping", False),          # repro refuses it: exit 2
+    ("dtype_drift", "partition", "logits_indices", False),
+    ("value_mismatch", "prepare", "seq_lens", False),
+])
+def test_a_report_suggests_repro_exactly_for_the_classes_repro_writes(kind, stage, fld, suggested):
+    from simrig.bisect.search import ClassKey
+    from simrig.errors import UsageError
+    from simrig.findings.classes import NEW, ClassStats, Where, repro_command
+    from simrig.repro.pytest_file import property_of
+
+    stats = ClassStats(kind, stage, fld, "", verdict=NEW, reproducer=Where("traces/samples/pcp2.jsonl"))
+    command = repro_command(stats)
+    assert bool(command) is suggested, command
+    key = ClassKey(kind, stage, fld, "")
+    if suggested:
+        assert f"--class {kind}:{stage}:{fld}" in command
+        assert property_of(key)
+    else:
+        with pytest.raises(UsageError):
+            property_of(key)

@@ -43,8 +43,30 @@ CLASS_COLUMNS = ("signature", "verdict", "occurrences", "kind", "stage", "field"
                  "first_step", "first_rank", "first_elapsed_s", "first_example", "last_trace",
                  "last_pcp_size", "last_step", "last_rank", "req_ids", "message", "reproducer",
                  "reproduce", "repro_pytest", "explanation", "evidence")
-# Kinds `simrig repro` turns into a standalone pytest file (simrig.repro.pytest_file.property_of).
-REPRO_KINDS = ("dtype_drift", "missing_field", "key_error", "exception")
+# The stages whose batch the forward runs, and the dummy batches among them.
+FORWARD_STAGES = ("prepare", "dummy", "capture", "profile")
+DUMMY_STAGES = ("dummy", "capture", "profile")
+
+
+def standalone_property(kind: str, stage: str, fld: str) -> str | None:
+    """Which assertion of ``simrig repro``'s standalone file states the class, or
+    None when the file states none (``repro`` refuses it; no report suggests it)."""
+    if kind in ("key_error", "exception", "silent_acceptance"):
+        return "raises_or_not"
+    if kind == "dtype_drift" and stage in FORWARD_STAGES:
+        return "dtype"
+    if kind == "missing_field" and stage in DUMMY_STAGES:
+        return "present"
+    if kind == "value_mismatch":
+        if fld == "positions" and stage in FORWARD_STAGES:
+            return "positions"
+        if stage == "prepare" and fld.startswith("attn.block_tables."):
+            return "block_tables"
+        if stage == "dispatch" and fld == "cg_mode":
+            return "full_decode"
+        if (stage, fld) in (("dispatch", "num_active_loras"), ("capture", "desc.num_active_loras")):
+            return "lora"
+    return None
 
 
 def verdict_of(finding: Finding) -> str:
@@ -210,7 +232,8 @@ _ORDER = {NEW: 0, EXPECTED: 1, KNOWN: 2}
 def repro_command(c: ClassStats) -> str:
     """For a new class: the ``simrig repro`` command that writes its reproducer as a
     standalone pytest file for vLLM's own tests ("" for other verdicts and kinds)."""
-    if c.verdict != NEW or c.kind not in REPRO_KINDS or c.reproducer is None or not c.reproducer.trace:
+    if (c.verdict != NEW or standalone_property(c.kind, c.stage, c.field) is None
+            or c.reproducer is None or not c.reproducer.trace):
         return ""
     trace = shlex.split(reproduce_command(c.reproducer))[2]
     key = ":".join([c.kind, c.stage, c.field] + ([c.exception_type] if c.exception_type else []))

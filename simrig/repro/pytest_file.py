@@ -7,21 +7,12 @@ header's ``expect`` / ``source.signature``), or a class key ``kind:stage:field``
 with ``--trace FILE`` or ``--report DIR`` (the class's reproducer in that
 report's ``classes.csv``).
 
-The file replays the trace's steps as SchedulerOutputs through the real runner
-and asserts the property the class violates, in vLLM's words:
-
-    kind            stage                           assertion
-    dtype_drift     gather, prepare, dummy,         the field has the contract's dtype
-                    partition                       (simrig.reference.contract); for dummy,
-                                                    first the same dtype as prepare_inputs'
-    missing_field   dummy                           None on one side iff on the other
-                    gather, prepare, partition      not None outside the documented condition
-    key_error,      lifecycle, gather, prepare,     valid input: the call never raises;
-    exception       partition, postprocess, dummy   a loud rejection (expected class): it raises
-                                                    the exception type
-
+The file drives the trace's steps through the real runner's ``execute_model``
+(and the dummy paths where the class lives) and asserts the property the class
+violates, in vLLM's words; which classes have a property is
+``simrig.findings.classes.standalone_property`` (the table in docs/bisect.md),
 so it fails on a release that shows the class and passes where it is fixed.
-Other kinds (value_mismatch, the checker's own notes) are refused with one line.
+Other classes are refused with one line.
 """
 
 from __future__ import annotations
@@ -34,12 +25,11 @@ from typing import Any
 
 from simrig.bisect.search import ClassKey
 from simrig.errors import UsageError
+from simrig.findings.classes import standalone_property
 from simrig.reference.contract import CONTRACT
 from simrig.repro.template import assemble
 from simrig.trace_io.trace import TraceError, read_trace
 
-FORWARD_STAGES = ("prepare", "dummy", "capture", "profile")
-DUMMY_STAGES = ("dummy", "capture", "profile")
 # Each property in the words of the vLLM code that gives it its meaning.
 MEANING = {
     "dtype": "index arrays are int64 (combine_sampled_and_draft_tokens allocates logits_indices "
@@ -128,24 +118,12 @@ def _step_literal(step: Any) -> dict[str, Any]:
 
 def property_of(key: ClassKey) -> str:
     """Which assertion of the template states the class; UsageError when none does."""
-    kind, stage, name = key.kind, key.stage, key.field
-    if kind in ("key_error", "exception", "silent_acceptance"):
-        return "raises_or_not"
-    if kind == "dtype_drift" and stage in FORWARD_STAGES:
-        return "dtype"
-    if kind == "missing_field" and stage in DUMMY_STAGES:
-        return "present"
-    if kind == "value_mismatch":
-        if name == "positions" and stage in FORWARD_STAGES:
-            return "positions"
-        if stage == "prepare" and name.startswith("attn.block_tables."):
-            return "block_tables"
-        if stage == "dispatch" and name == "cg_mode":
-            return "full_decode"
-        if (stage, name) in (("dispatch", "num_active_loras"), ("capture", "desc.num_active_loras")):
-            return "lora"
-    raise UsageError(f"class {key.text}: no standalone property for kind {kind} at stage {stage} "
-                     f"(field {name or '-'}); see docs/bisect.md for the classes simrig repro states")
+    prop = standalone_property(key.kind, key.stage, key.field)
+    if prop is None:
+        raise UsageError(f"class {key.text}: no standalone property for kind {key.kind} at stage "
+                         f"{key.stage} (field {key.field or '-'}); see docs/bisect.md for the classes "
+                         "simrig repro states")
+    return prop
 
 
 def class_literal(key: ClassKey, header: Any) -> dict[str, Any]:
