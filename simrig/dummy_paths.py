@@ -9,7 +9,8 @@ is observed (``capture`` and ``dummy`` stages).
                                        that cannot profile does not start)
                 capture_model          one capture stage per captured descriptor
     each step   _dummy_run(num_tokens) the dummy stage (uniform when the step
-                                       dispatched as a uniform decode)
+                                       dispatched as a uniform decode); not after
+                                       a step whose ``idle_dummy`` is False
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from simrig import observe as obs
 from simrig.adapters.probes import desc_key as _desc_key
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
+from simrig.adapters.probes import filled_rows_past
 from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
 from simrig.step import Step
 from simrig.vllm_runtime import platform
@@ -133,7 +135,7 @@ class DummyPaths:
         its peers run this batch); uniform when the step dispatched as a uniform
         decode."""
         num_tokens = step.total_num_scheduled_tokens
-        if obs.DUMMY not in self.stages or num_tokens <= 0:
+        if obs.DUMMY not in self.stages or num_tokens <= 0 or not step.idle_dummy:
             return result
         uniform = desc is not None and desc.uniform_token_count is not None
         record = self._dummy_record = obs.StageObs(stage=obs.DUMMY)
@@ -155,6 +157,10 @@ def _attn_fields(block_tables: Any, slot_mappings: Any) -> dict[str, obs.FieldOb
     """A dummy's block tables (one per KV cache group) and slot mappings, as the
     real step's prepare_attn probe names them (graph_rules/padded_attn.py judges them)."""
     fields = {f"attn.block_tables.{g}": obs.observe_value(t) for g, t in enumerate(block_tables or ())}
+    for g, table in enumerate(block_tables or ()):
+        past = filled_rows_past(table)
+        if past is not None:
+            fields[f"{obs.ROWS_PAST}.{g}"] = obs.observe_value(past)
     if slot_mappings is not None:
         fields["attn.slot_mappings"] = obs.observe_value(slot_mappings)
     return fields

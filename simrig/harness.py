@@ -23,7 +23,8 @@ result:
                   adapters/sampling.py): postprocess_sampled's counts and the
                   runner's output to the scheduler
       dummy       GPUModelRunner._dummy_run at the step's token count, in the
-                  runner's own buffers (simrig.dummy_paths)
+                  runner's own buffers (simrig.dummy_paths); skipped after a
+                  step whose ``idle_dummy`` is False
       profile     before the first step: GPUModelRunner.profile_run's batch
                   (simrig.dummy_paths)
       capture     then capture_model: each captured descriptor's dummy batch

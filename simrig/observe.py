@@ -27,6 +27,9 @@ STAGES = (LIFECYCLE, GATHER, DISPATCH, PREPARE, PARTITION, POSTPROCESS, DUMMY, P
 # The dispatch stage's record of the capture sizes in force (graph modes only):
 # the manager's compilation_config.cudagraph_capture_sizes, as vLLM's config set them.
 CAPTURE_SIZES = "capture_sizes"
+# + ".<group>": rows of the shared forward-pass block table past the rows handed to
+# attention that hold a block id (adapters.probes.filled_rows_past)
+ROWS_PAST = "attn.filled_rows_past"
 # Stages a user may switch off; lifecycle always runs.
 OPTIONAL_STAGES = (GATHER, PREPARE, PARTITION, DUMMY)
 

@@ -267,6 +267,10 @@ class Step:
     rejected: dict[str, int] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    # False: the rank goes straight on to its next batch, with no idle dummy
+    # (``_dummy_run``) after this step; the next step's gather then meets the
+    # shared tables as this one left them
+    idle_dummy: bool = True
 
     @property
     def total_num_scheduled_tokens(self) -> int:

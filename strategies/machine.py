@@ -187,14 +187,19 @@ class SchedulerContractMachine(RuleBasedStateMachine):
     def large_then_small(self, data: st.DataObject) -> None:
         """A large batch, then a small one on the same runner: the small batch's padded
         rows and tokens, and the dummy runs after it, meet shared buffers (block tables,
-        slot mappings, seq_lens, query_start_loc, positions) a larger batch filled further.
+        slot mappings, seq_lens, query_start_loc, positions) a larger batch filled further;
+        the idle dummy between the two is drawn (present or not).
         A rule of its own, so a campaign draws this order as often as any other rule."""
         for _ in range(data.draw(st.integers(1, self.config.max_num_reqs), label="arrivals")):
             self.arrive(data)
         large = draw_large_plan(data.draw, self.model)
         if large is None:
             return
-        self._send(self.model.build_step(large), None)
+        step = self.model.build_step(large)
+        # with no idle dummy between them (a rank that is never idle), the small batch's
+        # gather meets the shared block tables exactly as the large one left them
+        step.idle_dummy = data.draw(st.booleans(), label="idle_dummy_between")
+        self._send(step, None)
         small = draw_small_plan(data.draw, self.model)
         if small is not None:
             self._send(self.model.build_step(small), None)

@@ -114,6 +114,33 @@ CORRUPTIONS = {
 }
 
 
+def test_rows_past_the_handed_rows_that_hold_block_ids_are_reported():
+    """ROWS PAST: the shared table's rows past the three handed over must be null; rows 4
+    and 6 keeping a larger earlier batch's ids are named, an empty list passes."""
+    clean = _stage(PLAIN_TABLES, PLAIN_SLOTS)
+    clean.fields["attn.filled_rows_past.0"] = _arr([], np.int64)
+    assert check_attn_blocks(PLAIN, _tracker(PLAIN_BLOCKS), 0, clean, _batch(PLAIN_BATCH)) == []
+    stale = _stage(PLAIN_TABLES, PLAIN_SLOTS)
+    stale.fields["attn.filled_rows_past.0"] = _arr([4, 6], np.int64)
+    found = check_attn_blocks(PLAIN, _tracker(PLAIN_BLOCKS), 2, stale, _batch(PLAIN_BATCH))
+    assert [(f.kind, f.field, f.expected, f.actual) for f in found] == [
+        (fk.VALUE_MISMATCH, "attn.filled_rows_past.0", "[]", "[4, 6]")]
+    assert found[0].message.startswith("ROWS PAST")
+
+
+def test_filled_rows_past_reads_the_shared_buffer_behind_the_view():
+    import torch
+
+    from simrig.adapters.probes import filled_rows_past
+
+    buffer = torch.zeros(6, 4, dtype=torch.int32)
+    buffer[1, 0], buffer[3, 2], buffer[5, 1] = 7, 9, 4
+    assert filled_rows_past(buffer[:3]).tolist() == [3, 5]
+    assert filled_rows_past(buffer[:6]).tolist() == []
+    assert filled_rows_past(buffer) is None  # the whole buffer: nothing past it
+    assert filled_rows_past(buffer[1:3]) is None  # not the head of the buffer
+
+
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_each_rule_reports_a_corruption(corruption):
     corrupt, field, rule = CORRUPTIONS[corruption]

@@ -19,6 +19,7 @@ SAMPLES = HERE.parent / "traces" / "samples"
 MALFORMED_EXPECTED = {
     "truncated_line.jsonl": (4, "step", "invalid JSON"),
     "wrong_type.jsonl": (2, "new_requests[0].prompt_len", "must be an integer, got str '8'"),
+    "idle_dummy_not_bool.jsonl": (3, "idle_dummy", "must be true or false, got 'no'"),
     "unknown_version.jsonl": (1, "version", "unsupported trace version 7"),
     "negative_tokens.jsonl": (3, "num_scheduled_tokens.r1", "must be >= 1, got -3"),
     "duplicate_new_id.jsonl": (3, "new_requests[0].id", "duplicate new request id 'r1'"),
@@ -43,7 +44,7 @@ def rich_steps() -> list[Step]:
              num_scheduled_tokens={"a": 3, "b": 1, "c": 2}, spec_tokens={"a": 2, "c": 1},
              rejected={"a": 1}),
         Step(finished=["b"], preempted=["c"], cached=[CachedUpdate("a", 7)],
-             num_scheduled_tokens={"a": 1}),
+             num_scheduled_tokens={"a": 1}, idle_dummy=False),
         Step(),
     ]
 

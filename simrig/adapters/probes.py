@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from simrig import observe as obs
 from simrig.step import Step
 from simrig.vllm_parts import cudagraph
@@ -86,3 +88,30 @@ def error_obs(exc: Exception, step: Step) -> obs.ErrorObs:
     else:
         req_ids = tuple(step.num_scheduled_tokens)
     return obs.ErrorObs(type=type(exc).__name__, message=str(exc)[:500], req_ids=req_ids)
+
+
+def filled_rows_past(table: Any) -> Any:
+    """The rows of the shared table that ``table`` is the head of, past ``table``'s
+    own rows, that hold any block id: their indices in the shared table.
+
+    vLLM hands attention ``input_block_tables[g][:n]``, a view of the persistent
+    forward-pass table ("Block tables used for model's forward pass.
+    num_kv_cache_groups x [max_num_reqs, max_num_blocks]"); the rows past ``n``
+    are read by nothing this step but stay in the buffer a later, larger batch
+    or graph replay reads. None when ``table`` is not a head view of a 2-D buffer
+    (then there is nothing past it to see)::
+
+        shared buffer   [ r0 | r1 | r2 | r3 | r4 | r5 ]   max_num_reqs rows
+        handed over     [ r0 | r1 | r2 ]                   n = 3
+        observed        rows 3..5 holding any id != 0   -> e.g. [3, 4]
+    """
+    import torch
+
+    base = getattr(table, "_base", None)
+    if not isinstance(table, torch.Tensor) or base is None or base.dim() != 2 or table.dim() != 2:
+        return None
+    if (table.storage_offset() != base.storage_offset() or table.stride() != base.stride()
+            or table.shape[1] != base.shape[1]):
+        return None
+    past = base[table.shape[0]:]
+    return (torch.nonzero(past.ne(0).any(dim=1)).flatten() + table.shape[0]).numpy().astype(np.int64)

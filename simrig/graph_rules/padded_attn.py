@@ -20,6 +20,10 @@ holds every cited line; tests/test_evidence.py re-reads them):
       right after a real step filled the       (stale) block ids"; set_dummy_context: "Give each
       shared tables; a row given context       dummy request context_len of context, for profiling
       (num_computed_tokens > 0) is not judged  step cost and for DCP FULL cudagraph capture"
+    ROWS PAST (idle dummy, capture dummies):  BlockTables.__init__: "Block tables used for model's
+      rows of the shared table past the        forward pass"; gather_block_tables (0.33): "Also
+      dummy's hold only the null block, as     clear rows left by a larger batch in the shared
+      past a real batch's (blocks.py)          buffer" (one meaning for every release)
     DUMMY PAD SLOTS: every slot of a dummy    BlockTables.get_dummy_slot_mappings: "Fill the entire
       is PAD_SLOT_ID (its tokens are all       slot_mappings tensor, not just the first `num_tokens`
       padding), at least one per token         entries"; _compute_slot_mappings_kernel: "idx_mapping
@@ -47,8 +51,8 @@ import numpy as np
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding, guarded
 from simrig.ledger.evidence import RULES
-from simrig.observe import CAPTURE, DUMMY, StageObs
-from simrig.reference.blocks import BLOCK_TABLES, NULL_BLOCK_ID, PAD_SLOT_ID, SLOT_MAPPINGS
+from simrig.observe import CAPTURE, DUMMY, ROWS_PAST, StageObs
+from simrig.reference.blocks import BLOCK_TABLES, NULL_BLOCK_ID, PAD_SLOT_ID, ROWS_PAST_FILLED, SLOT_MAPPINGS
 from simrig.reference.contract import stage_req_ids
 from simrig.reference.semantics import field_value
 from simrig.step import RunnerConfig
@@ -66,10 +70,11 @@ def _tables(stage: StageObs) -> list[tuple[str, np.ndarray]]:
 
 
 def _adder(index: int, stage: StageObs, out: list[Finding]) -> Any:
-    def add(name: str, expected: Any, actual: Any, message: str) -> None:
+    def add(name: str, expected: Any, actual: Any, message: str, pattern: str | None = None) -> None:
         out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=stage.stage, check=CHECK,
                            rank=stage.rank, req_ids=stage_req_ids(stage), field=name,
-                           expected=str(expected), actual=str(actual), message=message))
+                           expected=str(expected), actual=str(actual), message=message,
+                           extra={"pattern": pattern} if pattern else {}))
     return add
 
 
@@ -115,6 +120,12 @@ def check_dummy_attn(index: int, config: RunnerConfig, stage: StageObs) -> list[
             add(name, f"row {int(bad[0])}: null block only", table[bad[0]].tolist(),
                 f"DUMMY NULL ROWS: {bad.size} of {table.shape[0]} dummy rows hold block ids "
                 f"({RULES['dummy_null_rows'].where()})")
+        past = field_value(stage, f"{ROWS_PAST}.{name.rsplit('.', 1)[1]}")
+        if past is not None and len(past):
+            add(f"{ROWS_PAST}.{name.rsplit('.', 1)[1]}", [], np.asarray(past).tolist(),
+                f"ROWS PAST: rows of the shared table past the dummy's {table.shape[0]} still hold "
+                f"a larger earlier batch's block ids ({RULES['forward_tables'].where()}; "
+                f"{RULES['rows_past'].where()})", pattern=ROWS_PAST_FILLED)
     mapping, tokens = field_value(stage, SLOT_MAPPINGS), field_value(stage, "num_tokens")
     if mapping is not None:
         mapping = np.asarray(mapping)

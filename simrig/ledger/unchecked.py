@@ -31,6 +31,10 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     **{(s, f"attn.block_tables.{g}"): "padding: every dummy row the null block (rows given context "
                                       "excepted)" for s in ("dummy", "capture") for g in range(3)},
     **{(s, "attn.slot_mappings"): "padding: every dummy slot PAD_SLOT_ID" for s in ("dummy", "capture")},
+    # rows of the shared block table past the rows handed over (blocks.py, padded_attn.py)
+    **{(s, f"attn.filled_rows_past.{g}"): "blocks / padding: ROWS PAST, none (nothing a larger "
+                                          "earlier batch left)"
+       for s in ("prepare", "partition", "dummy", "capture") for g in range(3)},
     ("prepare", "attn.slot_mappings"): "blocks; padding: one slot per padded token",
     ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise)",
     **{("partition", f"attn.block_tables.{g}"): "blocks (PCP rank 0, the rank the runner drives); "

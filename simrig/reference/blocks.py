@@ -28,6 +28,13 @@
     PADDED ROWS: rows past the batch's         gather kernel: "Zero out padded rows";
       requests hold only the null block 0        gather_block_tables: "Also clear rows left by a
                                                  larger batch"; utils.NULL_BLOCK_ID = 0
+    ROWS PAST: rows of the shared table past  BlockTables.__init__: "Block tables used for model's
+      the rows handed to attention hold only    forward pass. num_kv_cache_groups x [max_num_reqs,
+      the null block (attn.filled_rows_past.    max_num_blocks]": one persistent buffer, whose rows
+      <g> lists those that do not): nothing     past this batch a later padded batch or graph
+      a larger earlier batch left stays         replay reads; gather_block_tables (0.33): "Also
+                                                clear rows left by a larger batch in the shared
+                                                buffer" (one meaning for every release)
     SLOT: per group g (B = its block size),    utils.PAD_SLOT_ID = -1; a scheduler block spans
       token at position p, without DCP:          B * dcp tokens (kv_cache_utils.
       blocks_g[p // B] * B + p % B               resolve_dcp_kv_block_size: "the token span of a
@@ -69,7 +76,7 @@ import numpy as np
 
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding, guarded
-from simrig.observe import StageObs
+from simrig.observe import ROWS_PAST, StageObs
 from simrig.reference.comparer import short
 from simrig.reference.reference import GlobalBatch
 from simrig.step import RunnerConfig, Step, block_groups
@@ -78,6 +85,8 @@ PAD_SLOT_ID = -1  # vllm.v1.attention.backends.utils.PAD_SLOT_ID
 NULL_BLOCK_ID = 0  # vllm.v1.attention.backends.utils.NULL_BLOCK_ID
 CP_INTERLEAVE = 1  # the interleave the harness builds BlockTables with
 BLOCK_TABLES = "attn.block_tables"  # + ".<group>"
+# the one form ROWS PAST names: some row past the handed ones holds a block id
+ROWS_PAST_FILLED = "rows_past_filled"
 SLOT_MAPPINGS = "attn.slot_mappings"
 DCP_LOCAL_SEQ_LENS = "dcp_local_seq_lens"
 
@@ -216,6 +225,13 @@ def check_attn_blocks(config: RunnerConfig, tracker: BlockTracker, index: int, s
             bad = len(rows) + int(np.argwhere(np.any(padded != NULL_BLOCK_ID, axis=1))[0][0])
             mismatch(name, (), [NULL_BLOCK_ID] * table.shape[1], table[bad].tolist(),
                      f"PADDED ROWS: row {bad} is past the batch's {len(rows)} requests: null block only")
+
+        past = _array(stage, f"{ROWS_PAST}.{group}")
+        if past is not None and past.size:
+            mismatch(f"{ROWS_PAST}.{group}", (), [], past.tolist(),
+                     f"ROWS PAST: rows {past.tolist()} of the shared table, past the {table.shape[0]} "
+                     "handed to attention, still hold a larger earlier batch's block ids: null block only",
+                     pattern=ROWS_PAST_FILLED)
 
     mapping = _array(stage, SLOT_MAPPINGS)
     if mapping is not None:

@@ -208,7 +208,7 @@ class _Line:
 
 
 _STEP_KEYS = {"step", "new_requests", "cached_requests", "num_scheduled_tokens",
-              "spec_tokens", "rejected", "finished", "preempted"}
+              "spec_tokens", "rejected", "finished", "preempted", "idle_dummy"}
 
 
 # Graph fields are written only when set, so eager traces read as before.
@@ -358,7 +358,10 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
     for req_id, r in rejected.items():
         if r > spec.get(req_id, 0):
             raise ln.fail(f"rejected.{req_id}", f"{r} rejected exceeds {spec.get(req_id, 0)} drafts")
+    idle_dummy = obj.get("idle_dummy", True)
+    if not isinstance(idle_dummy, bool):
+        raise ln.fail("idle_dummy", f"must be true or false, got {idle_dummy!r}")
     return Step(new_requests=new, cached=cached, num_scheduled_tokens=scheduled,
                 spec_tokens={k: v for k, v in spec.items() if v}, rejected=rejected,
                 finished=ln.id_list(obj, "finished", "finished"),
-                preempted=ln.id_list(obj, "preempted", "preempted"))
+                preempted=ln.id_list(obj, "preempted", "preempted"), idle_dummy=idle_dummy)

@@ -65,6 +65,8 @@ def step_to_json(step: Step, index: int) -> dict[str, Any]:
         out["spec_tokens"] = dict(step.spec_tokens)
     if step.rejected:
         out["rejected"] = {k: v for k, v in step.rejected.items() if v}
+    if not step.idle_dummy:
+        out["idle_dummy"] = False
     return out
 
 
