@@ -62,6 +62,8 @@ def standalone_property(kind: str, stage: str, fld: str) -> str | None:
             return "positions"
         if stage == "prepare" and fld.startswith("attn.block_tables."):
             return "block_tables"
+        if stage in ("prepare", "partition", "dummy") and fld.startswith("attn.filled_rows_past."):
+            return "rows_past"
         if stage == "dispatch" and fld == "cg_mode":
             return "full_decode"
         if (stage, fld) in (("dispatch", "num_active_loras"), ("capture", "desc.num_active_loras")):

@@ -166,6 +166,16 @@ class Model:  # the forward: zero hidden states, one row per (padded) token
         return [self, compiled]
 
 
+def rows_past(table):
+    """The rows of the persistent table ``table`` heads (vLLM hands attention
+    ``table[:n]``), past its own rows, that hold a block id."""
+    base = table._base
+    if base is None or base.dim() != 2 or table.storage_offset() != base.storage_offset():
+        return []
+    past = base[table.shape[0]:]
+    return (torch.nonzero(past.ne(0).any(dim=1)).flatten() + table.shape[0]).tolist()
+
+
 class Recorder:
     """The model state's attention builders need the model's layers: this one
     records each batch the forward runs (``prepare_attn``; the profile run skips
@@ -177,7 +187,8 @@ class Recorder:
         self.max_model_len, self.path, self.seen = CONFIG["max_model_len"], "step", []
     def prepare_attn(self, batch, cg_mode, tables, slot_mappings, *a, **k):
         self.seen.append(SimpleNamespace(path=self.path, batch=snapshot(batch), cg_mode=cg_mode,
-                                         block_tables=[t.clone() for t in tables or ()]))
+                                         block_tables=[t.clone() for t in tables or ()],
+                                         rows_past=[rows_past(t) for t in tables or ()]))
         return {}
     def prepare_inputs(self, batch, req_states):
         if self.path == "profile":

@@ -40,6 +40,10 @@ MEANING = {
     "block_tables": "gather_block_tables: every entry wholly below the window is replaced by the null "
                     "block, since a KV tile that straddles the window start can still load a freed, "
                     "reused block and 'masked-out NaN in such a tile propagates into the output'",
+    "rows_past": "the block tables are the forward pass's persistent buffers ('Block tables used for "
+                 "model's forward pass', BlockTables.__init__), read past a batch by a later padded batch "
+                 "or graph replay: rows left by a larger batch must be cleared ('Also clear rows left by a "
+                 "larger batch in the shared buffer', gather_block_tables)",
     "full_decode": "a uniform decode batch runs the FULL decode graph its rank-local batch fits "
                    "(CUDAGraphMode FULL_AND_PIECEWISE / FULL_DECODE_ONLY: FULL graphs for decode batches)",
     "lora": "CompilationConfig.cudagraph_specialize_lora: 'When set to False, the LoRA-enabled cuda "
@@ -113,7 +117,8 @@ def _step_literal(step: Any) -> dict[str, Any]:
         "num_scheduled_tokens": dict(step.num_scheduled_tokens),
         **({"spec_tokens": dict(step.spec_tokens)} if step.spec_tokens else {}),
         "finished": list(step.finished),
-        "preempted": list(step.preempted)}
+        "preempted": list(step.preempted),
+        **({} if getattr(step, "idle_dummy", True) else {"idle_dummy": False})}
 
 
 def property_of(key: ClassKey) -> str:

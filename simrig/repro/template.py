@@ -71,14 +71,14 @@ def drive(runner):
         first = len(dispatched)
         run_step(runner, step)
         steps.append(SimpleNamespace(index=index, step=step, descs=dispatched[first:]))
-        if CLASS["stage"] == "dummy" and step["num_scheduled_tokens"]:
+        if CLASS["stage"] == "dummy" and step["num_scheduled_tokens"] and step.get("idle_dummy", True):
             dummy_run(runner, sum(step["num_scheduled_tokens"].values()))
     return steps, captured
 
 
 def at_stage(seen):
     """The batches of the class's stage (prepare: the real steps' batches)."""
-    path = {"prepare": "step"}.get(CLASS["stage"], CLASS["stage"])
+    path = {"prepare": "step", "partition": "step"}.get(CLASS["stage"], CLASS["stage"])
     records = [r for r in seen if r.path == path]
     assert records, f"no batch of stage {CLASS['stage']} reached the forward"
     return records
@@ -147,6 +147,16 @@ def check_block_tables(seen):
                     f"holds {row}: {CLASS['meaning']}")
 
 
+def check_rows_past(seen):
+    group = int(CLASS["field"].rsplit(".", 1)[1])
+    for r in at_stage(seen):
+        past = r.rows_past[group] if group < len(r.rows_past) else []
+        assert not past, (
+            f"{where(r)}: rows {past} of KV group {group}'s persistent block table, past the "
+            f"{r.block_tables[group].shape[0]} rows handed to attention, still hold block ids a larger "
+            f"earlier batch gathered there: {CLASS['meaning']}")
+
+
 def check_full_decode(steps):
     sizes = list(runner_sizes())
     for s in steps:
@@ -206,6 +216,7 @@ def test_@@TEST@@(tmp_path):
     seen = runner.model_state.seen
     {"dtype": lambda: check_dtype(seen), "present": lambda: check_present(seen),
      "positions": lambda: check_positions(seen), "block_tables": lambda: check_block_tables(seen),
+     "rows_past": lambda: check_rows_past(seen),
      "full_decode": lambda: check_full_decode(steps), "lora": lambda: check_lora(steps, captured),
      "no_raise": lambda: None}[CLASS["property"]]()
 '''

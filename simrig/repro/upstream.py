@@ -107,6 +107,22 @@ FINDINGS: dict[str, Upstream] = {
         "output\"; window 1 has `num_retained_tokens` 0, read as \"not a sliding-window group\"",
         "mark sliding-window groups by the spec's kind (e.g. `sliding_window_reach=None` for full "
         "attention, or `has_sliding_window_groups` from the specs), so a reach of 0 still nulls"),
+    "value_mismatch:partition:attn.filled_rows_past.0": Upstream(
+        "Under PCP the rank-local block tables keep rows left by a larger batch",
+        (46, 47, 48, 49, 50, 51),
+        "vllm/v1/worker/gpu/pcp_manager.py:777-782 (`PCPManager.prepare_attn`: "
+        "`gather_block_tables(..., out=self._local_block_tables, ...)`) and :765-769 "
+        "(`get_dummy_block_tables`: `block_table[:num_reqs].zero_()`); block_table.py:188-192 "
+        "(`_num_dirty_rows` kept only `if out is None`)",
+        "block_table.py:196, `gather_block_tables`: \"Also clear rows left by a larger batch in the "
+        "shared buffer.\" and :225, `get_dummy_block_tables`: \"Profiling may populate the returned "
+        "rows with valid block IDs.\": 0.33.0 clears the rows a larger batch left in the runner's own "
+        "tables, but the PCP manager's rank-local tables (more rows than max_num_seqs when a prefill "
+        "is split across ranks) are gathered with `out=` and zeroed only up to the dummy's request "
+        "count, so a decode after a split prefill leaves the prefill's rows in them",
+        "track dirty rows for the `out=` tables too (e.g. per output buffer in `gather_block_tables`), "
+        "and have `PCPManager.get_dummy_block_tables` zero up to the larger of its request count and "
+        "the rows last gathered"),
 }
 
 
