@@ -109,7 +109,7 @@ FINDINGS: dict[str, Upstream] = {
         "attention, or `has_sliding_window_groups` from the specs), so a reach of 0 still nulls"),
     "value_mismatch:partition:attn.filled_rows_past.0": Upstream(
         "Under PCP the rank-local block tables keep rows left by a larger batch",
-        (46, 47, 48, 49, 50, 51),
+        (46, 47, 48, 49, 50, 51, 52, 53, 54),
         "vllm/v1/worker/gpu/pcp_manager.py:777-782 (`PCPManager.prepare_attn`: "
         "`gather_block_tables(..., out=self._local_block_tables, ...)`) and :765-769 "
         "(`get_dummy_block_tables`: `block_table[:num_reqs].zero_()`); block_table.py:188-192 "
@@ -162,13 +162,16 @@ def issue_text(info: Upstream, key: ClassKey, trace: Path, test: Path) -> str:
     from simrig.trace_io.trace import read_trace
 
     header, steps = read_trace(trace)
-    rows = ["| step | new requests (prompt) | cached requests (computed) | scheduled tokens |",
-            "|---|---|---|---|"]
+    # the idle dummy's column only where a step goes on without it (older folders read as before)
+    idle = not all(s.idle_dummy for s in steps)
+    rows = ["| step | new requests (prompt) | cached requests (computed) | scheduled tokens |"
+            + (" idle dummy after |" if idle else ""), "|---|---|---|---|" + ("---|" if idle else "")]
     for i, s in enumerate(steps):
         new = ", ".join(f"{r.req_id} ({r.prompt_len})" for r in s.new_requests) or "-"
         cached = ", ".join(f"{c.req_id} ({c.num_computed_tokens})" for c in s.cached) or "-"
         nst = ", ".join(f"{k}: {v}" for k, v in s.num_scheduled_tokens.items()) or "-"
-        rows.append(f"| {i} | {new} | {cached} | {nst} |")
+        rows.append(f"| {i} | {new} | {cached} | {nst} |"
+                    + ((" yes |" if s.idle_dummy else " no |") if idle else ""))
     c = header.config
     config = ", ".join(f"{k}={v}" for k, v in (
         ("max_num_seqs", c.max_num_reqs), ("max_num_batched_tokens", c.max_num_batched_tokens),

@@ -177,6 +177,16 @@ class Model:  # the forward: zero hidden states, one row per (padded) token
         return [self, compiled]
 
 
+def rows_past(table):
+    """The rows of the persistent table ``table`` heads (vLLM hands attention
+    ``table[:n]``), past its own rows, that hold a block id."""
+    base = table._base
+    if base is None or base.dim() != 2 or table.storage_offset() != base.storage_offset():
+        return []
+    past = base[table.shape[0]:]
+    return (torch.nonzero(past.ne(0).any(dim=1)).flatten() + table.shape[0]).tolist()
+
+
 class Recorder:
     """The model state's attention builders need the model's layers: this one
     records each batch the forward runs (``prepare_attn``; the profile run skips
@@ -188,7 +198,8 @@ class Recorder:
         self.max_model_len, self.path, self.seen = CONFIG["max_model_len"], "step", []
     def prepare_attn(self, batch, cg_mode, tables, slot_mappings, *a, **k):
         self.seen.append(SimpleNamespace(path=self.path, batch=snapshot(batch), cg_mode=cg_mode,
-                                         block_tables=[t.clone() for t in tables or ()]))
+                                         block_tables=[t.clone() for t in tables or ()],
+                                         rows_past=[rows_past(t) for t in tables or ()]))
         return {}
     def prepare_inputs(self, batch, req_states):
         if self.path == "profile":
@@ -499,14 +510,14 @@ def drive(runner):
         first = len(dispatched)
         run_step(runner, step)
         steps.append(SimpleNamespace(index=index, step=step, descs=dispatched[first:]))
-        if CLASS["stage"] == "dummy" and step["num_scheduled_tokens"]:
+        if CLASS["stage"] == "dummy" and step["num_scheduled_tokens"] and step.get("idle_dummy", True):
             dummy_run(runner, sum(step["num_scheduled_tokens"].values()))
     return steps, captured
 
 
 def at_stage(seen):
     """The batches of the class's stage (prepare: the real steps' batches)."""
-    path = {"prepare": "step"}.get(CLASS["stage"], CLASS["stage"])
+    path = {"prepare": "step", "partition": "step"}.get(CLASS["stage"], CLASS["stage"])
     records = [r for r in seen if r.path == path]
     assert records, f"no batch of stage {CLASS['stage']} reached the forward"
     return records
@@ -575,6 +586,16 @@ def check_block_tables(seen):
                     f"holds {row}: {CLASS['meaning']}")
 
 
+def check_rows_past(seen):
+    group = int(CLASS["field"].rsplit(".", 1)[1])
+    for r in at_stage(seen):
+        past = r.rows_past[group] if group < len(r.rows_past) else []
+        assert not past, (
+            f"{where(r)}: rows {past} of KV group {group}'s persistent block table, past the "
+            f"{r.block_tables[group].shape[0]} rows handed to attention, still hold block ids a larger "
+            f"earlier batch gathered there: {CLASS['meaning']}")
+
+
 def check_full_decode(steps):
     sizes = list(runner_sizes())
     for s in steps:
@@ -634,5 +655,6 @@ def test_missing_field_dummy_num_draft_tokens_per_req(tmp_path):
     seen = runner.model_state.seen
     {"dtype": lambda: check_dtype(seen), "present": lambda: check_present(seen),
      "positions": lambda: check_positions(seen), "block_tables": lambda: check_block_tables(seen),
+     "rows_past": lambda: check_rows_past(seen),
      "full_decode": lambda: check_full_decode(steps), "lora": lambda: check_lora(steps, captured),
      "no_raise": lambda: None}[CLASS["property"]]()
