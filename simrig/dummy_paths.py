@@ -1,7 +1,7 @@
 """vLLM's own dummy paths, as the harness drives them: the profile run and
 CUDA-graph capture once per runner before the first step (as a worker starts),
-and ``GPUModelRunner._dummy_run`` after every step, all in the runner's own
-buffers. Probes pass through in these modes; only the batch each path builds
+and ``GPUModelRunner._dummy_run`` after every step (unless it says ``idle_dummy``
+false), all in the runner's own buffers. Probes pass through in these modes; only the batch each path builds
 is observed (``capture`` and ``dummy`` stages).
 
     startup     profile_run            the profile stage: its batch and

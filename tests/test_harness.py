@@ -96,3 +96,27 @@ def test_stage_selection_skips_prepare(vllm_api, spec_config):
 def test_unknown_stage_rejected(vllm_api, spec_config):
     with pytest.raises(ValueError, match="unknown stage"):
         Harness(spec_config, stages=["gather", "warp"], api=vllm_api)
+
+
+def test_a_step_without_idle_dummy_leaves_its_rows_for_the_next(vllm_api, spec_config):
+    """idle_dummy=False skips the dummy after the step; the next, smaller step's prepare stage
+    then sees the shared table's rows past its own (attn.filled_rows_past.0): empty on a
+    release that clears them, and the observation is there either way."""
+    big = Step(new_requests=[NewRequest("a", 4, block_ids=[1]), NewRequest("b", 4, block_ids=[2]),
+                             NewRequest("c", 4, block_ids=[3])],
+               num_scheduled_tokens={"a": 4, "b": 4, "c": 4}, idle_dummy=False)
+    small = Step(finished=["b", "c"], num_scheduled_tokens={"a": 1})
+    from simrig.step import CachedUpdate
+
+    small.cached = [CachedUpdate("a", 4)]
+    harness = Harness(spec_config, api=vllm_api)
+    first, second = harness.run_step(big), harness.run_step(small)
+    assert first.get(obs.DUMMY) is None and second.get(obs.DUMMY) is not None
+    past = second.get(obs.PREPARE).fields["attn.filled_rows_past.0"].values
+    assert past.dtype == np.int64 and past.ndim == 1
+    # the rows b and c were gathered into (1 and 2) are past the one-request batch: 0.33.0
+    # clears them, earlier releases keep both (known findings #40-#45)
+    from simrig.findings.known import installed_vllm_version, release_tuple
+
+    kept = release_tuple(installed_vllm_version()) < (0, 33, 0)
+    assert past.tolist() == ([1, 2] if kept else [])

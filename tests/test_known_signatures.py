@@ -168,3 +168,33 @@ def test_a_window_1_group_keeping_its_below_window_entries_is_known_and_only_tha
         assert not older.apply(rows({}))[0].known
         assert not older.apply(rows({"pattern": "below_window"}))[0].known
     assert not load_known_findings("0.34.0").apply(rows(kept))[0].known
+
+
+@pytest.mark.vllm
+def test_rows_a_larger_batch_left_are_seen_and_judged_by_release():
+    """Two shrunk campaign traces (exactly as the shrinker wrote them), each a larger batch then
+    a smaller one with no idle dummy between. Without PCP (a 0.32.0 campaign's trace) the
+    installed release clears the rows the larger batch left (0.33.0's fix): no rows-past
+    finding. Under PCP (a 0.33.0 campaign's) the rank-local tables keep them: known (#46), and
+    only the pattern the entry names is known."""
+    from pathlib import Path
+
+    from simrig.replay import replay_trace
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    plain = replay_trace(fixtures / "stale_rows_after_larger_batch.jsonl").findings
+    assert not plain["field"].str.startswith("attn.filled_rows_past").any()
+    pcp = replay_trace(fixtures / "pcp_local_stale_rows.jsonl").findings
+    past = pcp[pcp["field"] == "attn.filled_rows_past.0"]
+    assert set(past["stage"]) >= {"partition"} and set(past["verdict"]) == {"known"}
+    assert set(past["actual"]) == {"[1]"}  # the prefill's second rank-local row, left by step 0
+    table = load_known_findings("0.33.0")
+    finding = lambda extra: [fk.Finding(kind=fk.VALUE_MISMATCH, step=1, stage="partition", check="blocks",
+                                        field="attn.filled_rows_past.0", extra=extra)]
+    assert table.apply(finding({"pattern": "rows_past_filled"}))[0].known
+    assert not table.apply(finding({}))[0].known
+    # without PCP the rows-past form is known only before 0.33.0
+    prepare = lambda: [fk.Finding(kind=fk.VALUE_MISMATCH, step=1, stage="prepare", check="blocks",
+                                  field="attn.filled_rows_past.0", extra={"pattern": "rows_past_filled"})]
+    assert load_known_findings("0.32.0").apply(prepare())[0].known
+    assert not table.apply(prepare())[0].known

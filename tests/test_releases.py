@@ -84,3 +84,23 @@ def test_compare_side_against_installed(tmp_path):
     assert summary["classes"]["new"] == summary["class_sides"]["B only"]
     assert set(summary["latency"]) >= {"gather", "prepare", "dummy"}
     assert summary["exit_status"] == proc.returncode
+
+
+def test_rows_a_larger_batch_left_show_before_0_33(tmp_path):
+    """The shrunk 0.32.0 campaign trace (a larger batch, then a smaller one with no idle dummy
+    between): before 0.33.0 the rows the larger batch gathered stay in the shared table past the
+    smaller batch's (known, #40); the release that clears them shows nothing (the installed one,
+    tests/test_known_signatures.py)."""
+    out = tmp_path / "report"
+    proc = _side(["replay", "tests/fixtures/stale_rows_after_larger_batch.jsonl", "--out", str(out),
+                  "--quiet", "--no-coverage"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    import pandas as pd
+
+    findings = pd.read_csv(out / "findings.csv")
+    past = findings[findings["field"].astype(str).str.startswith("attn.filled_rows_past")]
+    if summary["vllm_version"] in ("0.30.0", "0.31.0", "0.32.0"):
+        assert len(past) and set(past["verdict"]) == {"known"} and "prepare" in set(past["stage"])
+    else:
+        assert past.empty

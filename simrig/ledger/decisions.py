@@ -47,7 +47,8 @@ PATHS: tuple[DecisionPath, ...] = (
     DecisionPath("PCP rank", ("partition",),
                  "each PCP rank's (and DCP peer's) rank-local batch, partitioned from the global one"),
     DecisionPath("idle DP dummy", ("dummy",),
-                 "_dummy_run after each step at its token count: what an idle data-parallel rank runs"),
+                 "_dummy_run after each step at its token count (unless the step says idle_dummy "
+                 "false): what an idle data-parallel rank runs"),
     DecisionPath("profile run", ("profile",),
                  "profile_run at start-up: the whole token budget, every token real, attention skipped"),
     DecisionPath("capture dummy", ("capture",),
