@@ -11,15 +11,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import importlib.util
+
 import pytest
 
-tl = pytest.importorskip("triton.language")
-interpreter = pytest.importorskip("triton.runtime.interpreter")
+from simrig.vllm_runtime import interpreter_speed as speed
 
-from simrig.vllm_runtime import interpreter_speed as speed  # noqa: E402
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("no Triton", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "traces" / "samples"
+tl = interpreter = None  # set by _triton: imported only once the platform is chosen
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _triton():
+    """Triton imported after the platform is configured: triton.language made
+    before TRITON_INTERPRET=1 is set would hold compiled @jit helpers (tl.max,
+    ...) that a later interpreted kernel in this process cannot call."""
+    global tl, interpreter
+    from simrig.vllm_runtime import platform
+
+    platform.configure()
+    import triton.language
+    from triton.runtime import interpreter as triton_interpreter
+
+    tl, interpreter = triton.language, triton_interpreter
 
 
 def _original(fn):
