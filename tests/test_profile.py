@@ -63,5 +63,9 @@ def test_a_kernel_launch_through_the_coverage_hook_stays_vllms():
     gate = frame("/home/u/simrig/simrig/trace_gate.py", "launch", hook)
     leaf = frame(f"{SITE}/triton/runtime/interpreter.py", "GridExecutor.__call__", gate)
     assert StackSampler._sample(leaf)[0] == "vllm"
+    # a stand-in for Triton's own plumbing (interpreter_speed) inside the launch is vLLM's too
+    stand_in = frame("/home/u/simrig/simrig/vllm_runtime/interpreter_speed.py",
+                     "lean_builtin_calls.<locals>._patch_attr.<locals>.new_member", leaf)
+    assert StackSampler._sample(frame(f"{SITE}/triton/language/semantic.py", "add", stand_in))[0] == "vllm"
     probe = frame("/home/u/simrig/simrig/stage_probes.py", "StageProbes._probe_attn", caller)
     assert StackSampler._sample(frame(f"{SITE}/numpy/core.py", "f", probe))[0] == "rig"
