@@ -47,7 +47,8 @@ def test_adversarial_campaign_finds_the_unknown_id_key_error_class(tmp_path, cap
                    "--pcp-sizes", "1", "--stages", "gather", "--out", str(out),
                    "--database", "none", "--no-regressions", "--progress", "quiet"])
     table = pd.read_csv(out / "findings.csv", keep_default_na=False)
-    hit = table[(table.kind == "key_error") & (table.exception_type == "KeyError") & table.loud_rejection]
+    hit = table[(table.kind == "key_error") & (table.exception_type == "KeyError") & table.loud_rejection
+                & (table.field == "unknown_scheduled_id")]
     assert len(hit), table[["kind", "stage", "field", "loud_rejection"]]
     row = hit.iloc[0]
     assert 1 <= row.shrunk_steps <= 3 and str(row.reproduced) == "True"
