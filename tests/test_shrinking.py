@@ -29,10 +29,11 @@ def test_injected_fault_shrinks_to_a_minimal_replayable_trace(tmp_path):
                           num_speculative_tokens=2)
     # A number of examples and no budget: no clock anywhere, the same run on any load.
     # Hypothesis' shrinker stops at a local minimum; for this seed it is the global
-    # one (seeds 1 and 5 keep a preempted or finished request, seed 4 a fourth
-    # request). Draws depend on the seed alone (campaign/repeatable.py).
+    # one (since large_then_small draws its idle dummy, seeds 2-5 keep a preempted or
+    # finished request; seeds 0 and 1 reach the minimum). Draws depend on the seed alone
+    # (campaign/repeatable.py).
     options = CampaignOptions(
-        budget_s=None, max_examples=40, seed=2, out_dir=tmp_path / "out", database=None,
+        budget_s=None, max_examples=40, seed=1, out_dir=tmp_path / "out", database=None,
         replay_regressions=False, stages=(), extra_checks=(three_requests_with_a_spec_decode,),
         configs=st.just(config), progress="quiet", steps_per_example=15)
     campaign = Campaign(options)
