@@ -1,8 +1,8 @@
 """vLLM's own dummy paths, as the harness drives them: the profile run and
 CUDA-graph capture once per runner before the first step (as a worker starts),
 and ``GPUModelRunner._dummy_run`` after every step (unless it says ``idle_dummy``
-false), all in the runner's own buffers. Probes pass through in these modes; only the batch each path builds
-is observed (``capture`` and ``dummy`` stages).
+false), all in the runner's own buffers. Probes pass through in these modes;
+only the batch each path builds is observed (``capture`` and ``dummy`` stages).
 
     startup     profile_run            the profile stage: its batch and
                                        descriptor (or its exception: a worker
@@ -22,7 +22,7 @@ from simrig import observe as obs
 from simrig.adapters.probes import desc_key as _desc_key
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
-from simrig.adapters.probes import filled_rows_past
+from simrig.adapters.probes import attn_fields as _attn_fields
 from simrig.adapters.probes import tap_capture_descriptors as _tap_capture_descriptors
 from simrig.step import Step
 from simrig.vllm_runtime import platform
@@ -151,16 +151,3 @@ class DummyPaths:
             self.runner.execute_model_state = None
         record.duration_s = time.perf_counter() - start
         return result
-
-
-def _attn_fields(block_tables: Any, slot_mappings: Any) -> dict[str, obs.FieldObs]:
-    """A dummy's block tables (one per KV cache group) and slot mappings, as the
-    real step's prepare_attn probe names them (graph_rules/padded_attn.py judges them)."""
-    fields = {f"attn.block_tables.{g}": obs.observe_value(t) for g, t in enumerate(block_tables or ())}
-    for g, table in enumerate(block_tables or ()):
-        past = filled_rows_past(table)
-        if past is not None:
-            fields[f"{obs.ROWS_PAST}.{g}"] = obs.observe_value(past)
-    if slot_mappings is not None:
-        fields["attn.slot_mappings"] = obs.observe_value(slot_mappings)
-    return fields

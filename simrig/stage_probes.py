@@ -27,7 +27,7 @@ from simrig import observe as obs
 from simrig.adapters import sampling
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
-from simrig.adapters.probes import filled_rows_past
+from simrig.adapters.probes import attn_fields as _attn_fields
 from simrig.adapters.probes import observe_batch as _observe_batch
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.probes import wrap as _wrap
@@ -190,13 +190,7 @@ class StageProbes:
         if record is None:
             return call(*args, **kwargs)
         value = self._claim(record, call, *args, **kwargs)
-        tables, slots = value
-        for group, table in enumerate(tables):
-            record.fields[f"attn.block_tables.{group}"] = obs.observe_value(table)
-            past = filled_rows_past(table)
-            if past is not None:
-                record.fields[f"{obs.ROWS_PAST}.{group}"] = obs.observe_value(past)
-        record.fields["attn.slot_mappings"] = obs.observe_value(slots)
+        record.fields.update(_attn_fields(*value))
         if record.declared is not None:
             record.declared |= {"attn"}
         return value

@@ -115,3 +115,19 @@ def filled_rows_past(table: Any) -> Any:
         return None
     past = base[table.shape[0]:]
     return (torch.nonzero(past.ne(0).any(dim=1)).flatten() + table.shape[0]).numpy().astype(np.int64)
+
+
+def attn_fields(block_tables: Any, slot_mappings: Any) -> dict[str, obs.FieldObs]:
+    """prepare_attn's outputs as observed fields, the same for a real batch and a dummy:
+    each KV cache group's block table, the shared table's rows past it that still hold
+    a block id (``filled_rows_past``), and the slot mappings (blocks.py and
+    graph_rules/padded_attn.py judge them)."""
+    fields: dict[str, obs.FieldObs] = {}
+    for group, table in enumerate(block_tables or ()):
+        fields[f"attn.block_tables.{group}"] = obs.observe_value(table)
+        past = filled_rows_past(table)
+        if past is not None:
+            fields[f"{obs.ROWS_PAST}.{group}"] = obs.observe_value(past)
+    if slot_mappings is not None:
+        fields["attn.slot_mappings"] = obs.observe_value(slot_mappings)
+    return fields

@@ -52,7 +52,8 @@ from simrig.findings import findings as fk
 from simrig.findings.findings import Finding, guarded
 from simrig.ledger.evidence import RULES
 from simrig.observe import CAPTURE, DUMMY, ROWS_PAST, StageObs
-from simrig.reference.blocks import BLOCK_TABLES, NULL_BLOCK_ID, PAD_SLOT_ID, ROWS_PAST_FILLED, SLOT_MAPPINGS
+from simrig.reference.blocks import (BLOCK_TABLES, NULL_BLOCK_ID, PAD_SLOT_ID, ROWS_PAST_FILLED,
+                                     SLOT_MAPPINGS)
 from simrig.reference.contract import stage_req_ids
 from simrig.reference.semantics import field_value
 from simrig.step import RunnerConfig
@@ -120,9 +121,10 @@ def check_dummy_attn(index: int, config: RunnerConfig, stage: StageObs) -> list[
             add(name, f"row {int(bad[0])}: null block only", table[bad[0]].tolist(),
                 f"DUMMY NULL ROWS: {bad.size} of {table.shape[0]} dummy rows hold block ids "
                 f"({RULES['dummy_null_rows'].where()})")
-        past = field_value(stage, f"{ROWS_PAST}.{name.rsplit('.', 1)[1]}")
+        past_name = f"{ROWS_PAST}.{name.rsplit('.', 1)[1]}"
+        past = field_value(stage, past_name)
         if past is not None and len(past):
-            add(f"{ROWS_PAST}.{name.rsplit('.', 1)[1]}", [], np.asarray(past).tolist(),
+            add(past_name, [], np.asarray(past).tolist(),
                 f"ROWS PAST: rows of the shared table past the dummy's {table.shape[0]} still hold "
                 f"a larger earlier batch's block ids ({RULES['forward_tables'].where()}; "
                 f"{RULES['rows_past'].where()})", pattern=ROWS_PAST_FILLED)
