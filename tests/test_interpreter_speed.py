@@ -41,7 +41,9 @@ def _triton():
 
 
 def _original(fn):
-    return getattr(fn, "__simrig_original__", fn)
+    while hasattr(fn, "__simrig_original__"):  # interpreter_types wraps interpreter_speed's wrapper
+        fn = fn.__simrig_original__
+    return fn
 
 
 # ------------------------------------------------------------ each patch answers as Triton does
@@ -199,7 +201,9 @@ def test_cpu_mode_installs_every_patch(vllm_api):
     assert interpreter._patch_attr.__simrig_lean__
     assert isinstance(interpreter.inspect, speed._Inspect)
     assert tl.core._unwrap_if_constexpr.__simrig_fast__
-    assert tl.core.block_type.__init__.__simrig_lean__
+    assert tl.core.block_type.__init__.__simrig_original__.__simrig_lean__
+    assert tl.core.block_type.__new__.__simrig_interned__  # interpreter_types
+    assert tl.core.tensor.__init__.__simrig_lean__
     # the language was patched through the lean wrapper: tl.load calls Triton's load directly
     assert tl.load.__qualname__.startswith("lean_builtin_calls")
 

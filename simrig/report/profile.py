@@ -45,10 +45,11 @@ _STARTUP_FUNCTIONS = {"_import_vllm", "load"}
 
 def _transparent(short: str, qualname: str) -> bool:
     """The rig's pass-through around a kernel launch (the coverage sampler's hook)
-    and its stand-ins inside Triton's interpreter (interpreter_speed): the
+    and its stand-ins inside Triton's interpreter (interpreter_speed,
+    interpreter_types): the
     launch stays vLLM's, as it is without them."""
     return ((short == "simrig/vllm_runtime/interpreter.py" and qualname.startswith("sample_traced_launches"))
-            or short == "simrig/vllm_runtime/interpreter_speed.py"
+            or short in ("simrig/vllm_runtime/interpreter_speed.py", "simrig/vllm_runtime/interpreter_types.py")
             or (short == "simrig/trace_gate.py" and qualname == "launch"))
 
 

@@ -93,11 +93,12 @@ def apply_after_import() -> None:
     from vllm.v1.worker.gpu import buffer_utils
 
     buffer_utils.is_uva_available = lambda: False
-    from simrig.vllm_runtime import interpreter, interpreter_speed
+    from simrig.vllm_runtime import interpreter, interpreter_speed, interpreter_types
 
     interpreter.skip_dead_overflow_checks()
     if os.environ.get("SIMRIG_INTERPRETER_SPEEDUPS", "1") != "0":  # 0: Triton's own plumbing, to compare
         interpreter_speed.install_all()  # before patch_language_once: it patches through _patch_attr
+        interpreter_types.install_all()
     interpreter.patch_language_once()
     interpreter.sample_traced_launches()
 

@@ -1,0 +1,197 @@
+"""Triton's interpreter, building each op's types once instead of per program.
+
+Every op a kernel runs in Triton's interpreter builds its result's type and
+its result tensor from scratch: ``tl.block_type(element, shape)`` wraps the
+shape in a ``tl.tuple`` and types it, and ``tl.tensor(handle, type)`` makes a
+fresh ``constexpr`` for the element count and for each dimension. A kernel
+body sees a handful of distinct types, and runs once per program of its
+grid, so the same few objects are rebuilt hundreds of thousands of times per
+campaign. Like ``interpreter_speed``, each patch returns what Triton's own
+code returns and leaves Triton as it is (returning False) when the layout it
+expects is not there. No kernel body, no vLLM code and no numpy work changes.
+
+``intern_block_types``
+    ``tl.block_type(element, shape)`` returns one kept instance per element
+    object (an exact ``tl.dtype``, by identity; an exact ``tl.pointer_type``
+    to such a dtype, by its element's identity, address space and constness,
+    the fields its ``__eq__`` compares) and per shape of plain ints. A block
+    type is never changed after its constructor (Triton assigns its fields
+    only there), so one shared instance answers every question a fresh one
+    would: ``==``, ``name``, ``shape``, ``numel``, ``scalar``. The kept
+    instance holds the first element object it was built with; a scalar
+    element is the one passed (identity kept, as Triton's
+    ``element_ty is tl.float16`` checks need); a pointer element is an equal
+    one (Triton compares pointer types with ``==`` only). At most
+    ``MAX_KEPT`` are kept; past that, fresh ones are built as before.
+
+``lean_tensors``
+    ``tl.tensor.__init__`` for an exact tensor whose type is a scalar
+    ``tl.dtype`` or a kept block type sets the same attributes, in the same
+    order, to equal values, taking ``shape`` (a tuple of ``constexpr``),
+    ``numel`` and ``dtype`` from the first tensor built with that type. Those
+    ``constexpr`` objects are shared: Triton never assigns a constexpr's
+    ``value`` after its constructor. Any other tensor goes to Triton's
+    constructor.
+
+Both are checked on install: probes built both ways agree attribute by
+attribute, or the patch is not installed. Platform plumbing only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simrig.vllm_runtime.interpreter_speed import _state
+
+MAX_KEPT = 4096
+# ids of the kept block types: never freed (the table holds them), so an id here
+# is always that instance's
+_KEPT_IDS: set[int] = set()
+
+
+def plain_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """``object.__new__`` for a class given back its own constructor: a
+    ``__new__`` once assigned to a class cannot be deleted again (CPython then
+    hands the constructor's arguments to ``object.__new__``, which refuses them)."""
+    return object.__new__(cls)
+
+
+def _element_key(element: Any, scalar: type, pointer: type) -> Any:
+    """The key a block type's element is kept under, or None when it is not
+    one of the kinds kept."""
+    kind = type(element)
+    if kind is scalar:
+        return id(element)
+    if kind is pointer and type(element.element_ty) is scalar:
+        return ("ptr", id(element.element_ty), element.address_space, element.const)
+    return None
+
+
+def intern_block_types() -> bool:
+    """Keep one ``tl.block_type`` per element and shape of plain ints.
+    Returns whether it was installed (False: a Triton without this layout, or
+    already installed)."""
+    try:
+        import triton.language as tl
+    except ImportError:
+        return False
+    core = tl.core
+    block, scalar = getattr(core, "block_type", None), getattr(core, "dtype", None)
+    pointer, tl_tuple = getattr(core, "pointer_type", None), getattr(core, "tuple", None)
+    if None in (block, scalar, pointer, tl_tuple) or getattr(block.__new__, "__simrig_interned__", False):
+        return False
+    init = block.__init__
+    kept: dict[Any, Any] = {}
+    kept_ids = _KEPT_IDS
+    # what a key's element holds alive: kept instances keep their element, and a
+    # scalar element's id is only a key while that object lives
+    anchors: list[Any] = []
+
+    def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls is block and len(args) == 2 and not kwargs:
+            element, shape = args
+            if type(shape) is list or type(shape) is tl_tuple:
+                dims = tuple(shape)
+                key = _element_key(element, scalar, pointer)
+                if key is not None and all(type(d) is int for d in dims):
+                    key = (key, dims)
+                    found = kept.get(key)
+                    if found is not None:
+                        return found
+                    if len(kept) < MAX_KEPT:
+                        made = object.__new__(cls)
+                        init(made, element, shape)  # its errors too (a 0-d shape)
+                        anchors.append(element)
+                        kept[key] = made
+                        kept_ids.add(id(made))
+                        return made
+        return object.__new__(cls)
+
+    def __init__(self: Any, element_ty: Any, shape: Any) -> None:
+        if id(self) in kept_ids:  # a kept instance, built once in __new__
+            return
+        init(self, element_ty, shape)
+
+    try:  # the layout: probes built both ways agree
+        probes = ((tl.int32, [4, 8]), (tl.int64, tl_tuple([16])), (tl.pointer_type(tl.int32), [1024]),
+                  (tl.int1, [2]), (tl.float32, [1, 2, 4]))
+        built = []
+        for element, shape in probes:
+            fresh = object.__new__(block)
+            init(fresh, element, shape)
+            built.append(fresh)
+    except Exception:
+        return False
+    __new__.__simrig_interned__ = True  # type: ignore[attr-defined]
+    __init__.__simrig_original__ = init  # type: ignore[attr-defined]
+    block.__new__ = __new__
+    block.__init__ = __init__
+    try:
+        for (element, shape), fresh in zip(probes, built):
+            first, again = block(element, shape), block(element, list(shape))
+            if (first is not again or _state(first) != _state(fresh) or list(vars(first)) != list(vars(fresh))
+                    or not first == fresh):
+                raise ValueError("kept block type differs")
+    except Exception:
+        block.__new__ = plain_new
+        block.__init__ = init
+        return False
+    return True
+
+
+def lean_tensors() -> bool:
+    """Build ``tl.tensor`` of a scalar dtype or a kept block type from
+    attributes kept per type. Returns whether it was installed (False: a
+    Triton without this layout, or already installed)."""
+    try:
+        import triton.language as tl
+    except ImportError:
+        return False
+    core = tl.core
+    tensor, block, scalar = getattr(core, "tensor", None), getattr(core, "block_type", None), getattr(core, "dtype", None)
+    if None in (tensor, block, scalar):
+        return False
+    original = tensor.__init__
+    if getattr(original, "__simrig_lean__", False) or not getattr(block.__new__, "__simrig_interned__", False):
+        return False
+    per_type: dict[int, tuple] = {}
+
+    def __init__(self: Any, handle: Any, type: Any) -> None:  # noqa: A002 (Triton's name)
+        entry = per_type.get(id(type))
+        if entry is None or entry[0] is not type or self.__class__ is not tensor:
+            original(self, handle, type)
+            if (self.__class__ is tensor and (type.__class__ is scalar or id(type) in _KEPT_IDS)
+                    and len(per_type) < MAX_KEPT):
+                per_type[id(type)] = (type, self.shape, self.numel, self.dtype)
+            return
+        self.handle = handle
+        self.shape = entry[1]
+        self.numel = entry[2]
+        self.type = type
+        self.dtype = entry[3]
+
+    try:  # the layout: probes built both ways agree (the second of each is lean)
+        for ty in (tl.int32, block(tl.int32, [1024]), block(tl.pointer_type(tl.int64), [4, 2]), tl.int1):
+            fresh = tensor.__new__(tensor)
+            original(fresh, None, ty)
+            tensor.__init__ = __init__
+            try:
+                made, lean = tensor(None, ty), tensor(None, ty)
+            finally:
+                tensor.__init__ = original
+            for other in (made, lean):
+                if _state(other) != _state(fresh) or list(vars(other)) != list(vars(fresh)):
+                    return False
+    except Exception:
+        tensor.__init__ = original
+        return False
+    __init__.__simrig_lean__ = True  # type: ignore[attr-defined]
+    __init__.__simrig_original__ = original  # type: ignore[attr-defined]
+    tensor.__init__ = __init__
+    return True
+
+
+def install_all() -> dict[str, bool]:
+    """Both patches, block types first (the tensors keep attributes only for
+    kept block types). Returns which were installed."""
+    return {"intern_block_types": intern_block_types(), "lean_tensors": lean_tensors()}
