@@ -25,13 +25,15 @@ expects is not there. No kernel body, no vLLM code and no numpy work changes.
     ``MAX_KEPT`` are kept; past that, fresh ones are built as before.
 
 ``lean_tensors``
-    ``tl.tensor.__init__`` for an exact tensor whose type is a scalar
-    ``tl.dtype`` or a kept block type sets the same attributes, in the same
-    order, to equal values, taking ``shape`` (a tuple of ``constexpr``),
-    ``numel`` and ``dtype`` from the first tensor built with that type. Those
-    ``constexpr`` objects are shared: Triton never assigns a constexpr's
-    ``value`` after its constructor. Any other tensor goes to Triton's
-    constructor.
+    ``tl.tensor.__init__`` for an exact tensor whose type is a scalar or a
+    kept block type sets the same attributes, in the same
+    order, to equal values. A scalar's (a ``tl.dtype`` or ``tl.pointer_type``)
+    are fixed: an empty shape, one element, the type its own scalar type. A
+    kept block type's come from the first tensor built with it: its shape's
+    ``constexpr`` dimensions (in a new ``tl.tuple`` per tensor, as a
+    ``tl.tuple`` can be changed), ``numel`` and ``dtype``. Those ``constexpr``
+    objects are shared: Triton never assigns a constexpr's ``value`` after its
+    constructor. Any other tensor goes to Triton's constructor.
 
 Both are checked on install: probes built both ways agree attribute by
 attribute, or the patch is not installed. Platform plumbing only.
@@ -90,21 +92,26 @@ def intern_block_types() -> bool:
     def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
         if cls is block and len(args) == 2 and not kwargs:
             element, shape = args
-            if type(shape) is list or type(shape) is tl_tuple:
-                dims = tuple(shape)
-                key = _element_key(element, scalar, pointer)
-                if key is not None and all(type(d) is int for d in dims):
-                    key = (key, dims)
-                    found = kept.get(key)
-                    if found is not None:
-                        return found
-                    if len(kept) < MAX_KEPT:
-                        made = object.__new__(cls)
-                        init(made, element, shape)  # its errors too (a 0-d shape)
-                        anchors.append(element)
-                        kept[key] = made
-                        kept_ids.add(id(made))
-                        return made
+            kind = type(shape)
+            if kind is list or kind is tl_tuple:
+                dims = tuple(shape.values) if kind is tl_tuple else tuple(shape)
+                for d in dims:
+                    if type(d) is not int:
+                        break
+                else:
+                    key = _element_key(element, scalar, pointer)
+                    if key is not None:
+                        key = (key, dims)
+                        found = kept.get(key)
+                        if found is not None:
+                            return found
+                        if len(kept) < MAX_KEPT:
+                            made = object.__new__(cls)
+                            init(made, element, shape)  # its errors too (a 0-d shape)
+                            anchors.append(element)
+                            kept[key] = made
+                            kept_ids.add(id(made))
+                            return made
         return object.__new__(cls)
 
     def __init__(self: Any, element_ty: Any, shape: Any) -> None:
@@ -154,24 +161,41 @@ def lean_tensors() -> bool:
     original = tensor.__init__
     if getattr(original, "__simrig_lean__", False) or not getattr(block.__new__, "__simrig_interned__", False):
         return False
+    pointer = getattr(core, "pointer_type", None)
+    if pointer is None:
+        return False
+    tl_tuple = getattr(core, "tuple", None)
+    if tl_tuple is None:
+        return False
+    one = core.constexpr(1)  # the element count of every scalar tensor
+    no_dims = tl_tuple([]).type  # the type of a scalar's (empty) shape
     per_type: dict[int, tuple] = {}
 
     def __init__(self: Any, handle: Any, type: Any) -> None:  # noqa: A002 (Triton's name)
-        entry = per_type.get(id(type))
-        if entry is None or entry[0] is not type or self.__class__ is not tensor:
-            original(self, handle, type)
-            if (self.__class__ is tensor and (type.__class__ is scalar or id(type) in _KEPT_IDS)
-                    and len(per_type) < MAX_KEPT):
-                per_type[id(type)] = (type, self.shape, self.numel, self.dtype)
-            return
-        self.handle = handle
-        self.shape = entry[1]
-        self.numel = entry[2]
-        self.type = type
-        self.dtype = entry[3]
+        if self.__class__ is tensor:
+            kind = type.__class__
+            if kind is scalar or kind is pointer:  # a scalar: no shape, one element, its own scalar type
+                self.handle = handle
+                self.shape = tl_tuple((), no_dims)
+                self.numel = one
+                self.type = type
+                self.dtype = type
+                return
+            entry = per_type.get(id(type))
+            if entry is not None and entry[0] is type:
+                self.handle = handle
+                self.shape = tl_tuple(entry[1].values, entry[1].type)  # its own: a tl.tuple can be changed
+                self.numel = entry[2]
+                self.type = type
+                self.dtype = entry[3]
+                return
+        original(self, handle, type)
+        if self.__class__ is tensor and id(type) in _KEPT_IDS and len(per_type) < MAX_KEPT:
+            per_type[id(type)] = (type, self.shape, self.numel, self.dtype)
 
     try:  # the layout: probes built both ways agree (the second of each is lean)
-        for ty in (tl.int32, block(tl.int32, [1024]), block(tl.pointer_type(tl.int64), [4, 2]), tl.int1):
+        for ty in (tl.int32, block(tl.int32, [1024]), block(tl.pointer_type(tl.int64), [4, 2]), tl.int1,
+                   tl.pointer_type(tl.int32), tl.void):
             fresh = tensor.__new__(tensor)
             original(fresh, None, ty)
             tensor.__init__ = __init__
