@@ -204,6 +204,9 @@ def test_cpu_mode_installs_every_patch(vllm_api):
     assert tl.core.block_type.__init__.__simrig_original__.__simrig_lean__
     assert tl.core.block_type.__new__.__simrig_interned__  # interpreter_types
     assert tl.core.tensor.__init__.__simrig_lean__
+    from triton.language import semantic
+
+    assert semantic.TritonSemantic.binary_op_type_checking_impl.__simrig_fast__
     # the language was patched through the lean wrapper: tl.load calls Triton's load directly
     assert tl.load.__qualname__.startswith("lean_builtin_calls")
 

@@ -43,14 +43,24 @@ def fresh_patches():
     block, tensor = core.block_type, core.tensor
     saved = {name: vars(block).get(name) for name in ("__new__", "__init__")}
     saved_tensor = tensor.__init__
+    semantic_class = _semantic_class()
+    saved_check = semantic_class.binary_op_type_checking_impl
+    semantic_class.binary_op_type_checking_impl = _tritons_init(saved_check)
     block.__new__ = types_patch.plain_new
     block.__init__, tensor.__init__ = _tritons_init(block.__init__), _tritons_init(tensor.__init__)
     try:
-        assert types_patch.install_all() == {"intern_block_types": True, "lean_tensors": True}
+        assert all(types_patch.install_all().values())
         yield core
     finally:
         block.__new__ = saved["__new__"] or types_patch.plain_new
         block.__init__, tensor.__init__ = saved["__init__"], saved_tensor
+        semantic_class.binary_op_type_checking_impl = saved_check
+
+
+def _semantic_class():
+    from triton.language import semantic
+
+    return semantic.TritonSemantic
 
 
 def _built_by_triton(core, element, shape):
@@ -123,3 +133,49 @@ def test_a_patch_leaves_a_foreign_layout_alone(monkeypatch):
 
 def test_installed_twice_is_installed_once(fresh_patches):
     assert not any(types_patch.install_all().values())
+
+
+def _operands():
+    """Tensors of the types the MRV2 kernels combine, with real interpreter
+    handles (a cast or broadcast in Triton's path needs them)."""
+    import numpy as np
+    from triton.runtime.interpreter import TensorHandle
+
+    core = tl.core
+    out = []
+    for ty in (tl.int32, tl.int64, tl.uint32, tl.int1, tl.float32, tl.pointer_type(tl.int32),
+               tl.pointer_type(tl.int64)):
+        block = core.block_type(ty, [4])
+        np_type = np.uint64 if isinstance(ty, core.pointer_type) else {
+            "int32": np.int32, "int64": np.int64, "uint32": np.uint32, "int1": np.bool_, "fp32": np.float32}[ty.name]
+        out.append(core.tensor(TensorHandle(np.array([3], dtype=np_type), ty), ty))
+        out.append(core.tensor(TensorHandle(np.full(4, 3, dtype=np_type), block.element_ty), block))
+    return out
+
+
+def _typed(fn, *args):
+    try:
+        lhs, rhs = fn(*args)
+    except Exception as error:
+        return ("error", type(error).__name__, str(error))
+    return (str(lhs.type), str(rhs.type), lhs.handle.data.tolist(), rhs.handle.data.tolist()), (lhs, rhs)
+
+
+def test_fast_binary_typing_answers_as_tritons(fresh_patches):
+    from triton.runtime import interpreter
+
+    semantic = interpreter.interpreter_semantic
+    fast = _semantic_class().binary_op_type_checking_impl
+    original = _tritons_init(fast)
+    assert fast is not original and fast.__simrig_fast__
+    answered = 0
+    for lhs in _operands():
+        for rhs in _operands() + [2, -1]:
+            for flags in ((False, False, True, False), (True, True, True, False), (True, False, True, False),
+                          (False, True, True, False), (False, False, True, True), (False, False, False, True)):
+                want, got = _typed(original, semantic, lhs, rhs, *flags), _typed(fast, semantic, lhs, rhs, *flags)
+                assert want[0] == got[0], (lhs.type, getattr(rhs, "type", rhs), flags)
+                if want[0] != "error" and got[1][0] is lhs and got[1][1] is rhs:
+                    answered += 1
+                    assert want[1][0] is lhs and want[1][1] is rhs  # Triton hands back the same operands
+    assert answered > 20

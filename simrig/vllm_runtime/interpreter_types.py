@@ -35,7 +35,17 @@ expects is not there. No kernel body, no vLLM code and no numpy work changes.
     objects are shared: Triton never assigns a constexpr's ``value`` after its
     constructor. Any other tensor goes to Triton's constructor.
 
-Both are checked on install: probes built both ways agree attribute by
+``fast_binary_type_checks``
+    ``binary_op_type_checking_impl`` (every ``+``, ``-``, ``*``, ``<``, ...)
+    types its two operands and hands them back cast and broadcast. For two
+    tensors that need neither it hands back the very operands it was given:
+    the same integer type (promotion of a type with itself is that type, and
+    a cast to a tensor's own scalar type is the tensor), or a pointer and an
+    integer of the same shape where the pointer's side allows a pointer (no
+    arithmetic typing with a pointer; no broadcast between equal shapes).
+    Those two cases are answered directly; every other goes to Triton's.
+
+All are checked on install: probes built both ways agree attribute by
 attribute, or the patch is not installed. Platform plumbing only.
 """
 
@@ -215,7 +225,86 @@ def lean_tensors() -> bool:
     return True
 
 
+def fast_binary_type_checks() -> bool:
+    """Answer the operand typing of a binary op directly where it hands back
+    its operands unchanged. Returns whether it was installed (False: a Triton
+    without this layout, or already installed)."""
+    try:
+        import triton.language as tl
+        from triton.language import semantic as semantic_module
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    core = tl.core
+    owner = getattr(semantic_module, "TritonSemantic", None)
+    semantic = getattr(interpreter, "interpreter_semantic", None)
+    tensor, block, scalar = getattr(core, "tensor", None), getattr(core, "block_type", None), getattr(core, "dtype", None)
+    pointer, tl_tuple = getattr(core, "pointer_type", None), getattr(core, "tuple", None)
+    if None in (owner, semantic, tensor, block, scalar, pointer, tl_tuple):
+        return False
+    original = getattr(owner, "binary_op_type_checking_impl", None)
+    if original is None or getattr(original, "__simrig_fast__", False):
+        return False
+    try:
+        int_names = frozenset(scalar.SINT_TYPES + scalar.UINT_TYPES)
+    except Exception:
+        return False
+
+    def _is_int(ty: Any) -> bool:
+        return ty.__class__ is scalar and ty.name in int_names
+
+    def binary_op_type_checking_impl(self: Any, lhs: Any, rhs: Any, allow_lhs_ptr: bool = False,
+                                     allow_rhs_ptr: bool = False, arithmetic_check: bool = True,
+                                     div_or_mod: bool = False) -> Any:
+        if lhs.__class__ is tensor and rhs.__class__ is tensor:
+            left, right = lhs.type, rhs.type
+            if left is right:
+                element = left.element_ty if left.__class__ is block else left
+                if _is_int(element):
+                    return lhs, rhs
+            else:
+                left_kind, right_kind = left.__class__, right.__class__
+                if left_kind is block and right_kind is block:
+                    shapes = left.shape, right.shape
+                    same = (shapes[0].__class__ is tl_tuple and shapes[1].__class__ is tl_tuple
+                            and shapes[0].values == shapes[1].values)
+                    left, right = (left.element_ty, right.element_ty) if same else (None, None)
+                elif left_kind is block or right_kind is block:
+                    left = right = None
+                if left is not None:
+                    if allow_lhs_ptr and left.__class__ is pointer and _is_int(right):
+                        return lhs, rhs
+                    if allow_rhs_ptr and right.__class__ is pointer and _is_int(left):
+                        return lhs, rhs
+        return original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+    try:  # the layout: where the fast path answers, Triton's hands back the same operands
+        def operand(ty: Any) -> Any:
+            made = tensor.__new__(tensor)
+            made.handle, made.shape, made.type, made.dtype = None, (), ty, ty.scalar
+            return made
+        i32, i64, u32 = block(tl.int32, [8]), block(tl.int64, [8]), tl.uint32
+        cases = [(operand(tl.int32), operand(tl.int32), (False, False, True, False)),
+                 (operand(i32), operand(i32), (False, False, True, True)),
+                 (operand(u32), operand(u32), (False, False, False, True)),
+                 (operand(tl.pointer_type(tl.int32)), operand(tl.int64), (True, True, True, False)),
+                 (operand(tl.int32), operand(tl.pointer_type(tl.int64)), (True, True, True, False)),
+                 (operand(block(tl.pointer_type(tl.int32), [8])), operand(i32), (True, False, True, False)),
+                 (operand(block(tl.pointer_type(tl.int64), [8])), operand(i64), (True, True, True, False))]
+        for lhs, rhs, flags in cases:
+            got, want = binary_op_type_checking_impl(semantic, lhs, rhs, *flags), original(semantic, lhs, rhs, *flags)
+            if got[0] is not want[0] or got[1] is not want[1]:
+                return False
+    except Exception:
+        return False
+    binary_op_type_checking_impl.__simrig_fast__ = True  # type: ignore[attr-defined]
+    binary_op_type_checking_impl.__simrig_original__ = original  # type: ignore[attr-defined]
+    owner.binary_op_type_checking_impl = binary_op_type_checking_impl
+    return True
+
+
 def install_all() -> dict[str, bool]:
-    """Both patches, block types first (the tensors keep attributes only for
+    """Every patch, block types first (the tensors keep attributes only for
     kept block types). Returns which were installed."""
-    return {"intern_block_types": intern_block_types(), "lean_tensors": lean_tensors()}
+    return {"intern_block_types": intern_block_types(), "lean_tensors": lean_tensors(),
+            "fast_binary_type_checks": fast_binary_type_checks()}
