@@ -78,7 +78,8 @@ class StepObs:
     # Wall seconds inside the installed vLLM's own calls for this step: the whole
     # execute_model (prepare_attn's kernels, staged writes and its own glue
     # included, the probes' bookkeeping excluded), the other ranks, sample_tokens,
-    # the dummy run, and the profile run and capture before a runner's first step.
+    # the dummy run, and the runner's build (vLLM's constructors), profile run and
+    # capture before a runner's first step.
     # The stage rows' durations are the probed parts of it.
     vllm_s: float = 0.0
 

@@ -9,7 +9,8 @@ reference model, bookkeeping.
     wall_s ─┬─ vllm_s ─┬─ per stage: lifecycle, gather, prepare, postprocess, partition, dummy
             │          └─ unstaged: vLLM's own time outside the probed calls (prepare_attn's
             │             block-table and slot kernels, staged writes, execute_model's glue,
-            │             sample_tokens past postprocess, profile run and capture)
+            │             sample_tokens past postprocess, a runner's build (vLLM's
+            │             constructors), profile run and capture)
             └─ rig_s  ── generation, checks, bookkeeping (wall - vllm)
 
 ``vllm_s`` is the harness's own measure of every vLLM call (``StepObs.vllm_s``)
