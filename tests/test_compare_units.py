@@ -107,3 +107,32 @@ def test_value_digest_ignores_dtype_but_not_values_or_shape():
     assert digest(obs(np.arange(6, dtype=np.int32))) == base  # a dtype change is the contract's business
     assert digest(obs(np.arange(1, 7, dtype=np.int64))) != base
     assert digest(obs(np.arange(6, dtype=np.int64).reshape(2, 3))) != base
+
+
+def test_a_layered_side_venv_installs_only_vllm_and_reads_the_rest_from_the_project_venv(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from simrig.releases import envs
+
+    steps = envs.pip_steps(resolve_spec("0.31.0"), layered=True)
+    assert len(steps) == 1 and "--no-deps" in steps[0] and "vllm==0.31.0" in steps[0]
+    assert not any("torch-cpu.txt" in arg for arg in steps[0])
+    pip_calls = []
+
+    def run(cmd, side):  # the venv is really made; pip (the download) is not run
+        if cmd[1:3] == ["-m", "venv"]:
+            subprocess.run(cmd, check=True)
+        else:
+            pip_calls.append(cmd)
+
+    monkeypatch.setattr(envs, "_run", run)
+    side = envs.SideSpec("0.31.0", "release", tmp_path / "vllm-0.31.0", "vllm==0.31.0")
+    envs.create(side, layered=True, log=lambda line: None)
+    assert [c[1] for c in pip_calls] == ["install"] and (side.venv / ".simrig-installed").exists()
+    probe = subprocess.run([side.python, "-c", "import sys, simrig; print(simrig.__file__); print(sys.path)"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    assert probe[0].startswith(str(envs.PROJECT))  # simrig (editable) comes from the project venv
+    paths = eval(probe[1])  # noqa: S307 -- the side interpreter's own repr of sys.path
+    own, below = str(envs._site_packages(side.python)), str(envs._site_packages(sys.executable))
+    assert paths.index(own) < paths.index(below)  # the side's vLLM shadows the project's

