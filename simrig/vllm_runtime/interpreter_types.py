@@ -56,9 +56,6 @@ from typing import Any
 from simrig.vllm_runtime.interpreter_speed import _state
 
 MAX_KEPT = 4096
-# ids of the kept block types: never freed (the table holds them), so an id here
-# is always that instance's
-_KEPT_IDS: set[int] = set()
 
 
 def plain_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
@@ -94,7 +91,10 @@ def intern_block_types() -> bool:
         return False
     init = block.__init__
     kept: dict[Any, Any] = {}
-    kept_ids = _KEPT_IDS
+    # ids of this table's instances: never freed while the table is (it holds them),
+    # so an id here is always that instance's; one set per install, as a replaced
+    # table's instances can be freed and their ids reused
+    kept_ids: set[int] = set()
     # what a key's element holds alive: kept instances keep their element, and a
     # scalar element's id is only a key while that object lives
     anchors: list[Any] = []
@@ -140,6 +140,7 @@ def intern_block_types() -> bool:
     except Exception:
         return False
     __new__.__simrig_interned__ = True  # type: ignore[attr-defined]
+    __new__.__simrig_kept_ids__ = kept_ids  # type: ignore[attr-defined]
     __init__.__simrig_original__ = init  # type: ignore[attr-defined]
     block.__new__ = __new__
     block.__init__ = __init__
@@ -171,6 +172,7 @@ def lean_tensors() -> bool:
     original = tensor.__init__
     if getattr(original, "__simrig_lean__", False) or not getattr(block.__new__, "__simrig_interned__", False):
         return False
+    kept_ids = block.__new__.__simrig_kept_ids__
     pointer = getattr(core, "pointer_type", None)
     if pointer is None:
         return False
@@ -200,7 +202,7 @@ def lean_tensors() -> bool:
                 self.dtype = entry[3]
                 return
         original(self, handle, type)
-        if self.__class__ is tensor and id(type) in _KEPT_IDS and len(per_type) < MAX_KEPT:
+        if self.__class__ is tensor and id(type) in kept_ids and len(per_type) < MAX_KEPT:
             per_type[id(type)] = (type, self.shape, self.numel, self.dtype)
 
     try:  # the layout: probes built both ways agree (the second of each is lean)
