@@ -300,8 +300,11 @@ def lean_block_type() -> bool:
     if None in (block, tl_tuple, tuple_type, constexpr_type, constexpr, validate):
         return False
     original = block.__init__
-    if getattr(original, "__simrig_lean__", False):
-        return False
+    wrapped = original
+    while wrapped is not None:  # already lean, or under a wrapper of the lean one (interpreter_types)
+        if getattr(wrapped, "__simrig_lean__", False):
+            return False
+        wrapped = getattr(wrapped, "__simrig_original__", None)
 
     def __init__(self: Any, element_ty: Any, shape: Any) -> None:
         kind = type(shape)
