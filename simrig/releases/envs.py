@@ -153,12 +153,16 @@ def create(side: SideSpec, *, layered: bool = False, log=print) -> Path:
     pip = str(side.venv / "bin" / "pip")
     for args in pip_steps(side, layered):
         _run([pip, *args], side)
+    own = _site_packages(side.python)
     if layered:
         # site.addsitedir: appended after the side's own site-packages (its vLLM wins),
         # and the project venv's own .pth files (simrig, editable) are read too
         below = _site_packages(sys.executable)
-        (_site_packages(side.python) / LAYER_PTH).write_text(
-            f"import site; site.addsitedir({str(below)!r})\n")
+        (own / LAYER_PTH).write_text(f"import site; site.addsitedir({str(below)!r})\n")
+    # bytecode once, as the bootstrap does: with PYTHONDONTWRITEBYTECODE set nothing would be
+    # cached and every side process would compile vLLM from source (a file this Python cannot
+    # compile stays source-only)
+    subprocess.run([side.python, "-m", "compileall", "-q", "-j", "0", str(own)], capture_output=True)
     stamp.touch()
     return side.venv
 
