@@ -58,6 +58,17 @@ from simrig.vllm_runtime.interpreter_speed import _state
 MAX_KEPT = 4096
 
 
+def _core_members(*names: str) -> tuple | None:
+    """``triton.language.core``'s members by name, or None when Triton or any
+    of them is missing (each patch then leaves Triton as it is)."""
+    try:
+        import triton.language as tl
+    except ImportError:
+        return None
+    found = tuple(getattr(tl.core, name, None) for name in names)
+    return None if any(member is None for member in found) else found
+
+
 def plain_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
     """``object.__new__`` for a class given back its own constructor: a
     ``__new__`` once assigned to a class cannot be deleted again (CPython then
@@ -80,15 +91,12 @@ def intern_block_types() -> bool:
     """Keep one ``tl.block_type`` per element and shape of plain ints.
     Returns whether it was installed (False: a Triton without this layout, or
     already installed)."""
-    try:
-        import triton.language as tl
-    except ImportError:
+    members = _core_members("block_type", "dtype", "pointer_type", "tuple")
+    if members is None or getattr(members[0].__new__, "__simrig_interned__", False):
         return False
-    core = tl.core
-    block, scalar = getattr(core, "block_type", None), getattr(core, "dtype", None)
-    pointer, tl_tuple = getattr(core, "pointer_type", None), getattr(core, "tuple", None)
-    if None in (block, scalar, pointer, tl_tuple) or getattr(block.__new__, "__simrig_interned__", False):
-        return False
+    import triton.language as tl
+
+    block, scalar, pointer, tl_tuple = members
     init = block.__init__
     kept: dict[Any, Any] = {}
     # ids of this table's instances: never freed while the table is (it holds them),
@@ -161,25 +169,17 @@ def lean_tensors() -> bool:
     """Build ``tl.tensor`` of a scalar dtype or a kept block type from
     attributes kept per type. Returns whether it was installed (False: a
     Triton without this layout, or already installed)."""
-    try:
-        import triton.language as tl
-    except ImportError:
+    members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple", "constexpr")
+    if members is None:
         return False
-    core = tl.core
-    tensor, block, scalar = getattr(core, "tensor", None), getattr(core, "block_type", None), getattr(core, "dtype", None)
-    if None in (tensor, block, scalar):
-        return False
+    import triton.language as tl
+
+    tensor, block, scalar, pointer, tl_tuple, constexpr = members
     original = tensor.__init__
     if getattr(original, "__simrig_lean__", False) or not getattr(block.__new__, "__simrig_interned__", False):
         return False
     kept_ids = block.__new__.__simrig_kept_ids__
-    pointer = getattr(core, "pointer_type", None)
-    if pointer is None:
-        return False
-    tl_tuple = getattr(core, "tuple", None)
-    if tl_tuple is None:
-        return False
-    one = core.constexpr(1)  # the element count of every scalar tensor
+    one = constexpr(1)  # the element count of every scalar tensor
     no_dims = tl_tuple([]).type  # the type of a scalar's (empty) shape
     per_type: dict[int, tuple] = {}
 
@@ -231,18 +231,17 @@ def fast_binary_type_checks() -> bool:
     """Answer the operand typing of a binary op directly where it hands back
     its operands unchanged. Returns whether it was installed (False: a Triton
     without this layout, or already installed)."""
-    try:
-        import triton.language as tl
-        from triton.language import semantic as semantic_module
-        from triton.runtime import interpreter
-    except ImportError:
+    members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple")
+    if members is None:
         return False
-    core = tl.core
+    import triton.language as tl
+    from triton.language import semantic as semantic_module
+    from triton.runtime import interpreter
+
+    tensor, block, scalar, pointer, tl_tuple = members
     owner = getattr(semantic_module, "TritonSemantic", None)
     semantic = getattr(interpreter, "interpreter_semantic", None)
-    tensor, block, scalar = getattr(core, "tensor", None), getattr(core, "block_type", None), getattr(core, "dtype", None)
-    pointer, tl_tuple = getattr(core, "pointer_type", None), getattr(core, "tuple", None)
-    if None in (owner, semantic, tensor, block, scalar, pointer, tl_tuple):
+    if owner is None or semantic is None:
         return False
     original = getattr(owner, "binary_op_type_checking_impl", None)
     if original is None or getattr(original, "__simrig_fast__", False):
