@@ -3,6 +3,10 @@
 #   make test   run the fast test suite (make test-slow, make test-cluster: the slow and Ray tiers)
 # Both create .venv on first use (scripts/bootstrap.sh) and reuse it afterwards.
 VENV ?= .venv
+# Python caches the bytecode of whatever a command or test imports first (the bootstrap
+# caches what simrig imports; a machine that sets PYTHONDONTWRITEBYTECODE would otherwise
+# compile the rest from source in every process)
+unexport PYTHONDONTWRITEBYTECODE
 STAMP := $(VENV)/.simrig-installed
 PYTEST_ARGS ?=
 

@@ -43,8 +43,8 @@ def _ray_start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Po
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the group, then SIGKILL to whatever of it is left (gcs_server outlives
-    `ray start --block` at times)."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+    `ray start --block` at times; a graceful stop took up to 15 s a node, so it gets 3)."""
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

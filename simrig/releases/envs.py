@@ -159,10 +159,6 @@ def create(side: SideSpec, *, layered: bool = False, log=print) -> Path:
         # and the project venv's own .pth files (simrig, editable) are read too
         below = _site_packages(sys.executable)
         (own / LAYER_PTH).write_text(f"import site; site.addsitedir({str(below)!r})\n")
-    # bytecode once, as the bootstrap does: with PYTHONDONTWRITEBYTECODE set nothing would be
-    # cached and every side process would compile vLLM from source (a file this Python cannot
-    # compile stays source-only)
-    subprocess.run([side.python, "-m", "compileall", "-q", "-j", "0", str(own)], capture_output=True)
     stamp.touch()
     return side.venv
 
@@ -185,11 +181,18 @@ class Verdict:
     unavailable: tuple[str, ...] = ()
 
 
-def doctor(side: SideSpec, timeout: float = 300) -> Verdict:
-    """Run ``simrig doctor`` with the side's interpreter."""
+def doctor(side: SideSpec, timeout: float = 300, *, cache_bytecode: bool = False) -> Verdict:
+    """Run ``simrig doctor`` with the side's interpreter.
+
+    ``cache_bytecode``: with bytecode writing on, whatever PYTHONDONTWRITEBYTECODE says, so
+    that the side's vLLM is compiled once here and not again by every side process (as the
+    bootstrap does for the project venv)."""
+    env = dict(os.environ)
+    if cache_bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     try:
         proc = subprocess.run([side.python, "-m", "simrig.cli", "doctor"], capture_output=True,
-                              text=True, timeout=timeout, cwd=PROJECT)
+                              text=True, timeout=timeout, cwd=PROJECT, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Verdict(False, "?", f"doctor did not run: {exc}")
     version = next((ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("vllm ")), "?")

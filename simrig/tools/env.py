@@ -34,7 +34,7 @@ def run_create(args: argparse.Namespace) -> int:
 
     side = envs.resolve_spec(args.vllm)
     venv = envs.create(side, layered=args.layered, log=lambda line: print(line, file=sys.stderr))
-    verdict = envs.doctor(side)
+    verdict = envs.doctor(side, cache_bytecode=True)
     if not verdict.ok:
         raise UsageError(f"--vllm {args.vllm}: built {venv}, but its vLLM is unusable: {verdict.line}")
     print(f"{venv}  vLLM {verdict.version}  doctor ok"
