@@ -61,13 +61,15 @@ def main(paths: list[str]) -> None:
     if "message" in findings:
         findings = findings.assign(message=findings["message"].astype(str).str.replace(
             r"req_\d+_[0-9a-f]{16}", "<dummy>", regex=True))
-    from simrig.vllm_runtime import interpreter_speed
+    from simrig.triton_interpreter import interpreter_speed
 
     print(json.dumps({
         "speedups": {
             "memoise_np_dtype": getattr(interpreter._get_np_dtype, "__simrig_memo__", False),
             "lean_builtin_calls": getattr(interpreter._patch_attr, "__simrig_lean__", False),
             "cache_launch_binding": isinstance(interpreter.inspect, interpreter_speed._Inspect),
+            "args_in_place": getattr(executor._init_args_hst, "__simrig_in_place__", False),
+            "fast_splat": getattr(interpreter.interpreter_semantic.broadcast_impl_value, "__simrig_fast__", False),
         },
         "launches": launches,
         "steps": steps.to_csv(index=False),

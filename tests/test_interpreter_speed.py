@@ -1,4 +1,4 @@
-"""simrig/vllm_runtime/interpreter_speed.py: Triton's interpreter plumbing made
+"""simrig/triton_interpreter/interpreter_speed.py: Triton's interpreter plumbing made
 cheaper gives the same answers as Triton's own, is installed in CPU mode, and
 stays out where the layout it expects is missing."""
 
@@ -15,7 +15,7 @@ import importlib.util
 
 import pytest
 
-from simrig.vllm_runtime import interpreter_speed as speed
+from simrig.triton_interpreter import interpreter_speed as speed
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("no Triton", allow_module_level=True)
@@ -208,6 +208,10 @@ def test_cpu_mode_installs_every_patch(vllm_api):
     from triton.language import semantic
 
     assert semantic.TritonSemantic.binary_op_type_checking_impl.__simrig_fast__
+    # interpreter_launch
+    assert interpreter.GridExecutor._init_args_hst.__simrig_in_place__
+    assert tl.str_to_ty.__simrig_memo__
+    assert interpreter.interpreter_semantic.broadcast_impl_value.__simrig_fast__
     # the language was patched through the lean wrapper: tl.load calls Triton's load directly
     assert tl.load.__qualname__.startswith("lean_builtin_calls")
 

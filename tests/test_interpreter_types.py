@@ -1,4 +1,4 @@
-"""simrig/vllm_runtime/interpreter_types.py: block types kept and tensors built
+"""simrig/triton_interpreter/interpreter_types.py: block types kept and tensors built
 from kept attributes answer as Triton's fresh ones do, and stay out where the
 layout they expect is missing. (The MRV2 kernels leaving the same bytes with
 and without every interpreter patch is tests/test_interpreter_speed.py's.)"""
@@ -9,8 +9,8 @@ import importlib.util
 
 import pytest
 
-from simrig.vllm_runtime import interpreter_types as types_patch
-from simrig.vllm_runtime.interpreter_speed import _state
+from simrig.triton_interpreter import interpreter_types as types_patch
+from simrig.triton_interpreter.interpreter_speed import _state
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("no Triton", allow_module_level=True)

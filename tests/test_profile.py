@@ -49,7 +49,7 @@ def test_a_profiled_campaign_writes_its_split(tmp_path, capsys):
 
 
 def test_a_kernel_launch_through_the_coverage_hook_stays_vllms():
-    """The sampler's pass-through frames (simrig/vllm_runtime/interpreter.py, trace_gate.launch)
+    """The sampler's pass-through frames (simrig/triton_interpreter/interpreter.py, trace_gate.launch)
     between a vLLM caller and Triton's interpreter do not make the launch the rig's."""
     from types import SimpleNamespace
 
@@ -58,16 +58,16 @@ def test_a_kernel_launch_through_the_coverage_hook_stays_vllms():
                                                       co_name=qualname.rsplit(".", 1)[-1]), f_back=back)
 
     caller = frame(f"{SITE}/vllm/v1/worker/gpu/block_table.py", "BlockTables.gather_block_tables")
-    hook = frame("/home/u/simrig/simrig/vllm_runtime/interpreter.py", "sample_traced_launches.<locals>.launch",
+    hook = frame("/home/u/simrig/simrig/triton_interpreter/interpreter.py", "sample_traced_launches.<locals>.launch",
                  caller)
     gate = frame("/home/u/simrig/simrig/trace_gate.py", "launch", hook)
     leaf = frame(f"{SITE}/triton/runtime/interpreter.py", "GridExecutor.__call__", gate)
     assert StackSampler._sample(leaf)[0] == "vllm"
     # a stand-in for Triton's own plumbing (interpreter_speed) inside the launch is vLLM's too
-    stand_in = frame("/home/u/simrig/simrig/vllm_runtime/interpreter_speed.py",
+    stand_in = frame("/home/u/simrig/simrig/triton_interpreter/interpreter_speed.py",
                      "lean_builtin_calls.<locals>._patch_attr.<locals>.new_member", leaf)
     assert StackSampler._sample(frame(f"{SITE}/triton/language/semantic.py", "add", stand_in))[0] == "vllm"
-    kept = frame("/home/u/simrig/simrig/vllm_runtime/interpreter_types.py", "lean_tensors.<locals>.__init__", leaf)
+    kept = frame("/home/u/simrig/simrig/triton_interpreter/interpreter_types.py", "lean_tensors.<locals>.__init__", leaf)
     assert StackSampler._sample(kept)[0] == "vllm"
     probe = frame("/home/u/simrig/simrig/stage_probes.py", "StageProbes._probe_attn", caller)
     assert StackSampler._sample(frame(f"{SITE}/numpy/core.py", "f", probe))[0] == "rig"

@@ -46,10 +46,11 @@ _STARTUP_FUNCTIONS = {"_import_vllm", "load"}
 def _transparent(short: str, qualname: str) -> bool:
     """The rig's pass-through around a kernel launch (the coverage sampler's hook)
     and its stand-ins inside Triton's interpreter (interpreter_speed,
-    interpreter_types): the
+    interpreter_types, interpreter_launch): the
     launch stays vLLM's, as it is without them."""
-    return ((short == "simrig/vllm_runtime/interpreter.py" and qualname.startswith("sample_traced_launches"))
-            or short in ("simrig/vllm_runtime/interpreter_speed.py", "simrig/vllm_runtime/interpreter_types.py")
+    return ((short == "simrig/triton_interpreter/interpreter.py" and qualname.startswith("sample_traced_launches"))
+            or short in ("simrig/triton_interpreter/interpreter_speed.py", "simrig/triton_interpreter/interpreter_types.py",
+                         "simrig/triton_interpreter/interpreter_launch.py")
             or (short == "simrig/trace_gate.py" and qualname == "launch"))
 
 

@@ -93,12 +93,13 @@ def apply_after_import() -> None:
     from vllm.v1.worker.gpu import buffer_utils
 
     buffer_utils.is_uva_available = lambda: False
-    from simrig.vllm_runtime import interpreter, interpreter_speed, interpreter_types
+    from simrig.triton_interpreter import interpreter, interpreter_launch, interpreter_speed, interpreter_types
 
     interpreter.skip_dead_overflow_checks()
     if os.environ.get("SIMRIG_INTERPRETER_SPEEDUPS", "1") != "0":  # 0: Triton's own plumbing, to compare
         interpreter_speed.install_all()  # before patch_language_once: it patches through _patch_attr
         interpreter_types.install_all()
+        interpreter_launch.install_all()
     interpreter.patch_language_once()
     interpreter.sample_traced_launches()
 

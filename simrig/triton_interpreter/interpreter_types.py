@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simrig.vllm_runtime.interpreter_speed import _state
+from simrig.triton_interpreter.interpreter_speed import _state
 
 MAX_KEPT = 4096
 
@@ -182,6 +182,7 @@ def lean_tensors() -> bool:
     one = constexpr(1)  # the element count of every scalar tensor
     no_dims = tl_tuple([]).type  # the type of a scalar's (empty) shape
     per_type: dict[int, tuple] = {}
+    new_tuple = tl_tuple.__new__
 
     def __init__(self: Any, handle: Any, type: Any) -> None:  # noqa: A002 (Triton's name)
         if self.__class__ is tensor:
@@ -196,7 +197,10 @@ def lean_tensors() -> bool:
             entry = per_type.get(id(type))
             if entry is not None and entry[0] is type:
                 self.handle = handle
-                self.shape = tl_tuple(entry[1].values, entry[1].type)  # its own: a tl.tuple can be changed
+                shape = new_tuple(tl_tuple)  # its own: a tl.tuple can be changed
+                shape.values = list(entry[1].values)  # what tl.tuple(values, type) sets, in its order
+                shape.type = entry[1].type
+                self.shape = shape
                 self.numel = entry[2]
                 self.type = type
                 self.dtype = entry[3]
