@@ -31,6 +31,20 @@ def test_the_interval_must_be_positive():
 
 
 @pytest.mark.vllm
+def test_the_sampler_gets_the_gil_soon_after_each_wake_up_and_gives_the_setting_back():
+    """Python's 5 ms switch interval would let the sampler read stacks mostly inside
+    GIL-releasing calls; while sampling it is a tenth of the interval, then as before."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sampler = StackSampler(interval_s=0.004).start()
+    try:
+        assert sys.getswitchinterval() == pytest.approx(min(before, 0.0004))
+    finally:
+        sampler.stop()
+    assert sys.getswitchinterval() == before
+
+
 def test_a_profiled_campaign_writes_its_split(tmp_path, capsys):
     out = tmp_path / "fuzz"
     status = main(["fuzz", "--max-examples", "3", "--seed", "1", "--database", "none",

@@ -77,6 +77,13 @@ class StackSampler:
         self._started = 0.0
 
     def start(self) -> StackSampler:
+        # The sampler needs the GIL to read a stack. At Python's default 5 ms switch
+        # interval it mostly got it when the sampled thread let go of it, inside a
+        # GIL-releasing call (a torch op, a copy), and such calls were overcounted
+        # several times over; a switch interval a tenth of the sampling interval hands
+        # it over soon after each wake-up, wherever the sampled thread is.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, self.interval_s / 10))
         self._started = time.perf_counter()
         self._thread = threading.Thread(target=self._run, name="simrig-profile", daemon=True)
         self._thread.start()
@@ -88,6 +95,7 @@ class StackSampler:
         self._stop.set()
         self._thread.join()
         self._thread = None
+        sys.setswitchinterval(self._switch_interval)
         self.wall_s = time.perf_counter() - self._started
 
     def _run(self) -> None:
