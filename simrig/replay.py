@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from simrig import observe as obs
 from simrig.errors import UsageError
-from simrig.findings.classes import NEW, Where, verdict_of
+from simrig.findings.classes import Where, fails_run, verdict_of
 from simrig.findings.findings import Finding
 from simrig.progress import Progress
 from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and shards record as replay does
@@ -325,5 +325,5 @@ def replay_problems(header: TraceHeader, steps: Iterable[Step], api: Any = None)
     for replayed in run_steps(header, enumerate(steps), api=api):
         problems += [f"step {replayed.observation.index} {s.stage}[rank {s.rank}]: "
                      f"{s.error.type}: {s.error.message}" for s in replayed.observation.errors]
-        problems += [f.one_line() for f in replayed.findings if verdict_of(f) == NEW]
+        problems += [f.one_line() for f in replayed.findings if fails_run(verdict_of(f))]
     return problems

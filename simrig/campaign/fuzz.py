@@ -11,8 +11,9 @@
     4. report, junit.xml (one testcase per class): simrig.campaign.report
 
 A finding class is (kind, stage, field, exception type) plus whether it was a
-loud rejection of an adversarial violation (the expected reaction). Exit
-status 1 means a class that is neither known nor a loud rejection.
+loud rejection of an adversarial violation (the expected reaction) and its
+verdict. Exit status 1 means a class whose verdict is new
+(``simrig.findings.classes.fails_run``, the one rule of every report).
 
 Repeatable: with ``max_examples`` and no time budget the run stops on an
 example count, never on the clock, so the same seed (without an example

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simrig.findings.classes import fails_run
 from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig, Step
 
-Key = tuple[str, str, str, str, bool]  # signature + loud rejection
+Key = tuple[str, str, str, str, bool, str]  # signature + loud rejection + verdict
 
 
 @dataclass
@@ -77,8 +78,12 @@ class FindingClass:
         return self.key[4]
 
     @property
+    def verdict(self) -> str:
+        return self.key[5]
+
+    @property
     def failing(self) -> bool:
-        return not self.first.known and not self.loud
+        return fails_run(self.verdict)
 
     def size(self) -> tuple[int, int, int]:
         steps = self.steps or []

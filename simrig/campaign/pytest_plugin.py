@@ -153,7 +153,7 @@ def check_run(run: Any, *, api: Any = None, stages: Sequence[str] = RUN_STAGES,
               name: str | None = None, fail: bool = True) -> list:
     """Replay ``run`` = ``(config, steps)`` through the one replay loop; on a new finding
     class write the run as a v1 trace and ``pytest.fail`` with a class summary."""
-    from simrig.findings.classes import NEW, ClassTally, Where, class_rows_for_print, verdict_of
+    from simrig.findings.classes import ClassTally, Where, class_rows_for_print, fails_run, verdict_of
     from simrig.replay import run_steps
     from simrig.trace_io.trace import TraceHeader, write_trace
 
@@ -163,7 +163,7 @@ def check_run(run: Any, *, api: Any = None, stages: Sequence[str] = RUN_STAGES,
     for replayed in run_steps(header, enumerate(steps), name="pytest", stages=stages,
                               extra_checks=extra_checks, api=api):
         found.extend(replayed.findings)
-    new = [f for f in found if verdict_of(f) == NEW]
+    new = [f for f in found if fails_run(verdict_of(f))]
     if not new or not fail:
         return found
     test = name or _current_test_name()
@@ -173,7 +173,7 @@ def check_run(run: Any, *, api: Any = None, stages: Sequence[str] = RUN_STAGES,
     for f in found:
         tally.add(f, Where("pytest", config.pcp_size))
     classes = tally.frame()
-    classes = classes[classes["verdict"] == NEW]
+    classes = classes[classes["verdict"].astype(str).map(fails_run).astype(bool)]
     stage_arg = "" if tuple(stages) == _all_stages() else f" --stages {','.join(stages)}"
     lines = [f"simrig: {len(classes)} new finding class{'es' if len(classes) != 1 else ''} in a "
              f"{len(steps)}-step run ({_config_text(config)})",

@@ -128,7 +128,7 @@ def findings_frame(campaign: Any) -> Any:
     rows = []
     for cls in sorted(campaign.classes.values(), key=lambda c: c.key):
         row = cls.first.row()
-        row.update(count=cls.count, verdict=verdict_of(cls.first), loud_rejection=cls.loud,
+        row.update(count=cls.count, verdict=cls.verdict, loud_rejection=cls.loud,
                    failing=cls.failing, source=cls.source, shrunk_trace=cls.trace_path,
                    shrunk_steps=len(cls.steps) if cls.steps is not None else -1,
                    reproduced="" if cls.reproduced is None else str(cls.reproduced),
@@ -168,7 +168,8 @@ def junit_xml(campaign: Any) -> str:
     failures = sum(c.failing for c in classes) + len(campaign.stats.rig_errors)
     cases = []
     for cls in classes:
-        name = quoteattr(":".join(str(x) for x in cls.key[:4]) + (" (loud rejection)" if cls.loud else ""))
+        name = quoteattr(":".join(str(x) for x in cls.key[:4]) + (" (loud rejection)" if cls.loud else "")
+                         + (f" ({cls.verdict})" if cls.verdict == "known" else ""))
         body = escape(f"{cls.first.one_line()}\ncount={cls.count} trace={cls.trace_path}")
         if cls.failing:
             inner = f'<failure message={quoteattr(cls.first.one_line()[:200])}>{body}</failure>'

@@ -18,18 +18,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simrig.findings.classes import verdict_of
 from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
 from simrig.trace_io.trace import Expectation, TraceHeader, write_trace
 
 
-def class_key(finding: Finding) -> tuple[str, str, str, str, bool]:
-    """Finding class: (kind, stage, field, exception type, loud rejection)."""
-    return (*finding.signature, bool(finding.extra.get("loud_rejection")))
+def class_key(finding: Finding) -> tuple[str, str, str, str, bool, str]:
+    """Finding class: (kind, stage, field, exception type, loud rejection, verdict).
+    The verdict is part of the key: an occurrence a known entry does not match
+    forms its own (new) class beside the known one of the same signature."""
+    return (*finding.signature, bool(finding.extra.get("loud_rejection")), verdict_of(finding))
 
 
-def trace_name(key: tuple[str, str, str, str, bool]) -> str:
-    kind, stage, fld, exc_type, loud = key
+def trace_name(key: tuple[str, str, str, str, bool, str]) -> str:
+    kind, stage, fld, exc_type, loud = key[:5]
     parts = (kind, stage, fld.replace(".", "_").replace("/", "_"), exc_type, "loud" if loud else "")
     return "-".join(p for p in parts if p)
 
@@ -58,7 +61,7 @@ def save_regression(cls: Any, options: Any) -> Path:
 
 def shrunk_header(cls: Any, options: Any) -> TraceHeader:
     """The header of a class's shrunk trace: what it must reproduce."""
-    kind, stage, fld, exc_type, loud = cls.key
+    kind, stage, fld, exc_type, loud = cls.key[:5]
     # A loud rejection is what the runner must keep doing: the trace says so.
     expect = (Expectation(kind, stage=stage or None, field=fld or None,
                           exception_type=exc_type or None,

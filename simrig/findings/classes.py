@@ -80,6 +80,14 @@ def verdict_of(finding: Finding) -> str:
     return NEW
 
 
+def fails_run(verdict: str) -> bool:
+    """The one rule of every banner, table, summary, JUnit file, history row and
+    exit status: a class fails the run exactly when its verdict is new. A known
+    entry never covers another verdict's class of the same signature (the class
+    key carries the verdict), so a different bug in a known field fails."""
+    return verdict == NEW
+
+
 def signature_text(kind: str, stage: str, fld: str, exception_type: str) -> str:
     """'key_error · gather · unknown_scheduled_id · KeyError' (empty parts left out)."""
     return " · ".join(p for p in (kind, stage, fld, exception_type) if p)

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from simrig import observe as obs
-from simrig.findings.classes import NEW, ClassTally, Where, known_lookup, verdict_counts, verdict_of
+from simrig.findings.classes import ClassTally, Where, fails_run, known_lookup, verdict_counts, verdict_of
 from simrig.findings.findings import Finding
 from simrig.report.tables import ColumnTable, kind_of
 from simrig.report.timing import time_share
@@ -74,7 +74,7 @@ class ReplayResult:
     @property
     def num_new(self) -> int:
         """New finding occurrences (neither known nor expected): exit 1 when > 0."""
-        return int((self.findings["verdict"] == NEW).sum()) if len(self.findings) else 0
+        return int(self.findings["verdict"].astype(str).map(fails_run).sum()) if len(self.findings) else 0
 
     def summary(self) -> dict[str, Any]:
         f = self.findings
@@ -170,7 +170,7 @@ class ReplayRecorder:
             row["verdict"] = verdict
             self.findings.append(row)
             self.num_findings += 1
-            self.num_new += verdict == NEW
+            self.num_new += fails_run(verdict)
             # Keep the first few new findings and the first few known ones, so
             # a flood of known findings never hides the first new one.
             same = sum(f.known == finding.known for f in self.first_findings)

@@ -34,9 +34,9 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
                 # findings/known.py) does not excuse a new finding of the same class
                 if list(sig) not in result.signatures and not finding.known:
                     result.signatures.append(list(sig))
-                from simrig.findings.classes import NEW, verdict_of
+                from simrig.findings.classes import fails_run, verdict_of
 
-                result.new_findings += int(verdict_of(finding) == NEW)
+                result.new_findings += int(fails_run(verdict_of(finding)))
                 continue
             if not counts_as_detection(finding, known):
                 continue
