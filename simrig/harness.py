@@ -77,6 +77,9 @@ class Harness(StageProbes, DummyPaths):
         self.runner, self.dispatcher, self.dummy_buffers = parts.runner, parts.dispatcher, parts.dummy_buffers
         self.pcp_managers, self.dcp_peers = parts.pcp_managers, parts.dcp_peers
         self.num_steps = 0
+        # the first step at which vLLM raised on this runner: every later step reports it,
+        # and the runner pool never resets such a runner for another example
+        self.raised_at: int | None = None
         self._step: Step | None = None
         self._result: obs.StepObs | None = None
         self._global_batch: Any = None
@@ -103,7 +106,11 @@ class Harness(StageProbes, DummyPaths):
     # The hot path: one real execute_model, then the ranks it does not drive.
     def run_step(self, step: Step) -> obs.StepObs:
         with vllm_calls():  # under coverage: traced, but for the probes' own work
-            return self._run_step(step)
+            result = self._run_step(step)
+        result.after_exception = self.raised_at
+        if self.raised_at is None and result.errors:
+            self.raised_at = result.index
+        return result
 
     def _run_step(self, step: Step) -> obs.StepObs:
         result = obs.StepObs(index=self.num_steps)
@@ -174,6 +181,7 @@ class Harness(StageProbes, DummyPaths):
         dirty = self._startup_state.differences()
         if not dirty:
             self.num_steps = 0
+            self.raised_at = None
             self._step = self._result = self._global_batch = self._desc = None
             self._report_startup = True
         return dirty

@@ -82,6 +82,10 @@ class StepObs:
     # capture before a runner's first step.
     # The stage rows' durations are the probed parts of it.
     vllm_s: float = 0.0
+    # The earlier step at which vLLM raised on this runner (None: none did). vLLM is
+    # not exception-safe (a call may stop half-way, e.g. block ids staged and never
+    # applied), so a step after it runs on a runner in an unknown state.
+    after_exception: int | None = None
 
     def get(self, stage: str, rank: int | None = None) -> StageObs | None:
         for obs in self.stages:

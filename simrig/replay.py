@@ -288,6 +288,7 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
     from simrig.harness import run_step_guarded
 
     met: set[int] = set()  # indices of header.expect seen so far
+    cause: Finding | None = None  # the undeclared input violation later findings follow from
     held: ReplayedStep | None = None  # one step held back: missing expectations join the last
     stopped = False
     for line, step in lines_and_steps:
@@ -307,6 +308,8 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
         found = check_step(checker, extra_checks, index, step, observation,
                            violations.get(index), name)
         mark_expected(header.expect, found, met)
+        if not header.adversarial and index not in violations:
+            cause = attribute_to_input_violation(found, cause)
         if held is not None:
             yield held
         held = ReplayedStep(line, step, observation, found)
@@ -315,6 +318,28 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
             held.findings.extend(missing_expectations(header.expect, met, held.observation.index,
                                                       name))
         yield held
+
+
+def attribute_to_input_violation(found: list[Finding], cause: Finding | None) -> Finding | None:
+    """One input violation is one class. In a trace that does not declare itself
+    adversarial, the first ``contract_violation_input`` finding is the cause:
+    every finding after it, in its step and in every later step, follows from
+    input the runner was never meant to take (``Finding.caused_by``; the class
+    table counts them as the cause's consequences). Returns the cause."""
+    from simrig.findings import findings as fk
+    from simrig.findings.classes import signature_text
+
+    for f in found:
+        if cause is None:
+            if f.kind == fk.CONTRACT_VIOLATION_INPUT and not f.known:
+                cause = f
+            continue
+        if f is cause or f.kind == fk.RIG_ERROR:
+            continue  # simrig's own failures are never the input's fault
+        f.caused_by = f"{signature_text(*cause.signature)} at step {cause.step}"
+        f.extra["cause_key"] = (*cause.signature, verdict_of(cause))
+        f.extra["cause_verdict"] = verdict_of(cause)
+    return cause
 
 
 def replay_problems(header: TraceHeader, steps: Iterable[Step], api: Any = None) -> list[str]:

@@ -9,7 +9,9 @@ puts it back only once it is as clean as a fresh build, checked:
                               │no
                               └──► Harness(config)  (start-up at its first step;
                                                      its state is kept: adapters/reuse.py)
-    release(harness) ─► harness.reset(): restore the kept state, then compare
+    release(harness) ─► vLLM raised in it? ─yes─► dropped (``tainted``): never reset
+                         │no
+                         └► harness.reset(): restore the kept state, then compare
                          every object, container and buffer with it
                            ├─ clean  ─► idle, for the next acquire of its config
                            └─ dirty  ─► dropped (counted in ``dropped``, the first
@@ -42,6 +44,7 @@ class RunnerPool:
         self.built = 0
         self.reused = 0
         self.dropped = 0
+        self.tainted = 0  # dropped because vLLM raised in them (counted in dropped too)
         self.last_dirty: list[str] = []
         # configs built before: only their later builds keep the state after start-up
         # (taking it costs a copy of every buffer; a campaign's configs rarely repeat)
@@ -82,6 +85,13 @@ class RunnerPool:
             return False
         if not harness.resettable:
             return False  # a first build of its config: nothing kept to reset to
+        if getattr(harness, "raised_at", None) is not None:
+            # vLLM raised in it: a call may have stopped half-way (and on CPU an interpreted
+            # kernel may have written past a buffer), so no reset is trusted to make it clean
+            self.dropped += 1
+            self.tainted += 1
+            self.last_dirty = [f"vLLM raised at step {harness.raised_at}: never reused"]
+            return False
         try:
             dirty = reset()
         except Exception as exc:  # noqa: BLE001 -- a runner that cannot reset is not reused
@@ -108,7 +118,8 @@ class RunnerPool:
         self._seen.add(self._key(config, frozenset(stages), api if api is not None else load()))
 
     def stats(self) -> dict[str, int]:
-        return {"built": self.built, "reused": self.reused, "dropped": self.dropped, "idle": len(self._idle)}
+        return {"built": self.built, "reused": self.reused, "dropped": self.dropped,
+                "tainted": self.tainted, "idle": len(self._idle)}
 
 
 _shared: RunnerPool | None = None

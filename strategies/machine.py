@@ -249,6 +249,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         ms = self.machine_settings
         if ms.stopped():
             return
+        if self.harness is not None and getattr(self.harness, "raised_at", None) is not None:
+            return  # vLLM raised in this runner: the example ends there (never stepped on)
         index = len(self.steps)
         self.steps.append(step)
         added = {r.req_id for r in step.new_requests}

@@ -301,4 +301,9 @@ def test_never_added_id_gives_a_key_error_finding_naming_it(vllm_api, tmp_path, 
     assert "ghost-7" in key_errors["req_ids"].iloc[0].split(",")
     assert key_errors["step"].iloc[0] == 1 and key_errors["stage"].iloc[0] == "gather"
     assert status == (1 if (~findings["known"].astype(bool)).any() else 0)
-    assert "key_error at step 1 gather" in printed
+    # one input violation is one class: the runner's KeyError follows from it
+    assert "contract_violation_input at step 1 lifecycle" in printed
+    assert key_errors["caused_by"].iloc[0] == "contract_violation_input · lifecycle · unknown_scheduled_id at step 1"
+    classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
+    assert list(classes[classes["verdict"] == "new"]["signature"]) == [
+        "contract_violation_input · lifecycle · unknown_scheduled_id"]

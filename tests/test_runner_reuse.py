@@ -89,7 +89,7 @@ def test_a_runner_that_does_not_reset_clean_is_dropped(vllm_api, monkeypatch):
 
     monkeypatch.setattr(reuse.RunnerState, "restore", partial)
     assert not pool.release(harness)
-    assert pool.stats() == {"built": 1, "reused": 0, "dropped": 1, "idle": 0}
+    assert pool.stats() == {"built": 1, "reused": 0, "dropped": 1, "tainted": 0, "idle": 0}
     assert any("dict" in d for d in pool.last_dirty)
     assert pool.acquire(harness.config, api=vllm_api) is not harness  # a fresh build instead
 

@@ -361,11 +361,12 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
 
 
 def _runner_counts() -> dict[str, int]:
-    """Runners built, reused and dropped (not clean after a reset) in this process so far."""
+    """Runners built, reused and dropped (not clean after a reset, or tainted: vLLM raised
+    in them) in this process so far."""
     from simrig.runners import shared_pool
 
     stats = shared_pool().stats()
-    return {k: stats[k] for k in ("built", "reused", "dropped")}
+    return {k: stats[k] for k in ("built", "reused", "dropped", "tainted")}
 
 
 def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = ("NONE",)) -> Any:

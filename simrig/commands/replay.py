@@ -168,6 +168,9 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     for line in class_rows_for_print(result.classes):
         print(line)
     print(time_share_line(summary["time_share"]))
+    if summary.get("steps_after_exception"):
+        print(f"  {summary['steps_after_exception']} step(s) ran on a runner vLLM had raised in "
+              "(steps.csv: after_exception, the step it raised at); their findings may follow from it")
     if coverage_line(summary):
         print(coverage_line(summary))
     for item in summary.get("unavailable", []):

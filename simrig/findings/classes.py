@@ -38,7 +38,7 @@ from simrig.findings.findings import Finding
 NEW, KNOWN, EXPECTED = "new", "known", "expected"
 VERDICTS = (NEW, KNOWN, EXPECTED)
 MAX_REQ_IDS = 8  # request ids kept per class (the occurrences table has them all)
-CLASS_COLUMNS = ("signature", "verdict", "occurrences", "kind", "stage", "field",
+CLASS_COLUMNS = ("signature", "verdict", "occurrences", "consequences", "kind", "stage", "field",
                  "exception_type", "checks", "traces", "first_trace", "first_pcp_size",
                  "first_step", "first_rank", "first_elapsed_s", "first_example", "last_trace",
                  "last_pcp_size", "last_step", "last_rank", "req_ids", "message", "reproducer",
@@ -73,6 +73,8 @@ def standalone_property(kind: str, stage: str, fld: str) -> str | None:
 
 def verdict_of(finding: Finding) -> str:
     """new / known / expected for one occurrence (see the module docstring)."""
+    if finding.caused_by:
+        return str(finding.extra.get("cause_verdict", NEW))
     if finding.known:
         return KNOWN
     if finding.extra.get("expected") or finding.extra.get("loud_rejection"):
@@ -112,6 +114,7 @@ class ClassStats:
     exception_type: str
     verdict: str
     occurrences: int = 0
+    consequences: int = 0  # later findings attributed to this class (Finding.caused_by)
     checks: set[str] = field(default_factory=set)
     traces: dict[str, Where] = field(default_factory=dict)  # trace -> first Where there
     first: tuple[Where, int, int] | None = None  # (where, step, rank)
@@ -136,6 +139,10 @@ class ClassTally:
 
     def add(self, finding: Finding, where: Where, count: int = 1) -> ClassStats:
         verdict = verdict_of(finding)
+        cause = self.classes.get(finding.extra.get("cause_key")) if finding.caused_by else None
+        if cause is not None:  # what an input violation brought about: counted on its class
+            cause.consequences += count
+            return cause
         key = (*finding.signature, verdict)
         stats = self.classes.get(key)
         if stats is None:
@@ -198,6 +205,7 @@ def merge_tallies(parts: Iterable[tuple[ClassTally, Callable[[Where], Where] | N
                     part.kind, part.stage, part.field, part.exception_type, part.verdict,
                     message=part.message, explanation=part.explanation, evidence=part.evidence)
             into.occurrences += part.occurrences
+            into.consequences += part.consequences
             into.checks |= part.checks
             for where in part.traces.values():
                 where = moved(where)
@@ -259,6 +267,7 @@ def class_frame(classes: Iterable[ClassStats]) -> pd.DataFrame:
         last_w, last_step, last_rank = c.last if c.last else (Where(""), -1, -1)
         rows.append({
             "signature": c.signature, "verdict": c.verdict, "occurrences": c.occurrences,
+            "consequences": c.consequences,
             "kind": c.kind, "stage": c.stage, "field": c.field,
             "exception_type": c.exception_type, "checks": ",".join(sorted(c.checks)),
             "traces": len(c.traces), "first_trace": first_w.trace,
@@ -301,7 +310,9 @@ def class_rows_for_print(classes: pd.DataFrame, limit: int = 10) -> list[str]:
         where = f"{row.first_trace} step {row.first_step}"
         if row.first_rank >= 0:
             where += f" rank {row.first_rank}"
-        out.append(f"  [{mark}] x{row.occurrences} {row.signature}: first at {where}")
+        follow = getattr(row, "consequences", 0)
+        follow = f" (+{follow} finding(s) that follow from it)" if follow else ""
+        out.append(f"  [{mark}] x{row.occurrences} {row.signature}: first at {where}{follow}")
         if row.verdict == NEW:
             out.append(f"        {row.message[:200]}")
             if row.reproduce:

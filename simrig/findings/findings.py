@@ -40,6 +40,9 @@ class Finding:
     known: bool = False  # matches a documented known finding of this vLLM version
     traceback: str = ""  # rig_error only: where simrig's own code failed
     known_by: str = ""  # the known-findings file and entry that explained it ("FILE#i")
+    # the input violation it follows from ("SIGNATURE at step K" of a trace that breaks the
+    # scheduler contract without declaring it): counted on that class, never a class of its own
+    caused_by: str = ""
     extra: dict[str, Any] = dc_field(default_factory=dict)
 
     @property

@@ -27,7 +27,7 @@ from simrig.step import Step
 
 STEP_COLUMNS = ("trace", "pcp_size", "step", "line", "stage", "rank", "num_reqs", "num_tokens",
                 "num_new", "num_cached", "num_decode", "num_prefill", "num_spec_tokens",
-                "duration_ms", "error")
+                "duration_ms", "error", "after_exception")
 CONTRACT_COLUMNS = ("stage", "field", "kind", "dtype", "count", "first_trace", "first_pcp_size",
                     "first_step")
 FIRST_FINDINGS = 20  # Finding objects kept whole, for the command's summary lines
@@ -61,6 +61,14 @@ class ReplayResult:
     @property
     def num_rig_errors(self) -> int:
         return int((self.findings["kind"] == "rig_error").sum()) if len(self.findings) else 0
+
+    @property
+    def steps_after_exception(self) -> int:
+        """Step replays run on a runner vLLM had raised in earlier (its state unknown)."""
+        if not len(self.steps) or "after_exception" not in self.steps:
+            return 0
+        late = self.steps[self.steps["after_exception"] >= 0]
+        return int(len(late.drop_duplicates(["trace", "pcp_size", "step"])))
 
     @property
     def exit_status(self) -> int:
@@ -97,6 +105,7 @@ class ReplayResult:
             "expected": int(verdicts.get("expected", 0)),
             "new": self.num_new,
             "rig_errors": self.num_rig_errors,
+            "steps_after_exception": self.steps_after_exception,
             "replay_s": round(self.replay_s, 3),
             "time_share": time_share(self.steps, self.replay_s, self.vllm_s),
             "steps_per_s": round(self.num_steps / self.replay_s, 2) if self.replay_s > 0 else 0.0,
@@ -122,6 +131,7 @@ class ReplayRecorder:
     num_findings: int = 0
     num_new: int = 0
     num_steps: int = 0
+    steps_after_exception: int = 0  # steps run on a runner vLLM had raised in (StepObs.after_exception)
     replay_s: float = 0.0
     vllm_s: float = 0.0  # StepObs.vllm_s summed over the recorded steps
     known_seen: dict[tuple, int] = field(default_factory=dict)
@@ -143,7 +153,8 @@ class ReplayRecorder:
         for st in observation.stages:
             append(trace, pcp_size, index, line, st.stage, -1 if st.rank is None else st.rank,
                    num_reqs, num_tokens, num_new, num_cached, num_decode, num_prefill, num_spec,
-                   st.duration_s * 1e3, st.error.type if st.error is not None else "")
+                   st.duration_s * 1e3, st.error.type if st.error is not None else "",
+                   -1 if observation.after_exception is None else observation.after_exception)
             for name, fo in st.fields.items():
                 key = (st.stage, name, fo.kind, fo.dtype)
                 entry = contract.get(key)
@@ -152,6 +163,7 @@ class ReplayRecorder:
                 else:
                     entry[0] += 1
         self.num_steps += 1
+        self.steps_after_exception += observation.after_exception is not None
         self.vllm_s += observation.vllm_s
         where = self.where if self.where is not None and self.where.trace == trace else None
         for finding in found:
