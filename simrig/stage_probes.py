@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from simrig import lifeline
 from simrig import observe as obs
 from simrig.adapters import sampling
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
@@ -111,6 +112,7 @@ class StageProbes:
         return run
 
     def _probe_lifecycle_start(self, call: Any, *args: Any, **kwargs: Any) -> Any:
+        lifeline.mark_stage(obs.LIFECYCLE)
         record = obs.StageObs(stage=obs.LIFECYCLE)
         self._result.stages.append(record)
         self._lifecycle_start = time.perf_counter()
@@ -196,6 +198,7 @@ class StageProbes:
         return value
 
     def _open(self, stage: str, rank: int | None = None) -> obs.StageObs:
+        lifeline.mark_stage(stage)  # a supervised worker's last stage, if it dies in it
         record = obs.StageObs(stage=stage, rank=rank)
         self._result.stages.append(record)
         return record

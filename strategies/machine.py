@@ -75,6 +75,9 @@ class MachineSettings:
     on_teardown: Callable[[Any], None] | None = None
     # True -> rules stop running the real code (a campaign that ran out of time).
     stopped: Callable[[], bool] = lambda: False
+    # hook(machine, index, step) before a step runs (a supervised campaign persists the
+    # example so far: simrig.distributed.supervisor)
+    before_step: Callable[..., None] | None = None
     # A simrig.runners.RunnerPool: examples of one config share a runner, reset
     # and checked clean between them (None: a fresh runner per example).
     runners: Any = None
@@ -262,6 +265,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
 
         if self.harness is None:
             self._real_code()
+        if ms.before_step is not None:
+            ms.before_step(self, index, step)
         obs, rig_errors = run_step_guarded(self.harness, step, "hypothesis")
         found = rig_errors or check_step(self.checker, ms.extra_checks, index, step, obs, violation,
                                          "hypothesis")

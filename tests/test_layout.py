@@ -23,7 +23,7 @@ SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", *VLLM_ROOMS, *ORACLE
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver and cli.
 CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
-        "progress", "replay", "runners", "stage_probes", "step", "trace_gate"}
+        "lifeline", "progress", "replay", "runners", "stage_probes", "step", "trace_gate"}
 
 
 # The floors, lowest first: a module imports only from floors below its own (a
@@ -31,7 +31,7 @@ CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "inte
 # holds). Units on one floor never import each other.
 FLOORS = (
     {"__init__", "step", "errors", "observe", "progress", "interrupt",  # the step model, plain helpers
-     "trace_gate"},                                    # what a coverage collector traces
+     "trace_gate", "lifeline"},                        # what a coverage collector traces; a worker's last words
     {"triton_interpreter"},                            # where the kernels run on a CPU
     {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it
     {"vllm_parts"},                                    # vLLM's own parts made from a trace config

@@ -122,6 +122,9 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         self._tick()
         return failing
 
+    def _before_step(self, machine: Any, index: int, step: Step) -> None:
+        """Hook before each example step runs (``simrig.distributed.supervisor``)."""
+
     def _offer(self, cls: FindingClass, machine: Any) -> None:
         """Keep the smallest failing run seen for a class (Hypothesis shrinks towards it)."""
         steps = list(machine.steps)
@@ -220,6 +223,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
             stages=o.stages, extra_checks=tuple(o.extra_checks),
             violations=o.violations if o.violations is not None else VIOLATIONS,
             on_step=self._on_step, on_teardown=self._on_teardown, stopped=self.stopped,
+            before_step=self._before_step,
             runners=shared_pool())
         machine = SchedulerContractMachine.bind(machine_settings)
         database = o.database if isinstance(o.database, ExampleDatabase) else (

@@ -45,10 +45,36 @@ def write_shrunk(cls: Any, options: Any, staging: Path, *, confirm: bool = True)
     path = Path(staging) / f"{trace_name(cls.key)}.jsonl"
     write_trace(path, header, cls.steps)
     cls.trace_path = str(Path(options.out_dir) / "shrunk" / path.name)
-    if confirm:
+    if confirm and cls.key[0] == "crash":  # it killed a worker: replayed where it can only kill a child
+        cls.reproduced = replays_to_a_crash(path, options.stages)
+    elif confirm:
         found, _ = replay_with_checks(path, options.extra_checks, options.stages)
         cls.reproduced = cls.key in {class_key(f) for f in found}
     return path
+
+
+def replays_to_a_crash(path: Path, stages: Sequence[str], timeout_s: float = 300.0) -> bool:
+    """Does this trace kill (or hang) the process that replays it? Replayed in a
+    forked child, so the answer never costs the caller its own process."""
+    import os
+    import sys
+
+    from simrig import lifeline
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            lifeline.install(None)
+            replay_with_checks(path, (), stages)
+        except BaseException:  # noqa: BLE001 -- an exception is not a crash
+            code = 1
+        finally:
+            os._exit(code)
+    how, _ = lifeline.wait_child(pid, lifeline.Lifeline(), timeout_s)
+    return how == "crash"
 
 
 def save_regression(cls: Any, options: Any) -> Path:

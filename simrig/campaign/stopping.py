@@ -59,7 +59,8 @@ class StopRules:
 
     def not_repeatable(self) -> list[str]:
         """Why the same --seed may not give the same examples (empty: it will)."""
-        why = {"budget": "stopped by the time budget", "signal": "stopped by a signal"}
+        why = {"budget": "stopped by the time budget", "signal": "stopped by a signal",
+               "crashes": "stopped after too many crashed workers"}
         reasons = [why[self.stats.stopped_by]] if self.stats.stopped_by in why else []
         if self.options.database is not None:
             reasons.append("an example database replays earlier failures first")

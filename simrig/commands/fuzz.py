@@ -1,12 +1,15 @@
-"""``simrig fuzz``: a Hypothesis campaign against the real runner, in one process or sharded
-on Ray workers (``--workers``); both end in the same report, summary keys, history
-row and exit status."""
+"""``simrig fuzz``: a Hypothesis campaign against the real runner, in a supervised worker
+process (``simrig.distributed.supervisor``: a crash or hang is a finding, the campaign goes on)
+or sharded on Ray workers (``--workers``); both end in the same report, summary keys,
+history row and exit status."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from simrig.step import CUDAGRAPH_MODES
 
@@ -50,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--violations", default=None, metavar="LIST",
                    help="adversarial violations: unknown_id,finished_id,unknown_cached,"
                         "duplicate_new (default all)")
+    p.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a worker that opens no stage of vLLM's code for this long hangs: it is "
+                        "killed and the example becomes a crash class (default 600)")
     p.add_argument("--steps-per-example", type=int, default=20, metavar="N",
                    help="rules per machine example (default 20)")
     p.add_argument("--regressions", default="traces/regressions", metavar="DIR",
@@ -116,6 +122,8 @@ def options_from_args(args: argparse.Namespace):
         raise UsageError(f"--budget: must be > 0 seconds, got {args.budget}")
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: must be >= 1, got {args.max_examples}")
+    if args.step_timeout is not None and args.step_timeout <= 0:
+        raise UsageError(f"--step-timeout: must be > 0 seconds, got {args.step_timeout}")
     if args.steps_per_example < 1:
         raise UsageError(f"--steps-per-example: must be >= 1, got {args.steps_per_example}")
     violations = None
@@ -158,12 +166,7 @@ def options_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
-    from simrig.campaign.report import headline
-    from simrig.coverage.session import without_coverage_data
     from simrig.distributed.cluster import distributed_workers
-    from simrig.findings.classes import class_rows_for_print, verdict_line
-    from simrig.report.timing import time_share_line
-    from simrig.tools.common import emit_json, record_history
 
     options = options_from_args(args)
     if options.profile and (args.workers is not None or args.ray is not None):
@@ -171,16 +174,30 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError("--profile: samples this process's campaign; run it without --workers/--ray")
     workers = distributed_workers(args)  # Ray missing / unreachable: exit 2 before anything runs
-    sharded = None
     if workers is not None:
         from simrig.distributed.fuzz_shards import ShardedCampaign
 
         sharded = ShardedCampaign(options, workers, args.ray)
         status = sharded.run()
-        campaign = sharded.merged
-    else:
+        return _finish(args, options, sharded.merged, status, sharded)
+    if os.environ.get("SIMRIG_SUPERVISE", "1") == "0":  # in this process (a debugger, a profiler)
         campaign = Campaign(options)
-        status = campaign.run()
+        return _finish(args, options, campaign, campaign.run(), None)
+    from simrig.distributed.supervisor import run_supervised
+
+    # the campaign runs in a forked worker: a crash or hang in vLLM ends one example, not the run
+    return run_supervised(options, lambda campaign, status: _finish(args, options, campaign, status, None),
+                          step_timeout_s=args.step_timeout)
+
+
+def _finish(args: argparse.Namespace, options: Any, campaign: Any, status: int, sharded: Any) -> int:
+    """After the report is written: the history row and what the command prints."""
+    from simrig.campaign.report import headline
+    from simrig.coverage.session import without_coverage_data
+    from simrig.findings.classes import class_rows_for_print, verdict_line
+    from simrig.report.timing import time_share_line
+    from simrig.tools.common import emit_json, record_history
+
     s = campaign.report_summary
     record_history(s, campaign.class_table)
     for text in campaign.stats.rig_errors:

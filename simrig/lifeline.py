@@ -1,0 +1,117 @@
+"""What a supervised worker is doing, readable after it died.
+
+A campaign runs in a forked worker (``simrig.distributed.supervisor``). A native
+crash, an OOM kill or a kernel that never returns leaves no Python state
+behind, so the worker writes the little the supervisor needs into memory
+both processes map (an anonymous shared mmap, made before the fork):
+
+    offset  0  beats    u64   bumped at every stage the harness opens
+            8  step     i64   the example's step index (-1: between steps)
+           16  example  i64   the campaign's example number
+           24  stage    32 B  the stage running (ASCII, NUL padded)
+
+Writing it costs a few stores per stage; with no lifeline installed (every
+process but a supervised worker) ``mark_stage`` is one global lookup.
+``wait_child`` reads how a forked child ended: its exit status, its signal,
+or a hang (no new beat for the timeout: killed).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import struct
+import time
+from typing import Any, NamedTuple
+
+_HEAD = struct.Struct("<Qqq")
+_STAGE_BYTES = 32
+POLL_S = 0.2  # how often a waiting parent looks at its child
+SIZE = _HEAD.size + _STAGE_BYTES
+
+
+class Reading(NamedTuple):
+    beats: int
+    step: int
+    example: int
+    stage: str
+
+
+class Lifeline:
+    """The shared page; the worker writes, the supervisor reads."""
+
+    def __init__(self) -> None:
+        self._map = mmap.mmap(-1, SIZE)  # anonymous and shared: survives fork, not the parent
+        self.reset()
+
+    def reset(self) -> None:
+        self._map[:SIZE] = bytes(SIZE)
+        _HEAD.pack_into(self._map, 0, 0, -1, -1)
+
+    def at_step(self, step: int, example: int) -> None:
+        beats = _HEAD.unpack_from(self._map, 0)[0]
+        _HEAD.pack_into(self._map, 0, beats + 1, step, example)
+
+    def stage(self, name: str) -> None:
+        beats = int.from_bytes(self._map[0:8], "little")
+        self._map[0:8] = (beats + 1).to_bytes(8, "little")
+        self._map[_HEAD.size:SIZE] = name.encode("ascii", "replace")[:_STAGE_BYTES].ljust(_STAGE_BYTES, b"\0")
+
+    def read(self) -> Reading:
+        beats, step, example = _HEAD.unpack_from(self._map, 0)
+        stage = bytes(self._map[_HEAD.size:SIZE]).rstrip(b"\0").decode("ascii", "replace")
+        return Reading(beats, step, example, stage)
+
+
+_current: Lifeline | None = None
+
+
+def install(lifeline: Lifeline | None) -> None:
+    """This process writes to ``lifeline`` (None: to nothing)."""
+    global _current
+    _current = lifeline
+
+
+def mark_stage(name: str) -> None:
+    """The harness opens a stage: say so to the supervisor, if there is one."""
+    if _current is not None:
+        _current.stage(name)
+
+
+def mark_step(step: int, example: int) -> None:
+    if _current is not None:
+        _current.at_step(step, example)
+
+
+def wait_child(pid: int, line: Lifeline, timeout_s: float) -> tuple[str, Any]:
+    """("exit", status) or ("crash", what): a signal, or a hang killed after ``timeout_s``."""
+    forward = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def relay(signum: int, _frame: Any) -> None:
+        try:
+            os.kill(pid, signum)  # the worker's own handler stops the campaign and writes the report
+        except ProcessLookupError:
+            pass
+
+    for sig in forward:
+        signal.signal(sig, relay)
+    try:
+        beats, beat_at = line.read().beats, time.monotonic()
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                if os.WIFSIGNALED(status):
+                    return "crash", signal.Signals(os.WTERMSIG(status)).name
+                return "exit", os.waitstatus_to_exitcode(status)
+            now = line.read().beats
+            if now != beats:
+                beats, beat_at = now, time.monotonic()
+            elif time.monotonic() - beat_at > timeout_s:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return "crash", f"hang: no progress for {timeout_s:.0f} s, killed"
+            time.sleep(POLL_S)
+    finally:
+        for sig, handler in forward.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,121 @@
+"""A campaign survives what it finds: its worker may die (a signal), hang (no
+stage opened for the timeout) or exit; the supervisor tells which, and a
+crash becomes a finding class while the campaign goes on.
+
+The fast tests fork plain children; the slow one seeds a fault of our own
+into vLLM (add_requests dies of SIGSEGV half-way through its adds, as a
+write far past a staged-write buffer would) and runs ``simrig fuzz``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simrig import lifeline
+from simrig.lifeline import wait_child
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _fork(body) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            body()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def test_a_child_that_segfaults_is_a_crash_named_by_its_signal():
+    import signal
+
+    def die():
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+        ctypes.string_at(1)
+
+    assert wait_child(_fork(die), lifeline.Lifeline(), 30) == ("crash", "SIGSEGV")
+
+
+def test_an_exit_status_passes_through():
+    assert wait_child(_fork(lambda: os._exit(7)), lifeline.Lifeline(), 30) == ("exit", 7)
+
+
+def test_a_child_that_stops_beating_is_killed_as_a_hang_and_one_that_beats_is_not():
+    line = lifeline.Lifeline()
+
+    def beat_then_hang():
+        lifeline.install(line)
+        for i in range(8):  # 1.6 s of beats: longer than the timeout, never killed meanwhile
+            lifeline.mark_stage(f"stage{i}")
+            time.sleep(0.2)
+        time.sleep(60)
+
+    start = time.monotonic()
+    how, what = wait_child(_fork(beat_then_hang), line, 1.0)
+    assert how == "crash" and what.startswith("hang") and 2.0 < time.monotonic() - start < 10
+    assert line.read().stage == "stage7"
+
+
+def test_the_lifeline_page_holds_step_example_and_stage():
+    line = lifeline.Lifeline()
+    lifeline.install(line)
+    try:
+        lifeline.mark_step(3, 12)
+        lifeline.mark_stage("prepare")
+    finally:
+        lifeline.install(None)
+    reading = line.read()
+    assert (reading.step, reading.example, reading.stage) == (3, 12, "prepare") and reading.beats == 2
+
+
+SEEDED = textwrap.dedent('''
+    import sys
+    from simrig.adapters.runner import load
+    from simrig.vllm_runtime import mutate
+    from simrig.vllm_runtime.mutate import Mutant
+    load()
+    mutate.apply(Mutant(
+        "add-requests-segfault-at-slot-3", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.add_requests",
+        "req_index = self.req_states.req_id_to_index[req_id]\\n",
+        "req_index = self.req_states.req_id_to_index[req_id]\\n"
+        "        if req_index >= 3:  # a write far past a staged-write buffer, half-way through the adds\\n"
+        "            __import__('ctypes').string_at(1)\\n",
+        "add_requests dies of SIGSEGV when it adds a request into slot 3 or above"))
+    from simrig.cli import main
+    sys.exit(main(sys.argv[1:]))
+''')
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_campaign_whose_worker_segfaults_writes_a_complete_report_and_exits_1(tmp_path):
+    out = tmp_path / "fuzz"
+    proc = subprocess.run([sys.executable, "-c", SEEDED, "fuzz", "--max-examples", "6", "--seed", "1",
+                           "--database", "none", "--no-regressions", "--no-coverage", "--pcp-sizes", "1",
+                           "--progress", "quiet", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_status"] == 1 and summary["crashes"] >= 1 and summary["examples"] == 6
+    classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
+    crash = classes[classes["kind"] == "crash"]
+    assert list(crash["signature"]) == ["crash · lifecycle · SIGSEGV"] and list(crash["verdict"]) == ["new"]
+    assert (classes["verdict"] == "known").any()  # what the workers found before dying is kept
+    shrunk = out / "shrunk" / "crash-lifecycle-SIGSEGV.jsonl"
+    assert shrunk.is_file() and "<failure" in (out / "junit.xml").read_text()
+    findings = pd.read_csv(out / "findings.csv", keep_default_na=False)
+    row = findings[findings["kind"] == "crash"].iloc[0]
+    assert row["reproduced"] == "True" and row["shrunk_steps"] >= 1
+    assert "worker died (SIGSEGV) in lifecycle" in proc.stderr
+    assert not list(tmp_path.glob(".fuzz-supervise-*"))  # the supervisor's state is gone
