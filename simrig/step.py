@@ -115,6 +115,20 @@ class RunnerConfig:
     def num_kv_groups(self) -> int:
         return len(self.kv_groups)
 
+    def blocks_per_request(self, group: int = 0) -> int:
+        """Block-table row width of KV cache group ``group``: every position up to
+        max_model_len (a sliding-window row keeps the null entries of the blocks
+        it skipped)."""
+        return -(-self.max_model_len // self.group_block_size(group))
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """Blocks in the KV cache the runner is built with: every request slot at
+        the longest model length in every group, plus the null block 0. Valid
+        block ids are 0 .. num_kv_blocks - 1 (the adapter's KVCacheConfig and the
+        trace reader's bound both read it here)."""
+        return self.max_num_reqs * sum(self.blocks_per_request(g) for g in range(self.num_kv_groups)) + 1
+
     @property
     def decode_query_len(self) -> int:
         return 1 + self.num_speculative_tokens

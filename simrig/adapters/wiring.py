@@ -44,7 +44,6 @@ timer. Only collaborators that need a model or a GPU are stand-ins
 from __future__ import annotations
 
 import inspect
-import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,7 +61,7 @@ def layer_names(group: int) -> list[str]:
 def kv_cache_config(config: RunnerConfig) -> Any:
     """One KV cache group per ``config.kv_groups`` entry (FullAttentionSpec or
     SlidingWindowSpec with its block size), enough blocks for every request at
-    the longest model length in every group."""
+    the longest model length in every group (``RunnerConfig.num_kv_blocks``)."""
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -78,15 +77,14 @@ def kv_cache_config(config: RunnerConfig) -> Any:
         spec = (SlidingWindowSpec(sliding_window=group.window, **common)
                 if group.kind == "sliding_window" else FullAttentionSpec(**common))
         groups.append(KVCacheGroupSpec(layer_names(index), spec))
-    num_blocks = config.max_num_reqs * sum(blocks_per_request(config, g)
-                                           for g in range(config.num_kv_groups)) + 1
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    return KVCacheConfig(num_blocks=config.num_kv_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
 def blocks_per_request(config: RunnerConfig, group: int = 0) -> int:
     """Block-table row width of ``group``: every position up to max_model_len
-    (a sliding-window row keeps the null entries of the blocks it skipped)."""
-    return math.ceil(config.max_model_len / config.group_block_size(group))
+    (a sliding-window row keeps the null entries of the blocks it skipped);
+    ``RunnerConfig.blocks_per_request``, which the trace reader's bounds share."""
+    return config.blocks_per_request(group)
 
 
 def block_tables(config: RunnerConfig, device: Any, dcp_rank: int = 0) -> Any:

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from simrig.step import BlockIds, RunnerConfig, Step
+from simrig.step import RunnerConfig, Step
+from simrig.trace_io import bounds
 from simrig.trace_io.trace_format import (  # noqa: F401 -- re-exported
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -70,7 +71,8 @@ class _ZstdReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         while self._pos == len(self._out):
-            chunk = self._raw.read(1 << 16)
+            # 1 KiB in gives at most ~32 MB out (zstd's RLE blocks: 4 bytes -> 128 KiB)
+            chunk = self._raw.read(1 << 10)
             if not chunk:
                 if self._frame is not None and not self._frame.eof:
                     raise EOFError("compressed file ended before the end of its last zstd frame")
@@ -114,7 +116,8 @@ class _LiveIds:
     in the same step, which the runner applies first); a cached update must
     name a held request. Scheduling an id the runner never received is *not*
     rejected here: that is the scheduler-contract check's job, so the runner's
-    own reaction (a KeyError) is observed and reported.
+    own reaction (a KeyError) is observed and reported. Sizes (lengths, block
+    ids, counts against the config) are ``bounds.StepBounds``'s, for every trace.
     """
 
     def __init__(self, config: RunnerConfig) -> None:
@@ -137,10 +140,6 @@ class _LiveIds:
         for i, upd in enumerate(step.cached):
             if upd.req_id not in self.live:
                 raise ln.fail(f"cached_requests[{i}].id", f"unknown cached request id {upd.req_id!r}")
-        for name, ids in [*((f"new_requests[{i}].block_ids", r.block_ids) for i, r in enumerate(step.new_requests)),
-                          *((f"cached_requests[{i}].new_block_ids", c.new_block_ids)
-                            for i, c in enumerate(step.cached))]:
-            self._check_groups(name, ids, ln)
         limit = self.config.num_speculative_tokens
         for req_id, k in step.spec_tokens.items():
             if k > limit:
@@ -158,16 +157,6 @@ class _LiveIds:
                           f"{sorted(active)}, config.max_loras is {self.config.max_loras}")
 
 
-    def _check_groups(self, name: str, ids: BlockIds | None, ln: _Line) -> None:
-        """Block ids name one list per KV cache group (a flat list: the one group's)."""
-        groups = self.config.num_kv_groups
-        nested = bool(ids) and isinstance(ids[0], list)
-        if nested and len(ids) != groups:
-            raise ln.fail(name, f"has {len(ids)} lists, the config has {groups} KV cache group(s)")
-        if ids and not nested and groups > 1:
-            raise ln.fail(name, f"must be one list per KV cache group ({groups} groups)")
-
-
 class TraceReader:
     """Streams a trace: ``header`` is read on open, steps on iteration.
 
@@ -180,6 +169,7 @@ class TraceReader:
         self.validate = validate
         self._compressed = self.path.name.endswith((".gz", ".zst"))
         self._line = 0  # lines read so far
+        self._max_line = bounds.HEADER_LINE_BYTES  # then the config's bounds.max_line_bytes
         try:
             self._file = _open_binary(self.path)
         except OSError as exc:
@@ -189,6 +179,8 @@ class TraceReader:
             if not first.strip():
                 raise TraceError(self.name, 1, "header", "empty file")
             self.header = parse_header(self._load(first, 1, "header"), self.name)
+            bounds.check_config(self.header.config, self.name)  # before anything is allocated
+            self._max_line = bounds.max_line_bytes(self.header.config)
         except BaseException:
             self._file.close()
             raise
@@ -208,12 +200,15 @@ class TraceReader:
         """(line number, text) of each remaining line."""
         while True:
             try:
-                raw = self._file.readline()
+                raw = self._file.readline(self._max_line + 1)
             except Exception as exc:  # noqa: BLE001 -- every read error becomes one line
                 raise self._read_error(self._line + 1, exc) from None
             if not raw:
                 return
             self._line += 1
+            if len(raw) > self._max_line and not raw.endswith(b"\n"):
+                raise TraceError(self.name, self._line, "file", f"line longer than {self._max_line} bytes "
+                                 f"(the most a trace of this config needs)")
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -227,10 +222,15 @@ class TraceReader:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             raise TraceError(self.name, line, what, f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise TraceError(self.name, line, what, "invalid JSON (nested too deeply)") from None
+        except ValueError as exc:  # an integer past Python's digit limit
+            raise TraceError(self.name, line, what, f"invalid JSON ({exc})") from None
 
     def __iter__(self) -> Iterator[tuple[int, Step]]:
         """Yield (line number, Step)."""
         live = _LiveIds(self.header.config) if self.validate and not self.header.adversarial else None
+        limits = bounds.StepBounds(self.header.config)  # every trace, adversarial too
         expected_index = 0
         try:
             for line_no, text in self._lines():
@@ -239,10 +239,11 @@ class TraceReader:
                 obj = self._load(text, line_no, "step")
                 step = parse_step(obj, self.name, line_no)
                 index = obj.get("step", expected_index)
-                if index != expected_index:
+                if index != expected_index or not isinstance(index, int) or isinstance(index, bool):
                     raise TraceError(self.name, line_no, "step",
                                      f"expected step {expected_index}, got {index!r}")
                 expected_index += 1
+                limits.apply(step, _Line(self.name, line_no))
                 if live is not None:
                     live.apply(step, _Line(self.name, line_no))
                 yield line_no, step

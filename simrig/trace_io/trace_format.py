@@ -21,11 +21,21 @@ SOURCE_KINDS = ("recorded", "imported", "generated", "hand-written", "shrunk")
 
 
 class TraceError(ValueError):
-    """A malformed trace: one line naming file, line and field."""
+    """A malformed trace: one line naming file, line and field (characters that
+    would break or colour the line escaped, a long field or problem shortened)."""
 
     def __init__(self, path: str, line: int, field_name: str, problem: str):
         self.path, self.line, self.field, self.problem = path, line, field_name, problem
-        super().__init__(f"{path}:{line}: {field_name}: {problem}")
+        super().__init__(f"{_one_line(path, 400)}:{line}: {_one_line(field_name, 200)}: "
+                         f"{_one_line(problem, 400)}")
+
+
+def _one_line(text: str, limit: int) -> str:
+    if len(text) > limit:
+        text = text[:limit] + f"... ({len(text) - limit} more characters)"
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True)
@@ -196,6 +206,8 @@ class _Line:
 
     def id_map(self, obj: dict, key: str, name: str, minimum: int) -> dict[str, int]:
         raw = self.dict_(obj, key, name)
+        if "" in raw:
+            raise self.fail(name, "a request id must be a non-empty string, got ''")
         return {req_id: self.int_(raw, req_id, f"{name}.{req_id}", minimum=minimum)
                 for req_id in raw}
 
