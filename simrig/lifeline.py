@@ -84,8 +84,10 @@ def mark_step(step: int, example: int) -> None:
         _current.at_step(step, example)
 
 
-def wait_child(pid: int, line: Lifeline, timeout_s: float) -> tuple[str, Any]:
-    """("exit", status) or ("crash", what): a signal, or a hang killed after ``timeout_s``."""
+def wait_child(pid: int, line: Lifeline, timeout_s: float,
+               poll: Any = None) -> tuple[str, Any]:
+    """("exit", status) or ("crash", what): a signal, or a hang killed after ``timeout_s``;
+    ``poll()`` runs while waiting and once the child is gone (relaying its output)."""
     forward = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def relay(signum: int, _frame: Any) -> None:
@@ -100,6 +102,8 @@ def wait_child(pid: int, line: Lifeline, timeout_s: float) -> tuple[str, Any]:
         beats, beat_at = line.read().beats, time.monotonic()
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
+            if poll is not None:
+                poll()
             if done:
                 if os.WIFSIGNALED(status):
                     return "crash", signal.Signals(os.WTERMSIG(status)).name

@@ -180,10 +180,19 @@ def run_supervised(options: CampaignOptions, finish: Callable[[Campaign, int], i
             line.reset()
             sys.stdout.flush()
             sys.stderr.flush()
+            relay = _Relay()
             pid = os.fork()
-            if pid == 0:
-                _worker(options, state_dir, line, explore, finish, time.monotonic() - started)
-            how, value = lifeline_mod.wait_child(pid, line, timeout)
+            if pid == 0:  # the worker never returns into the supervisor's code
+                try:
+                    relay.in_child()
+                    _worker(options, state_dir, line, explore, finish, time.monotonic() - started)
+                finally:
+                    os._exit(3)
+            relay.in_parent()
+            try:
+                how, value = lifeline_mod.wait_child(pid, line, timeout, poll=relay.drain)
+            finally:
+                relay.close()
             if how == "exit":
                 return value
             if not explore:
@@ -200,6 +209,45 @@ def run_supervised(options: CampaignOptions, finish: Callable[[Campaign, int], i
                   f"starting a new worker ({len(crashes)} crash(es))", file=sys.stderr)
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+class _Relay:
+    """The worker's stdout and stderr, through pipes into whatever the supervisor's own
+    ``sys.stdout`` / ``sys.stderr`` are (a terminal, a file, or a caller's capture)."""
+
+    def __init__(self) -> None:
+        self.pipes = {name: os.pipe() for name in ("stdout", "stderr")}
+
+    def in_child(self) -> None:
+        for name, (read, write) in self.pipes.items():
+            os.close(read)
+            setattr(sys, name, open(write, "w", buffering=1, encoding="utf-8", errors="replace"))
+
+    def in_parent(self) -> None:
+        for read, write in self.pipes.values():
+            os.close(write)
+            os.set_blocking(read, False)
+
+    def drain(self) -> None:
+        for name, (read, _) in self.pipes.items():
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(read, 1 << 16)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            if chunks:
+                stream = getattr(sys, name)
+                stream.write(b"".join(chunks).decode("utf-8", "replace"))
+                stream.flush()
+
+    def close(self) -> None:
+        self.drain()
+        for read, _ in self.pipes.values():
+            os.close(read)
 
 
 def _worker(options: CampaignOptions, state_dir: Path, line: lifeline_mod.Lifeline, explore: bool,
