@@ -17,7 +17,7 @@ DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_output_flags
+    from simrig.tools.common import add_memcheck_flag, add_output_flags
 
     p = sub.add_parser(
         "fuzz", help="fuzz the runner with the stateful scheduler-contract machine",
@@ -64,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-regressions", action="store_true",
                    help="also copy each failing shrunk trace into the regressions folder")
     add_output_flags(p, "fuzz")
+    add_memcheck_flag(p)
     from simrig.coverage.session import add_coverage_flags
 
     add_coverage_flags(p, default=True)
@@ -165,6 +166,9 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from simrig.tools.common import apply_memcheck
+
+    apply_memcheck(args)
     from simrig.campaign.fuzz import Campaign
     from simrig.distributed.cluster import distributed_workers
 

@@ -16,7 +16,7 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_output_flags
+    from simrig.tools.common import add_memcheck_flag, add_output_flags
 
     p = sub.add_parser(
         "replay", help="replay traces through vLLM's real runner input path and report findings",
@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
     add_output_flags(p, "replay")
+    add_memcheck_flag(p)
     from simrig.coverage.session import add_coverage_flags
 
     add_coverage_flags(p, default=True)
@@ -54,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from simrig.tools.common import apply_memcheck
+
+    apply_memcheck(args)
     from simrig.interrupt import StopRequests
     from simrig.progress import Progress
     from simrig.replay import (

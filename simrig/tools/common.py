@@ -30,6 +30,23 @@ def add_output_flags(p: argparse.ArgumentParser, kind: str, *, out_default: str 
                    help="print the summary as JSON on stdout (the human lines are not printed)")
 
 
+def add_memcheck_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memcheck", action="store_true",
+                   help="check every load and store of MRV2's interpreted kernels against the "
+                        "tensors the launch was handed (CPU mode; about 1.05-1.25x the time): an "
+                        "out-of-bounds access is a KernelMemoryError finding naming kernel, "
+                        "argument, index and bounds (same as SIMRIG_MEMCHECK=1)")
+
+
+def apply_memcheck(args: argparse.Namespace) -> None:
+    """--memcheck: set before vLLM is imported, so this process and every worker it starts
+    installs the checker (``simrig.vllm_runtime.platform``)."""
+    import os
+
+    if getattr(args, "memcheck", False):
+        os.environ["SIMRIG_MEMCHECK"] = "1"
+
+
 def progress_mode(args: argparse.Namespace) -> str | None:
     """The --progress mode; --quiet means quiet. (Progress is on stderr, so --json,
     which owns stdout, leaves it alone.)"""

@@ -102,6 +102,10 @@ def apply_after_import() -> None:
         interpreter_launch.install_all()
     interpreter.patch_language_once()
     interpreter.sample_traced_launches()
+    if os.environ.get("SIMRIG_MEMCHECK") == "1":  # last: it wraps the launch as the patches left it
+        from simrig.triton_interpreter import memcheck
+
+        memcheck.install()
 
 
 @contextlib.contextmanager

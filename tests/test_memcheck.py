@@ -1,0 +1,265 @@
+"""simrig/triton_interpreter/memcheck.py: every load, store and atomic of an
+interpreted kernel checked against its launch's allocations before it runs,
+narrow integer arithmetic checked for overflow; on the real MRV2 path, quiet on
+the bundled traces and loud (a named finding) on a seeded out-of-bounds store."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simrig.triton_interpreter import memcheck
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("no Triton", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[1]
+triton = tl = torch = interpreter = None  # set by _triton, once the platform is chosen
+KERNELS: dict[str, object] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _triton():
+    global triton, tl, torch, interpreter
+    from simrig.vllm_runtime import platform
+
+    platform.configure()
+    import torch as torch_module
+    import triton as triton_module
+    import triton.language
+    from triton.runtime import interpreter as triton_interpreter
+
+    triton, tl, torch, interpreter = triton_module, triton.language, torch_module, triton_interpreter
+    _define_kernels()
+
+
+def _define_kernels() -> None:
+    @triton.jit
+    def copy_kernel(src_ptr, out_ptr, n_load, n_store, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        x = tl.load(src_ptr + offs, mask=offs < n_load, other=-1)
+        tl.store(out_ptr + offs, x + 1, mask=offs < n_store)
+
+    @triton.jit
+    def scalar_store_kernel(out_ptr, at):
+        tl.store(out_ptr + at, 7)  # no mask: one lane
+
+    @triton.jit
+    def through_table_kernel(table_ptr, n, BLOCK: tl.constexpr):
+        target = tl.load(table_ptr).to(tl.pointer_type(tl.int32))  # a pointer table, as vLLM's block tables
+        offs = tl.arange(0, BLOCK)
+        tl.store(target + offs, offs, mask=offs < n)
+
+    @triton.jit
+    def atomic_kernel(out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.atomic_add(out_ptr + offs, 1, mask=offs < n)
+
+    @triton.jit
+    def multiply_kernel(out_ptr, a, b):
+        tl.store(out_ptr, a * b)
+
+    KERNELS.update(copy=copy_kernel, scalar_store=scalar_store_kernel, through_table=through_table_kernel,
+                   atomic=atomic_kernel, multiply=multiply_kernel)
+
+
+def _original(fn):
+    while hasattr(fn, "__simrig_original__"):
+        fn = fn.__simrig_original__
+    return fn
+
+
+@pytest.fixture(params=["speedups", "tritons_own"])
+def checked(request, monkeypatch):
+    """memcheck installed for the test (removed after it unless the session had it),
+    over simrig's launch plumbing (tensors handed over in place) or Triton's own
+    (host copies made and copied back)."""
+    from simrig.triton_interpreter import interpreter_launch
+
+    interpreter_launch.args_in_place()  # no-op when the platform installed it already
+    if request.param == "tritons_own":
+        executor = interpreter.GridExecutor
+        for name in ("_init_args_hst", "_restore_args_dev"):
+            monkeypatch.setattr(executor, name, _original(getattr(executor, name)))
+    ours = memcheck.install()
+    assert memcheck.installed()
+    yield request.param
+    if ours:
+        assert memcheck.uninstall()
+
+
+def _run(name, grid, *args, **kwargs):
+    KERNELS[name][grid](*args, **kwargs)
+
+
+# ------------------------------------------------------------ unit: small kernels
+def test_an_unmasked_store_one_past_the_end_is_named_and_never_happens(checked):
+    src, out = torch.arange(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    before = memcheck.stats()["accesses"]
+    with pytest.raises(memcheck.KernelMemoryError) as caught:
+        _run("copy", (1,), src, out, 8, 9, BLOCK=16)
+    message = str(caught.value)
+    assert "store out of bounds in copy_kernel: out_ptr[8] outside [0, 8)" in message, message
+    assert "(int32, 1 of 9 unmasked lanes; allocation 32 B) at " in message and "test_memcheck.py:" in message
+    facts = caught.value.facts
+    assert (facts["kernel"], facts["argument"], facts["index"], facts["bounds"], facts["op"]) == (
+        "copy_kernel", "out_ptr", 8, (0, 8), "store")
+    assert facts["address"] == out.data_ptr() + 32 and (facts["base"], facts["nbytes"]) == (out.data_ptr(), 32)
+    assert type(caught.value) is memcheck.KernelMemoryError and isinstance(caught.value, RuntimeError)
+    assert out.tolist() == [0] * 8  # raised before the store: not even the lanes in bounds were written
+    assert memcheck.stats()["accesses"] >= before + 2  # the load, then the store
+
+
+def test_a_masked_out_lane_past_the_end_is_no_error(checked):
+    src, out = torch.arange(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
+    _run("copy", (1,), src, out, 8, 8, BLOCK=16)  # lanes 8..15 masked off, load and store
+    assert out.tolist() == list(range(1, 9))
+
+
+def test_a_load_past_the_end_is_named(checked):
+    src, out = torch.arange(8, dtype=torch.int64), torch.zeros(16, dtype=torch.int64)
+    with pytest.raises(memcheck.KernelMemoryError, match=r"load out of bounds in copy_kernel: src_ptr\[8\] "
+                                                         r"outside \[0, 8\) \(int64, 2 of 10 unmasked"):
+        _run("copy", (1,), src, out, 10, 10, BLOCK=16)
+
+
+def test_a_view_is_checked_against_its_whole_allocation(checked):
+    """A kernel handed a slice may reach the rest of its storage (vLLM passes
+    row slices with strides); the bounds are the storage's, indexed from the view."""
+    base = torch.zeros(10, dtype=torch.int32)
+    view = base[2:6]
+    _run("scalar_store", (1,), view, 7)  # element 9 of base: inside the allocation
+    assert base[9].item() == 7
+    with pytest.raises(memcheck.KernelMemoryError, match=r"out_ptr\[-3\] outside \[-2, 8\)"):
+        _run("scalar_store", (1,), view, -3)
+
+
+def test_a_negative_index_is_named_by_the_nearest_argument(checked):
+    out = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(memcheck.KernelMemoryError,
+                       match=r"store out of bounds in scalar_store_kernel: out_ptr\[-1\] outside \[0, 4\)") as caught:
+        _run("scalar_store", (1,), out, -1)
+    assert caught.value.facts["address"] == out.data_ptr() - 4
+
+
+def test_a_pointer_loaded_from_a_table_is_checked_against_the_tensor_it_points_to(checked):
+    target = torch.zeros(8, dtype=torch.int32)
+    table = torch.tensor([target.data_ptr()], dtype=torch.uint64)  # data_ptr taken outside a launch
+    _run("through_table", (1,), table, 8, BLOCK=16)
+    assert target.tolist() == list(range(8))
+    with pytest.raises(memcheck.KernelMemoryError,
+                       match=r"store out of bounds in through_table_kernel: \*table_ptr\[0\]\[8\] outside \[0, 8\)"):
+        _run("through_table", (1,), table, 9, BLOCK=16)
+
+
+def test_atomics_are_checked(checked):
+    out = torch.zeros(4, dtype=torch.int32)
+    _run("atomic", (1,), out, 4, BLOCK=8)
+    assert out.tolist() == [1] * 4
+    with pytest.raises(memcheck.KernelMemoryError, match=r"atomic out of bounds in atomic_kernel: out_ptr\[4\]"):
+        _run("atomic", (1,), out, 5, BLOCK=8)
+    assert out.tolist() == [1] * 4
+
+
+def test_int32_overflow_in_offset_arithmetic_is_named(checked):
+    out = torch.zeros(1, dtype=torch.int32)
+    _run("multiply", (1,), out, 40000, 50000)
+    assert out.item() == 2_000_000_000
+    with pytest.raises(memcheck.KernelOverflowError,
+                       match=r"int32 overflow in multiply_kernel: 50000 \* 50000 = 2500000000 "
+                             r"outside \[-2147483648, 2147483647\]"):
+        _run("multiply", (1,), out, 50000, 50000)
+    assert issubclass(memcheck.KernelOverflowError, memcheck.KernelMemoryError)
+
+
+def test_in_bounds_results_are_identical_with_and_without_memcheck(checked):
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    src = torch.from_numpy(rng.integers(-1000, 1000, 64).astype(np.int32))
+    runs = []
+    for on in (True, False):
+        if not on and memcheck.installed():
+            memcheck.uninstall()
+        out = torch.full((64,), 5, dtype=torch.int32)
+        for start in (0, 16, 32):
+            _run("copy", (1,), src[start:], out[start:], 13, 13, BLOCK=16)
+        runs.append(out.clone())
+    memcheck.install()
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], torch.full((64,), 5, dtype=torch.int32))
+
+
+def test_uninstall_puts_back_what_install_replaced(checked):
+    if not memcheck.uninstall():
+        pytest.fail("installed by the fixture, so uninstall must report it")
+    builder = interpreter.interpreter_builder
+    assert "create_masked_load" not in vars(builder) and "data_ptr" not in vars(torch.Tensor)
+    assert memcheck.install()
+
+
+# --------------------------------------------------- the real MRV2 path, in a child
+CHILD = r"""
+import json, sys
+from simrig.replay import replay_trace
+from simrig.triton_interpreter import memcheck
+from simrig.vllm_runtime import mutate
+
+trace = sys.argv[1]
+clean = replay_trace(trace)
+stats = memcheck.stats()
+# the pad loop's bound one past the buffer: its last program stores one int64 past slot_mappings
+mutate.apply(mutate.Mutant("slot-mappings-past-the-end", "vllm.v1.worker.gpu.block_table",
+                           "BlockTables.compute_slot_mappings", "slot_mappings.shape[1],",
+                           "slot_mappings.shape[1] + 1,", "seeded out-of-bounds store"))
+seeded = replay_trace(trace)
+cols = ["kind", "step", "stage", "exception_type", "message"]
+print(json.dumps({"installed": memcheck.installed(), "stats": stats,
+                  "clean": clean.findings[cols].to_dict("records"),
+                  "seeded": seeded.findings[cols].to_dict("records")}, default=str))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("speedups", ["1", pytest.param("0", marks=pytest.mark.slow)])
+def test_mrv2_kernels_are_clean_and_a_seeded_overrun_is_a_named_finding(speedups):
+    env = dict(os.environ, SIMRIG_MEMCHECK="1", SIMRIG_INTERPRETER_SPEEDUPS=speedups)
+    trace = REPO / "traces" / "samples" / "chunked_prefill.jsonl"
+    done = subprocess.run([sys.executable, "-c", CHILD, str(trace)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["installed"]
+    stats = got["stats"]
+    assert stats["launches"] > 10 and stats["accesses"] > 100 and stats["overflow_checks"] > 0, stats
+    assert stats["unchecked_launches"] == 0
+    assert not [f for f in got["clean"] if f["exception_type"]], got["clean"]
+    errors = [f for f in got["seeded"] if f["exception_type"] == "KernelMemoryError"]
+    assert errors, got["seeded"]
+    first = errors[0]
+    assert (first["kind"], first["stage"], first["step"]) == ("exception", "prepare", 0)
+    assert ("store out of bounds in _compute_slot_mappings_kernel: slot_mappings_ptr[64] outside [0, 64) "
+            "(int64, 1 of") in first["message"], first["message"]
+    assert "vllm/v1/worker/gpu/block_table.py:" in first["message"]
+
+
+def test_the_memcheck_flag_turns_the_checker_on_for_this_process_and_its_workers(monkeypatch, capsys):
+    import argparse
+
+    from simrig.cli import main
+    from simrig.tools.common import apply_memcheck
+
+    monkeypatch.delenv("SIMRIG_MEMCHECK", raising=False)
+    apply_memcheck(argparse.Namespace(memcheck=False))
+    assert "SIMRIG_MEMCHECK" not in os.environ
+    apply_memcheck(argparse.Namespace(memcheck=True))
+    assert os.environ["SIMRIG_MEMCHECK"] == "1"
+    for command in ("replay", "fuzz"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--memcheck" in capsys.readouterr().out
