@@ -1,6 +1,6 @@
 """What a supervised worker is doing, readable after it died.
 
-A campaign runs in a forked worker (``simrig.distributed.supervisor``). A native
+A campaign runs in a forked worker (``simrig.supervision.campaign``). A native
 crash, an OOM kill or a kernel that never returns leaves no Python state
 behind, so the worker writes the little the supervisor needs into memory
 both processes map (an anonymous shared mmap, made before the fork):

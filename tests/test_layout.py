@@ -19,7 +19,7 @@ VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "adapters")
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "checks")
 SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
                "selftest", "tools", "commands", "releases", "bisect", "repro", "bench", "distributed",
-               "coverage")
+               "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver and cli.
 CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
@@ -43,6 +43,7 @@ FLOORS = (
     {"checks"},                                        # the Checker: every check behind one object
     {"replay"},                                        # the one replay loop
     {"campaign", "releases"},                          # fuzz campaigns; two vLLMs side by side
+    {"supervision"},                                   # work that may kill its process, forked
     {"distributed", "selftest", "bisect", "tools"},
     {"repro"},
     {"commands"},                                      # the dispatch; the subcommands that judge
@@ -128,6 +129,7 @@ def test_only_adapters_import_vllm():
                "simrig.selftest", "simrig.tools", "simrig.commands", "simrig.campaign",
                "simrig.distributed", "simrig.releases")),
     ("distributed", ("simrig.selftest", "simrig.tools", "simrig.commands", "vllm")),
+    ("supervision", ("simrig.selftest", "simrig.tools", "simrig.commands", "simrig.distributed", "vllm")),
     ("triton_interpreter", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.harness",
                             "simrig.report", "simrig.campaign", "simrig.selftest")),
     ("coverage", ("vllm", *rooms(*VLLM_ROOMS), "simrig.campaign", "simrig.selftest",

@@ -123,7 +123,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         return failing
 
     def _before_step(self, machine: Any, index: int, step: Step) -> None:
-        """Hook before each example step runs (``simrig.distributed.supervisor``)."""
+        """Hook before each example step runs (``simrig.supervision.campaign``)."""
 
     def _offer(self, cls: FindingClass, machine: Any) -> None:
         """Keep the smallest failing run seen for a class (Hypothesis shrinks towards it)."""

@@ -106,7 +106,7 @@ class CampaignStats:
     runners: dict[str, int] = field(default_factory=dict)  # built / reused / dropped (simrig.runners)
     stopped_by: str = "budget"
     rig_errors: list[str] = field(default_factory=list)
-    crashes: int = 0  # workers that died or hung (simrig.distributed.supervisor)
+    crashes: int = 0  # workers that died or hung (simrig.supervision.campaign)
     # steps per configured cudagraph mode, and per mode vLLM's dispatch chose
     steps_by_cudagraph_mode: dict[str, int] = field(default_factory=dict)
     steps_by_dispatched_mode: dict[str, int] = field(default_factory=dict)

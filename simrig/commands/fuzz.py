@@ -1,5 +1,5 @@
 """``simrig fuzz``: a Hypothesis campaign against the real runner, in a supervised worker
-process (``simrig.distributed.supervisor``: a crash or hang is a finding, the campaign goes on)
+process (``simrig.supervision.campaign``: a crash or hang is a finding, the campaign goes on)
 or sharded on Ray workers (``--workers``); both end in the same report, summary keys,
 history row and exit status."""
 
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("SIMRIG_SUPERVISE", "1") == "0":  # in this process (a debugger, a profiler)
         campaign = Campaign(options)
         return _finish(args, options, campaign, campaign.run(), None)
-    from simrig.distributed.supervisor import run_supervised
+    from simrig.supervision.campaign import run_supervised
 
     # the campaign runs in a forked worker: a crash or hang in vLLM ends one example, not the run
     return run_supervised(options, lambda campaign, status: _finish(args, options, campaign, status, None),
