@@ -49,9 +49,9 @@ class Lifeline:
         self._map[:SIZE] = bytes(SIZE)
         _HEAD.pack_into(self._map, 0, 0, -1, -1)
 
-    def at_step(self, step: int, example: int) -> None:
-        beats = _HEAD.unpack_from(self._map, 0)[0]
-        _HEAD.pack_into(self._map, 0, beats + 1, step, example)
+    def at_step(self, step: int, example: int | None = None) -> None:
+        beats, _, current = _HEAD.unpack_from(self._map, 0)
+        _HEAD.pack_into(self._map, 0, beats + 1, step, current if example is None else example)
 
     def stage(self, name: str) -> None:
         beats = int.from_bytes(self._map[0:8], "little")
@@ -79,7 +79,8 @@ def mark_stage(name: str) -> None:
         _current.stage(name)
 
 
-def mark_step(step: int, example: int) -> None:
+def mark_step(step: int, example: int | None = None) -> None:
+    """A step starts (of ``example``: a campaign's example, a replay's unit; None: the same)."""
     if _current is not None:
         _current.at_step(step, example)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 
+from simrig import lifeline
 from simrig import observe as obs
 from simrig.errors import UsageError
 from simrig.findings.classes import Where, fails_run, verdict_of
@@ -152,29 +153,39 @@ def replay_trace(path: str | Path, *, pcp_sizes: Sequence[int] | None = None,
 def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | None = None,
                   stages: Sequence[str] = obs.OPTIONAL_STAGES, progress: Progress | None = None,
                   recorder: ReplayRecorder | None = None, cudagraph_mode: str | None = None,
-                  stop: Callable[[], bool] | None = None) -> ReplayResult:
+                  stop: Callable[[], bool] | None = None, units: Any = None) -> ReplayResult:
     """Replay traces in order. A malformed line raises TraceError mid-way;
     callers that must not leave partial output validate first (scan_trace).
     ``cudagraph_mode`` replays every trace under that mode instead of its own;
     ``stop()`` true ends the replay before the next step (Ctrl-C), and the
-    result holds every step replayed so far."""
+    result holds every step replayed so far. ``units`` (a supervised replay,
+    ``simrig.supervision.replay``) is asked ``skip(i)`` before unit i (trace x
+    PCP size, in order), told ``after_step(i)`` and ``done(i)``."""
     from simrig.adapters.runner import load
 
     rec = recorder if recorder is not None else ReplayRecorder()
     api = load()
     used_sizes: list[int] = []
+    unit = -1
     for path in paths:
         name = str(path)
         reader = TraceReader(path)  # a bad header fails before a Harness is built
         header = reader.header
         reader.close()
         for size in (pcp_sizes or [header.config.pcp_size]):
+            unit += 1
             if stop is not None and stop():
                 break
             config = header.config.replayed_as(size, cudagraph_mode)
             if size not in used_sizes:
                 used_sizes.append(size)
-            _replay_one(name, header, config, stages, rec, progress, api, stop)
+            if units is not None and units.skip(unit):
+                continue
+            lifeline.mark_step(-1, unit)
+            after = (lambda u=unit: units.after_step(u)) if units is not None else None
+            _replay_one(name, header, config, stages, rec, progress, api, stop, after)
+            if units is not None:
+                units.done(unit)
     return recorded_result(rec, paths, used_sizes, stages)
 
 
@@ -190,7 +201,8 @@ def recorded_result(rec: ReplayRecorder, paths: Sequence[str | Path], pcp_sizes:
 
 def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Sequence[str],
                 rec: ReplayRecorder, progress: Progress | None, api: Any,
-                stop: Callable[[], bool] | None = None) -> None:
+                stop: Callable[[], bool] | None = None,
+                after_step: Callable[[], None] | None = None) -> None:
     tracker = BatchTracker()
     for item in api.unavailable(config):  # reported; every other stage still runs
         rec.unavailable.append({"trace": name, "pcp_size": config.pcp_size, "stage": item.stage,
@@ -206,6 +218,8 @@ def _replay_one(name: str, header: TraceHeader, config: RunnerConfig, stages: Se
             rec.record(name, config.pcp_size, line, step, tracker.observe(step), observation, found)
             if progress is not None:
                 progress.update(rec.num_steps, rec.num_findings, rec.num_new)
+            if after_step is not None:
+                after_step()
     finally:
         rec.replay_s += time.perf_counter() - start
         rec.trace_lengths[name] = rec.num_steps - before
@@ -295,6 +309,7 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
         if stop is not None and stop():
             stopped = True
             break
+        lifeline.mark_step(harness.num_steps)
         observation, rig_errors = run_step_guarded(harness, step, name)
         index = observation.index
         if rig_errors:

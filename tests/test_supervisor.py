@@ -119,3 +119,36 @@ def test_a_campaign_whose_worker_segfaults_writes_a_complete_report_and_exits_1(
     assert row["reproduced"] == "True" and row["shrunk_steps"] >= 1
     assert "worker died (SIGSEGV) in lifecycle" in proc.stderr
     assert not list(tmp_path.glob(".fuzz-supervise-*"))  # the supervisor's state is gone
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_replay_whose_worker_segfaults_goes_on_with_the_next_trace(tmp_path):
+    out = tmp_path / "rep"
+    traces = [str(REPO / "traces" / "samples" / name) for name in ("chunked_prefill.jsonl", "two_kv_groups.jsonl")]
+    proc = subprocess.run([sys.executable, "-c", SEEDED, "replay", *traces, "--no-coverage", "--quiet",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["crashes"] == 1 and summary["exit_status"] == 1
+    classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
+    crash = classes[classes["kind"] == "crash"].iloc[0]
+    assert (crash["signature"], crash["verdict"]) == ("crash · lifecycle · SIGSEGV", "new")
+    assert crash["first_trace"].endswith("chunked_prefill.jsonl")  # its 3-request first step dies
+    steps = pd.read_csv(out / "steps.csv", keep_default_na=False)
+    assert set(steps["trace"].map(lambda t: Path(t).name)) == {"two_kv_groups.jsonl"}  # replayed after it
+    assert "worker died (SIGSEGV) in lifecycle at step 0 of" in proc.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_selftest_counts_a_mutant_that_kills_its_child_as_detected_by_a_crash(tmp_path, capsys):
+    from simrig.cli import main
+
+    out = tmp_path / "board"
+    status = main(["selftest", "--mutants", "add-requests-segfault-half-way", "--budget-per-mutant", "60",
+                   "--skip-baseline", "--out", str(out)])
+    assert status == 0, capsys.readouterr()
+    row = pd.read_csv(out / "scoreboard.csv").set_index("mutant").loc["add-requests-segfault-half-way"]
+    assert (row.status, row.kind, row.via) == ("detected", "crash", "crash")
+    assert "SIGSEGV" in row.signature and (out / "summary.json").is_file()

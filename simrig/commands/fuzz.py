@@ -6,7 +6,6 @@ history row and exit status."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_memcheck_flag, add_output_flags
+    from simrig.tools.common import add_memcheck_flag, add_output_flags, add_step_timeout_flag
 
     p = sub.add_parser(
         "fuzz", help="fuzz the runner with the stateful scheduler-contract machine",
@@ -53,9 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--violations", default=None, metavar="LIST",
                    help="adversarial violations: unknown_id,finished_id,unknown_cached,"
                         "duplicate_new (default all)")
-    p.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
-                   help="a worker that opens no stage of vLLM's code for this long hangs: it is "
-                        "killed and the example becomes a crash class (default 600)")
     p.add_argument("--steps-per-example", type=int, default=20, metavar="N",
                    help="rules per machine example (default 20)")
     p.add_argument("--regressions", default="traces/regressions", metavar="DIR",
@@ -65,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also copy each failing shrunk trace into the regressions folder")
     add_output_flags(p, "fuzz")
     add_memcheck_flag(p)
+    add_step_timeout_flag(p)
     from simrig.coverage.session import add_coverage_flags
 
     add_coverage_flags(p, default=True)
@@ -115,7 +112,7 @@ def options_from_args(args: argparse.Namespace):
     from simrig.errors import UsageError
     from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.tools.common import progress_mode
+    from simrig.tools.common import check_step_timeout, progress_mode
     from simrig.trace_io.trace import trace_files_in
     from strategies.machine import VIOLATIONS
 
@@ -123,8 +120,7 @@ def options_from_args(args: argparse.Namespace):
         raise UsageError(f"--budget: must be > 0 seconds, got {args.budget}")
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: must be >= 1, got {args.max_examples}")
-    if args.step_timeout is not None and args.step_timeout <= 0:
-        raise UsageError(f"--step-timeout: must be > 0 seconds, got {args.step_timeout}")
+    check_step_timeout(args)
     if args.steps_per_example < 1:
         raise UsageError(f"--steps-per-example: must be >= 1, got {args.steps_per_example}")
     violations = None
@@ -184,7 +180,9 @@ def run(args: argparse.Namespace) -> int:
         sharded = ShardedCampaign(options, workers, args.ray)
         status = sharded.run()
         return _finish(args, options, sharded.merged, status, sharded)
-    if os.environ.get("SIMRIG_SUPERVISE", "1") == "0":  # in this process (a debugger, a profiler)
+    from simrig.supervision import forked
+
+    if not forked.enabled():  # SIMRIG_SUPERVISE=0: in this process (a debugger, a profiler)
         campaign = Campaign(options)
         return _finish(args, options, campaign, campaign.run(), None)
     from simrig.supervision.campaign import run_supervised

@@ -16,7 +16,7 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_memcheck_flag, add_output_flags
+    from simrig.tools.common import add_memcheck_flag, add_output_flags, add_step_timeout_flag
 
     p = sub.add_parser(
         "replay", help="replay traces through vLLM's real runner input path and report findings",
@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "lifecycle always runs)")
     add_output_flags(p, "replay")
     add_memcheck_flag(p)
+    add_step_timeout_flag(p)
     from simrig.coverage.session import add_coverage_flags
 
     add_coverage_flags(p, default=True)
@@ -80,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     from simrig.distributed.cluster import distributed_workers
 
     workers = distributed_workers(args)
+    from simrig.tools.common import check_step_timeout
+
+    check_step_timeout(args)
     if args.segment_steps is not None and args.segment_steps < 1:
         raise UsageError(f"--segment-steps: must be >= 1, got {args.segment_steps}")
     total = 0
@@ -92,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
     from simrig.coverage.session import CoverageRun
 
     coverage = CoverageRun.begin(args)  # a malformed reasons file: exit 2 before anything runs
+    from simrig.supervision import forked
+
+    if workers is None and forked.enabled():
+        # in a forked worker: a trace that kills its process is a crash class, the replay goes on
+        return _replay_supervised(args, started, paths, pcp_sizes, stages, total, out, coverage)
     progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
     with StopRequests() as stop:
         try:
@@ -124,6 +133,43 @@ def run(args: argparse.Namespace) -> int:
         with stop.shield():  # a Ctrl-C now would cost the report: ignored until it is written
             return _report(args, started, paths, workers, sharded if workers is not None else None,
                            result, out, interrupted=stop.requested, coverage=coverage)
+
+
+def _replay_supervised(args: argparse.Namespace, started: float, paths: list, pcp_sizes: Any,
+                       stages: Any, total: int, out: Any, coverage: Any) -> int:
+    """The replay and its report in forked workers (``simrig.supervision.replay``)."""
+    from simrig.interrupt import StopRequests
+    from simrig.progress import Progress
+    from simrig.replay import recorded_result, replay_args, replay_traces
+    from simrig.supervision.replay import run_supervised
+    from simrig.tools.common import progress_mode
+    from simrig.trace_io.trace import TraceReader
+
+    def unit_args(trace: str, size: int) -> tuple[str, ...]:
+        reader = TraceReader(trace)
+        own = reader.header.config
+        reader.close()
+        return replay_args(own, own.replayed_as(size, args.cudagraph_mode), stages)
+
+    def work(book: Any) -> int:
+        progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
+        with StopRequests() as stop:
+            try:
+                coverage.start()
+                try:
+                    result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress,
+                                           cudagraph_mode=args.cudagraph_mode, recorder=book.recorder,
+                                           stop=lambda: stop.requested, units=book)
+                except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is dropped
+                    result = recorded_result(book.recorder, paths, pcp_sizes or [], stages)
+            finally:
+                coverage.stop()
+                progress.close()
+            with stop.shield():
+                return _report(args, started, paths, None, None, result, out,
+                               interrupted=stop.requested, coverage=coverage)
+
+    return run_supervised(paths, pcp_sizes, unit_args, out, work, timeout_s=args.step_timeout)
 
 
 def _report(args: argparse.Namespace, started: float, paths: list, workers: int | None,

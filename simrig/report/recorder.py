@@ -106,6 +106,7 @@ class ReplayResult:
             "new": self.num_new,
             "rig_errors": self.num_rig_errors,
             "steps_after_exception": self.steps_after_exception,
+            "crashes": int((f["kind"] == "crash").sum()) if len(f) else 0,
             "replay_s": round(self.replay_s, 3),
             "time_share": time_share(self.steps, self.replay_s, self.vllm_s),
             "steps_per_s": round(self.num_steps / self.replay_s, 2) if self.replay_s > 0 else 0.0,

@@ -317,6 +317,17 @@ WIRING: tuple[Mutant, ...] = (
            "batch misses its FULL graph"),
 )
 
-CATALOGUE = CATALOGUE + WIRING
+# Faults that kill the process: a crash is a finding (simrig.supervision), never the end of a run.
+CRASHES: tuple[Mutant, ...] = (
+    Mutant("add-requests-segfault-half-way", _MR, "GPUModelRunner.add_requests",
+           "req_index = self.req_states.req_id_to_index[req_id]\n",
+           "req_index = self.req_states.req_id_to_index[req_id]\n"
+           "        if req_index >= 3:  # a read through a wild pointer, half-way through the adds\n"
+           "            __import__('ctypes').string_at(1)\n",
+           "add_requests dies of SIGSEGV once it adds a request into slot 3 or above, with the "
+           "requests before it added and the rest not: the process running it is gone"),
+)
+
+CATALOGUE = CATALOGUE + WIRING + CRASHES
 
 BY_NAME = {m.name: m for m in CATALOGUE}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -113,6 +114,14 @@ def run_child(mutant: str, *, budget_s: float, seed: int, baseline: list[list[st
         except subprocess.TimeoutExpired:
             return ChildResult(mutant=mutant, error=f"child timed out after {timeout_s:.0f} s",
                                elapsed_s=time.monotonic() - start)
+        if not result_path.exists() and proc.returncode < 0 and mutant != BASELINE:
+            # the mutant killed the process that ran it (heap corruption, a bad pointer): a crash
+            # is a finding, as in a supervised campaign or replay (simrig.supervision)
+            name = signal.Signals(-proc.returncode).name
+            return ChildResult(mutant=mutant, detected=True, via="crash", phase="crash", kind="crash",
+                               signature=["crash", "", "", name], elapsed_s=time.monotonic() - start,
+                               seconds_to_detection=round(time.monotonic() - start, 1),
+                               message=f"the child running the mutant died of {name}")
         if not result_path.exists():
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
             return ChildResult(mutant=mutant, error=f"child exited {proc.returncode}: {tail[0]}",

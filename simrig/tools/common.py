@@ -38,6 +38,20 @@ def add_memcheck_flag(p: argparse.ArgumentParser) -> None:
                         "argument, index and bounds (same as SIMRIG_MEMCHECK=1)")
 
 
+def add_step_timeout_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--step-timeout", type=float, default=None, metavar="SECONDS",
+                   help="the run's worker process opens a stage of vLLM's code at least this often, "
+                        "or it hangs: it is killed and what it ran becomes a crash class "
+                        "(default 600)")
+
+
+def check_step_timeout(args: argparse.Namespace) -> None:
+    from simrig.errors import UsageError
+
+    if getattr(args, "step_timeout", None) is not None and args.step_timeout <= 0:
+        raise UsageError(f"--step-timeout: must be > 0 seconds, got {args.step_timeout}")
+
+
 def apply_memcheck(args: argparse.Namespace) -> None:
     """--memcheck: set before vLLM is imported, so this process and every worker it starts
     installs the checker (``simrig.vllm_runtime.platform``)."""
