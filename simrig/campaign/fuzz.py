@@ -348,7 +348,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
             "loud_rejections": st.loud_rejections, "violations_sent": st.violations_sent,
             "findings_by_kind": dict(sorted(by_kind.items())),
             "regression_traces": st.regression_traces, "regression_steps": st.regression_steps,
-            "rig_errors": len(st.rig_errors), "exit_status": self.exit_status(),
+            "rig_errors": len(st.rig_errors), "crashes": st.crashes, "exit_status": self.exit_status(),
             "runners": dict(st.runners),
             **({"steer": o.steer, "corpus_kept": self.corpus_kept, "corpus_replayed": self.corpus_replayed,
                 "coverage_arcs": len(self._seen_arcs), **plateau(self.coverage_timeline)}

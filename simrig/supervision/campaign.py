@@ -141,11 +141,6 @@ class SupervisedCampaign(Campaign):
         self._last_checkpoint = time.perf_counter()
         self._checkpoint_cost = self._last_checkpoint - start
 
-    def summary(self) -> dict[str, Any]:
-        out = super().summary()
-        out["crashes"] = self.stats.crashes
-        return out
-
 
 # ------------------------------------------------------------------ supervisor side
 def run_supervised(options: CampaignOptions, finish: Callable[[Campaign, int], int], *,
