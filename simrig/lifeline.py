@@ -41,9 +41,15 @@ class Reading(NamedTuple):
 class Lifeline:
     """The shared page; the worker writes, the supervisor reads."""
 
-    def __init__(self) -> None:
-        self._map = mmap.mmap(-1, SIZE)  # anonymous and shared: survives fork, not the parent
-        self.reset()
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, fresh: bool = True) -> None:
+        if path is None:  # anonymous and shared: a forked child writes, its parent reads
+            self._map = mmap.mmap(-1, SIZE)
+        else:  # a file: any process on the machine reads it after the writer died (Ray shards)
+            with open(path, "a+b") as fh:
+                fh.truncate(SIZE)
+                self._map = mmap.mmap(fh.fileno(), SIZE)
+        if fresh:  # (fresh=False: read what a writer left)
+            self.reset()
 
     def reset(self) -> None:
         self._map[:SIZE] = bytes(SIZE)

@@ -15,7 +15,9 @@ and the model turns one scheduling decision (a ``Plan``) into one
     a request samples only once its prefill is done (then num_tokens grows)
     drafts only past prefill, drafts <= num_speculative_tokens, scheduled = 1 + drafts
     sum(scheduled) <= max_num_batched_tokens, held requests <= max_num_reqs
-    num_computed + scheduled <= max_model_len
+    num_computed + scheduled <= max_model_len; a decode also leaves room for the token it
+      samples: num_computed + scheduled + 1 <= max_model_len (vLLM's scheduler caps a running
+      request at max_model_len - num_computed_tokens - num_sampled_tokens_per_step)
 
 Each step also carries block ids from a ``strategies.blocks.BlockPool``:
 a request sent as new gets its full block list (``NewRequest.block_ids``), a
@@ -95,8 +97,8 @@ class SchedulerModel:
     # ------------------------------------------------------------ events
     def arrive(self, prompt_len: int, max_tokens: int, prefix_hit: int = 0,
                lora_id: int | None = None) -> str:
-        if not 1 <= prompt_len <= self.config.max_model_len:
-            raise ValueError(f"prompt_len {prompt_len} outside 1..{self.config.max_model_len}")
+        if not 1 <= prompt_len < self.config.max_model_len:  # room for one output token
+            raise ValueError(f"prompt_len {prompt_len} outside 1..{self.config.max_model_len - 1}")
         if not 0 <= prefix_hit < prompt_len:
             raise ValueError(f"prefix_hit {prefix_hit} must leave a token to compute")
         req_id = f"{self.id_prefix}{self._next_id}"
@@ -159,7 +161,8 @@ class SchedulerModel:
             return min(remaining, budget), 0
         if req.prefilling:
             return min(req.prefill_len - req.num_computed, budget), 0
-        room = self.config.max_model_len - req.num_tokens  # drafts land at num_tokens..
+        # drafts land at num_tokens..; the token sampled after them needs a place too
+        room = self.config.max_model_len - req.num_tokens - 1
         drafts = min(self.config.num_speculative_tokens, budget - 1, room,
                      req.max_tokens - req.num_outputs - 1)
         return 1 + max(drafts, 0), max(drafts, 0)

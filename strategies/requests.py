@@ -16,10 +16,13 @@ from strategies._validate import check_bool, check_int
 
 
 def prompt_lengths(*, max_model_len: int = 256, min_len: int = 1) -> st.SearchStrategy[int]:
-    """Prompt lengths in ``min_len .. max_model_len``; shrinks towards short prompts."""
-    check_int("max_model_len", max_model_len, minimum=1)
-    check_int("min_len", min_len, minimum=1, maximum=max_model_len)
-    return st.integers(min_len, max_model_len)
+    """Prompt lengths in ``min_len .. max_model_len - 1``; shrinks towards short prompts.
+    A prompt leaves room for at least one output token: vLLM's input processor refuses a
+    generate prompt of ``max_model_len`` tokens ("plus the number of requested output
+    tokens (at least 1) is longer than the maximum model length")."""
+    check_int("max_model_len", max_model_len, minimum=2)
+    check_int("min_len", min_len, minimum=1, maximum=max_model_len - 1)
+    return st.integers(min_len, max_model_len - 1)
 
 
 def prefix_cache_hits(prompt_len: int, *, block_size: int = 16) -> st.SearchStrategy[int]:

@@ -152,3 +152,48 @@ def test_selftest_counts_a_mutant_that_kills_its_child_as_detected_by_a_crash(tm
     row = pd.read_csv(out / "scoreboard.csv").set_index("mutant").loc["add-requests-segfault-half-way"]
     assert (row.status, row.kind, row.via) == ("detected", "crash", "crash")
     assert "SIGSEGV" in row.signature and (out / "summary.json").is_file()
+
+
+SITE_FAULT = textwrap.dedent('''
+    # every Python process of this test (the driver and each Ray worker) loads vLLM with the
+    # seeded fault in place
+    import simrig.adapters.runner as _runner
+
+    _load = _runner.load
+
+    def load(*args, **kwargs):
+        api = _load(*args, **kwargs)
+        from simrig.selftest.catalogue import BY_NAME
+        from simrig.vllm_runtime import mutate
+
+        if not getattr(_runner, "_fault_applied", False):
+            mutate.apply(BY_NAME["add-requests-segfault-half-way"])
+            _runner._fault_applied = True
+        return api
+
+    _runner.load = load
+''')
+
+
+@pytest.mark.cluster
+@pytest.mark.vllm
+def test_a_sharded_campaign_whose_worker_segfaults_records_a_crash_class(tmp_path):
+    pytest.importorskip("ray", reason="the simrig[ray] extra is not installed")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE_FAULT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    out = tmp_path / "fuzz"
+    proc = subprocess.run([sys.executable, "-m", "simrig", "fuzz", "--workers", "2", "--max-examples", "4",
+                           "--seed", "1", "--database", "none", "--no-regressions", "--no-coverage",
+                           "--pcp-sizes", "1", "--progress", "quiet", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["crashes"] >= 1 and summary["exit_status"] == 1
+    classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
+    crash = classes[classes["kind"] == "crash"]
+    assert len(crash) >= 1 and set(crash["verdict"]) == {"new"}
+    assert set(crash["stage"]) == {"lifecycle"}, crash[["signature"]]
+    assert list((out / "shrunk").glob("crash-lifecycle-*.jsonl"))
+    assert not list(tmp_path.glob(".fuzz-shards-*"))

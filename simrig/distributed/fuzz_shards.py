@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from simrig.distributed.shard import (  # noqa: F401 -- plan_shards re-exported
     run_shard,
 )
 from simrig.findings.classes import merge_tallies
+from simrig.supervision.campaign import apply_crash
 
 MIN_REASSIGN_S = 1.0  # a lost shard's leftover budget below this is not reassigned
 STOP_GRACE_S = 60.0  # after a stop request, how long the driver waits for shards to return
@@ -134,6 +137,8 @@ class ShardedCampaign:
         self.found_by: dict[Any, list[str]] = {}
         self.best_from: dict[Any, str] = {}
         self.errors: list[tuple[BaseException, str]] = []  # raised by a shard task or the driver
+        self.crashes: list[dict[str, Any]] = []  # lost workers' last examples (crash classes)
+        self.crash_dir = ""
         self._stop: Any = None
 
     def say(self, text: str) -> None:
@@ -145,6 +150,18 @@ class ShardedCampaign:
         from simrig.interrupt import StopRequests
 
         started, cpu0 = time.perf_counter(), _cpu_s()
+        out = Path(self.options.out_dir).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.crash_dir = tempfile.mkdtemp(prefix=f".{out.name}-shards-", dir=out.parent)
+        try:
+            return self._run(started, cpu0)
+        finally:
+            shutil.rmtree(self.crash_dir, ignore_errors=True)
+
+    def _run(self, started: float, cpu0: float) -> int:
+        from simrig.campaign.report import write_campaign_report
+        from simrig.interrupt import StopRequests
+
         with StopRequests(second_raises=False,
                           note="stopping every shard (again to stop waiting for them)") as stop:
             self._stop = stop
@@ -178,6 +195,7 @@ class ShardedCampaign:
         base = dataclasses.replace(self.options, on_class=None, progress="quiet")
         pending = {}
         for spec in plan_shards(self.options, self.workers):
+            spec = dataclasses.replace(spec, crash_dir=self.crash_dir)
             pending[task.remote(spec, base, collector, database)] = spec
             self.specs[spec.name] = spec
         seen_events = 0
@@ -228,6 +246,7 @@ class ShardedCampaign:
         examples = None if spec.max_examples is None else spec.max_examples - done
         reason = type(exc).__name__
         self.status[spec.name] = "lost"
+        self._crashed(spec, reason)
         if self._stop.requested or (left is not None and left < MIN_REASSIGN_S) \
                 or (examples is not None and examples < 1):
             self.notes[spec.name] = f"worker lost ({reason}); nothing left to reassign"
@@ -240,6 +259,20 @@ class ShardedCampaign:
         self.notes[spec.name] = f"worker lost ({reason}); {what} reassigned to {replacement.name}"
         self.say(f"shard {spec.name} lost ({reason}); {what} reassigned to {replacement.name}")
         return replacement
+
+    def _crashed(self, spec: ShardSpec, reason: str) -> None:
+        """A lost worker's last example, as it persisted it before the step it died in: a
+        crash class (when the driver can read the shard's files: the same machine)."""
+        from simrig.lifeline import Lifeline
+        from simrig.supervision import forked
+        from simrig.supervision.campaign import crash_record
+
+        base = Path(self.crash_dir) / spec.name
+        inflight = forked.load(base.with_name(base.name + ".inflight.pkl"))
+        line = base.with_name(base.name + ".lifeline")
+        if inflight is None or not line.is_file():
+            return
+        self.crashes.append(crash_record(inflight, Lifeline(line, fresh=False).read(), reason))
 
     # -------------------------------------------------------------- merge
     def _merge(self, snapshot: dict[str, Any]) -> None:
@@ -279,6 +312,8 @@ class ShardedCampaign:
                 classes=sum(1 for by in self.found_by.values() if name in by),
                 note=self.notes.get(name, "")))
         merged.tally = merge_tallies(tallies)
+        for crash in self.crashes:
+            apply_crash(merged, crash)
         for exc, where in self.errors:
             merged.rig_error(exc, where)
         statuses = {r.status for r in self.rows}

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from simrig import lifeline
 from simrig.campaign.fuzz import Campaign, CampaignOptions, CampaignStats
 from simrig.distributed.cluster import worker_name
 from simrig.distributed.collector import actor_database
 from simrig.findings.classes import ClassTally
+from simrig.supervision.campaign import persist_example
 
 POLL_S = 0.5  # heartbeat / stop-flag period of a shard
 
@@ -36,6 +38,9 @@ class ShardSpec:
     replay_regressions: bool
     attempt: int = 0  # replacements of a lost worker count up
     max_examples: int | None = None
+    # where the shard persists its example before each step and its lifeline (a file): the
+    # driver reads them when the worker is lost, for the crash class (simrig.supervision)
+    crash_dir: str = ""
 
     @property
     def name(self) -> str:
@@ -78,6 +83,10 @@ class ShardCampaign(Campaign):
         if stop:
             self.interrupted = True
         self._shrunk_elsewhere.update(shrunk)
+
+    def _before_step(self, machine: Any, index: int, step: Any) -> None:
+        if self.spec.crash_dir:
+            persist_example(Path(self.spec.crash_dir) / f"{self.spec.name}.inflight.pkl", self, machine, index)
 
     def between_chunks(self) -> None:
         # A class another shard already shrank needs no second shrink here.
@@ -130,9 +139,12 @@ def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: 
     options.on_class = lambda cls: collector.report_class.remote(spec.name, cls)
     campaign.started_at = time.time()
     campaign.beat()
+    if spec.crash_dir:
+        lifeline.install(lifeline.Lifeline(Path(spec.crash_dir) / f"{spec.name}.lifeline"))
     try:
         campaign.run()
     finally:
+        lifeline.install(None)
         campaign.beat(finished=True)
     result = campaign.recorder.result([], list(spec.pcp_sizes), options.stages)
     for frame, column in ((result.steps, "trace"), (result.findings, "trace"),

@@ -67,31 +67,7 @@ class SupervisedCampaign(Campaign):
             self._applied_crashes += 1
 
     def _apply_crash(self, crash: dict[str, Any]) -> None:
-        """A dead worker's last example as a ``crash`` class (new: it fails the run)."""
-        steps, step = crash["steps"], crash["step"]
-        ids = tuple(steps[step].num_scheduled_tokens) if 0 <= step < len(steps) else ()
-        what = crash["signal"]
-        finding = Finding(kind=CRASH, step=max(step, 0), stage=crash["stage"], check="supervisor",
-                          req_ids=ids[:8], exception_type=what, trace=f"example-{crash['example']}",
-                          message=f"the campaign's worker died ({what}) in "
-                                  f"{crash['stage'] or 'an unknown stage'} at step {step} of example "
-                                  f"{crash['example']}; simrig started a new worker and went on")
-        key = class_key(finding)
-        cls = self.classes.get(key)
-        if cls is None:
-            cls = self.classes[key] = FindingClass(key, finding)
-        cls.count += 1
-        candidate = FindingClass(key, finding, steps=list(steps[:step + 1]))
-        if steps and (cls.steps is None or candidate.size() < cls.size()):
-            cls.steps, cls.violations, cls.config = candidate.steps, dict(crash["violations"]), crash["config"]
-        self.tolerated.add(key)  # never shrunk by Hypothesis: it would die again
-        config = crash["config"]
-        self.tally.add(finding, Where(f"example-{crash['example']}", config.pcp_size if config else 1,
-                                      elapsed_s=crash["elapsed_s"], example=crash["example"]))
-        self.stats.chunks = max(self.stats.chunks, crash["chunks"])  # go on past the chunk that died
-        self.stats.crashes += 1
-        self.stats.examples += 1
-        self.stats.steps += max(step, 0) + 1
+        apply_crash(self, crash)
 
     # ------------------------------------------------------------ the campaign's hooks
     def _elapsed(self) -> float:
@@ -110,11 +86,7 @@ class SupervisedCampaign(Campaign):
         return super()._stopped_by() if self._explore_allowed else "crashes"
 
     def _before_step(self, machine: Any, index: int, step: Any) -> None:
-        lifeline_mod.mark_step(index, self.stats.examples)
-        forked.dump(self.state_dir / "inflight.pkl", {
-            "steps": list(machine.steps), "step": index, "config": machine.config,
-            "violations": dict(machine.violations), "example": self.stats.examples,
-            "chunks": self.stats.chunks, "elapsed_s": round(self._elapsed(), 3)})
+        persist_example(self.state_dir / "inflight.pkl", self, machine, index)
 
     def _notify(self, cls: FindingClass) -> None:
         super()._notify(cls)
@@ -142,6 +114,53 @@ class SupervisedCampaign(Campaign):
         self._checkpoint_cost = self._last_checkpoint - start
 
 
+def apply_crash(campaign: Campaign, crash: dict[str, Any]) -> None:
+    """A dead worker's last example as a ``crash`` class of ``campaign`` (new: it fails the run);
+    ``crash``: signal, stage, step, example, steps, config, violations, chunks, elapsed_s."""
+    steps, step = crash["steps"], crash["step"]
+    ids = tuple(steps[step].num_scheduled_tokens) if 0 <= step < len(steps) else ()
+    what = crash["signal"]
+    finding = Finding(kind=CRASH, step=max(step, 0), stage=crash["stage"], check="supervisor",
+                      req_ids=ids[:8], exception_type=what, trace=f"example-{crash['example']}",
+                      message=f"the campaign's worker died ({what}) in "
+                              f"{crash['stage'] or 'an unknown stage'} at step {step} of example "
+                              f"{crash['example']}; simrig started a new worker and went on")
+    key = class_key(finding)
+    cls = campaign.classes.get(key)
+    if cls is None:
+        cls = campaign.classes[key] = FindingClass(key, finding)
+    cls.count += 1
+    candidate = FindingClass(key, finding, steps=list(steps[:step + 1]))
+    if steps and (cls.steps is None or candidate.size() < cls.size()):
+        cls.steps, cls.violations, cls.config = candidate.steps, dict(crash["violations"]), crash["config"]
+    campaign.tolerated.add(key)  # never shrunk by Hypothesis: it would die again
+    config = crash["config"]
+    campaign.tally.add(finding, Where(f"example-{crash['example']}", config.pcp_size if config else 1,
+                                      elapsed_s=crash["elapsed_s"], example=crash["example"]))
+    campaign.stats.chunks = max(campaign.stats.chunks, crash["chunks"])  # go on past the chunk that died
+    campaign.stats.crashes += 1
+    campaign.stats.examples += 1
+    campaign.stats.steps += max(step, 0) + 1
+
+
+def crash_record(inflight: dict[str, Any], reading: lifeline_mod.Reading, what: str) -> dict[str, Any]:
+    """What ``apply_crash`` takes, from the example a worker persisted before its last step
+    (``inflight``, written by ``persist_example``) and its lifeline."""
+    return {"signal": what, "stage": reading.stage, "step": inflight.get("step", reading.step),
+            "example": inflight.get("example", reading.example), "steps": inflight.get("steps", []),
+            "config": inflight.get("config"), "violations": inflight.get("violations", {}),
+            "chunks": inflight.get("chunks", 0), "elapsed_s": inflight.get("elapsed_s")}
+
+
+def persist_example(path: Path, campaign: Campaign, machine: Any, index: int) -> None:
+    """Before a step runs: the example so far, where a supervisor finds it if the step kills us."""
+    lifeline_mod.mark_step(index, campaign.stats.examples)
+    forked.dump(path, {
+        "steps": list(machine.steps), "step": index, "config": machine.config,
+        "violations": dict(machine.violations), "example": campaign.stats.examples,
+        "chunks": campaign.stats.chunks, "elapsed_s": round(campaign._elapsed(), 3)})
+
+
 # ------------------------------------------------------------------ supervisor side
 def run_supervised(options: CampaignOptions, finish: Callable[[Campaign, int], int], *,
                    step_timeout_s: float | None = None) -> int:
@@ -155,13 +174,7 @@ def run_supervised(options: CampaignOptions, finish: Callable[[Campaign, int], i
         return finish(campaign, campaign.run())
 
     def on_crash(state_dir: Path, reading: lifeline_mod.Reading, what: str) -> str:
-        inflight = forked.load(state_dir / "inflight.pkl") or {}
-        crash = {"signal": forked.crash_kind(what), "detail": what, "stage": reading.stage,
-                 "step": inflight.get("step", reading.step),
-                 "example": inflight.get("example", reading.example),
-                 "steps": inflight.get("steps", []), "config": inflight.get("config"),
-                 "violations": inflight.get("violations", {}), "chunks": inflight.get("chunks", 0),
-                 "elapsed_s": inflight.get("elapsed_s")}
+        crash = crash_record(forked.load(state_dir / "inflight.pkl") or {}, reading, forked.crash_kind(what))
         crashes.append(crash)
         forked.dump(state_dir / "crashes.pkl", crashes)
         return f"in {crash['stage'] or '?'} at step {crash['step']} of example {crash['example']}"
