@@ -307,3 +307,29 @@ def test_the_fuzz_strategies_draw_only_configs_within_the_bounds(config):
     assert bounds.max_line_bytes(config) < 8 << 20
     bounds.check_config(config, "drawn")  # raises TraceError past a bound
 
+
+
+def test_a_pcp_size_the_machine_cannot_hold_is_refused_before_vllm_runs(tmp_path):
+    """The reader holds the trace's own config to the machine; --pcp-sizes replays it as
+    others, each held to the machine before anything runs (one line, exit 2, no report)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from simrig.trace_io.bounds import estimate_bytes
+    from simrig.trace_io.trace import TraceReader
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "samples" / "chunked_prefill.jsonl"
+    reader = TraceReader(trace)
+    own = reader.header.config
+    reader.close()
+    limit = (estimate_bytes(own) + estimate_bytes(own.replayed_as(8, None))) // 2  # PCP 1 fits, 8 not
+    out = tmp_path / "rep"
+    proc = subprocess.run([sys.executable, "-m", "simrig", "replay", str(trace), "--pcp-sizes", "1,8",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SIMRIG_MEMORY_LIMIT_BYTES": str(limit)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "--pcp-sizes" in lines[0] and "at pcp size 8" in lines[0] and "would allocate" in lines[0]
+    assert not out.exists()

@@ -231,12 +231,22 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
 
 
 def _check_graph_config(config, pcp_size: int, mode: str | None, path) -> None:
-    """A --cudagraph-mode / --pcp-sizes combination the runner refuses is a usage error, up front."""
+    """A --cudagraph-mode / --pcp-sizes combination the runner refuses is a usage error, up front;
+    so is one whose runner would not fit the machine (the reader checked the trace's own config)."""
+    from simrig.trace_io.bounds import check_config
+    from simrig.trace_io.trace import TraceError
+
+    flag = "--cudagraph-mode" if mode else "--pcp-sizes"
     try:
-        config.replayed_as(pcp_size, mode).validate()
+        replayed = config.replayed_as(pcp_size, mode)
+        replayed.validate()
     except ValueError as exc:
-        flag = "--cudagraph-mode" if mode else "--pcp-sizes"
         raise UsageError(f"{flag}: {path} at pcp size {pcp_size}: {exc}") from None
+    if replayed != config:
+        try:
+            check_config(replayed, str(path))
+        except TraceError as exc:
+            raise UsageError(f"{flag}: {path} at pcp size {pcp_size}: {exc}") from None
 
 
 def _short_path(path: str) -> str:
