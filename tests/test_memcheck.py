@@ -263,3 +263,16 @@ def test_the_memcheck_flag_turns_the_checker_on_for_this_process_and_its_workers
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "--memcheck" in capsys.readouterr().out
+
+
+def test_selftest_children_run_under_memcheck_unless_turned_off(monkeypatch):
+    import argparse
+
+    from simrig.commands import selftest
+
+    seen = []
+    monkeypatch.setattr(selftest, "_run", lambda args: seen.append(os.environ.get("SIMRIG_MEMCHECK")) or 0)
+    monkeypatch.delenv("SIMRIG_MEMCHECK", raising=False)
+    assert selftest.run(argparse.Namespace(no_memcheck=False)) == 0
+    assert selftest.run(argparse.Namespace(no_memcheck=True)) == 0
+    assert seen == ["1", None] and "SIMRIG_MEMCHECK" not in os.environ  # put back after

@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="score the fuzz campaign alone: no bundled traces, for the baseline "
                         "and every mutant")
     add_output_flags(p, "selftest")
+    p.add_argument("--no-memcheck", action="store_true",
+                   help="run the children without the kernel memory checker (on by default here: "
+                        "a mutant that makes a kernel read or write out of bounds is detected by it)")
     from simrig.coverage.session import add_coverage_flags
 
     add_coverage_flags(p, default=False)
@@ -51,6 +54,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The self-test; its children run under the kernel memory checker unless --no-memcheck
+    (they inherit SIMRIG_MEMCHECK; this process's own environment is put back after)."""
+    import os
+
+    before = os.environ.get("SIMRIG_MEMCHECK")
+    if not args.no_memcheck:
+        os.environ["SIMRIG_MEMCHECK"] = "1"
+    try:
+        return _run(args)
+    finally:
+        if before is None:
+            os.environ.pop("SIMRIG_MEMCHECK", None)
+        else:
+            os.environ["SIMRIG_MEMCHECK"] = before
+
+
+def _run(args: argparse.Namespace) -> int:
     from simrig.interrupt import StopRequests
     from simrig.report.writer import check_out_dir, default_out_dir
     from simrig.selftest.catalogue import CATALOGUE
