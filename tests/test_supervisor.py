@@ -197,3 +197,40 @@ def test_a_sharded_campaign_whose_worker_segfaults_records_a_crash_class(tmp_pat
     assert set(crash["stage"]) == {"lifecycle"}, crash[["signature"]]
     assert list((out / "shrunk").glob("crash-lifecycle-*.jsonl"))
     assert not list(tmp_path.glob(".fuzz-shards-*"))
+
+
+def test_a_new_worker_resumes_every_class_and_applies_each_crash_once(tmp_path):
+    """The checkpoint a dead worker left, and the crash the supervisor recorded, are what the
+    next worker starts from (no vLLM here: the classes are put in by hand)."""
+    from simrig.campaign import shrink
+    from simrig.campaign.fuzz import CampaignOptions, FindingClass
+    from simrig.findings.classes import Where
+    from simrig.findings.findings import Finding
+    from simrig.step import NewRequest, RunnerConfig, Step
+    from simrig.supervision import forked
+    from simrig.supervision.campaign import SupervisedCampaign
+
+    options = CampaignOptions(out_dir=tmp_path / "out", progress="quiet", database=None, max_examples=5)
+    first = SupervisedCampaign(options, tmp_path)
+    found = Finding(kind="value_mismatch", step=0, stage="prepare", check="reference", field="positions",
+                    message="positions differ")
+    cls = FindingClass(shrink.class_key(found), found, count=2, config=RunnerConfig(),
+                       steps=[Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4})])
+    first.classes[cls.key] = cls
+    first.tally.add(found, Where("example-0", example=0), count=2)
+    first.stats.examples, first.stats.chunks = 3, 2
+    first.checkpoint()
+    steps = [Step(new_requests=[NewRequest("b", 4), NewRequest("c", 4)], num_scheduled_tokens={"b": 4, "c": 4})]
+    forked.dump(tmp_path / "crashes.pkl", [{
+        "signal": "SIGSEGV", "stage": "lifecycle", "step": 0, "example": 3, "steps": steps,
+        "config": RunnerConfig(), "violations": {}, "chunks": 3, "elapsed_s": 1.5}])
+    second = SupervisedCampaign(options, tmp_path)
+    assert cls.key in second.classes and second.classes[cls.key].count == 2
+    crash = [c for c in second.classes.values() if c.key[0] == "crash"]
+    assert len(crash) == 1 and crash[0].key[:4] == ("crash", "lifecycle", "", "SIGSEGV")
+    assert crash[0].steps == steps and crash[0].failing and crash[0].key in second.tolerated
+    assert (second.stats.crashes, second.stats.examples, second.stats.chunks) == (1, 4, 3)
+    assert second.exit_status() == 1
+    second.checkpoint()  # the crash is in this checkpoint now: a third worker applies it no more
+    third = SupervisedCampaign(options, tmp_path)
+    assert third.stats.crashes == 1 and third.classes[crash[0].key].count == 1

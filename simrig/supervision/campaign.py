@@ -34,6 +34,7 @@ from simrig.findings.findings import Finding
 
 CRASH = "crash"  # the finding kind: the worker process died (or hung) in vLLM's code
 CHECKPOINT_S = 10.0  # at most this long between checkpoints at chunk boundaries
+SMALLER_RUN_S = 2.0  # a smaller failing run of a class already saved: checkpointed at most this often
 # What a checkpoint holds of a campaign (everything its report is written from).
 STATE = ("stats", "classes", "tolerated", "recorder", "tally")
 
@@ -49,7 +50,7 @@ class SupervisedCampaign(Campaign):
         self._elapsed_before = elapsed_before  # the supervisor's clock: earlier workers' time
         self._regressions_done = False
         self._applied_crashes = 0
-        self._classes_changed = False
+        self._new_class = self._smaller_run = False
         self._last_checkpoint = time.perf_counter()
         self._checkpoint_cost = 0.0
         self._restore()
@@ -90,11 +91,17 @@ class SupervisedCampaign(Campaign):
 
     def _notify(self, cls: FindingClass) -> None:
         super()._notify(cls)
-        self._classes_changed = True
+        if cls.count == 0 and cls.steps is None:
+            self._new_class = True  # first seen (a smaller run of a known one: _smaller_run)
+        else:
+            self._smaller_run = True
 
     def _on_step(self, machine: Any, index: int, step: Any, obs: Any, found: list[Finding]) -> list[Finding]:
         failing = super()._on_step(machine, index, step, obs, found)
-        if self._classes_changed:  # a class is never lost: saved before the next step runs
+        # a class is never lost: saved before the next step runs; a smaller failing run of
+        # one (Hypothesis shrinking finds many in a row) at most every SMALLER_RUN_S
+        if self._new_class or (self._smaller_run
+                               and time.perf_counter() - self._last_checkpoint > SMALLER_RUN_S):
             self.checkpoint()
         return failing
 
@@ -109,7 +116,7 @@ class SupervisedCampaign(Campaign):
         state.update(regressions_done=self._regressions_done,
                      applied_crashes=self._applied_crashes)
         forked.dump(self.state_dir / "checkpoint.pkl", state)
-        self._classes_changed = False
+        self._new_class = self._smaller_run = False
         self._last_checkpoint = time.perf_counter()
         self._checkpoint_cost = self._last_checkpoint - start
 
