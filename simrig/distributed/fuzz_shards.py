@@ -43,6 +43,9 @@ from simrig.distributed.shard import (  # noqa: F401 -- plan_shards re-exported
 from simrig.findings.classes import merge_tallies
 from simrig.supervision.campaign import apply_crash
 
+# Ray's answers for a worker process that died under its task (a signal, an OOM kill): a crash
+# class when the driver can read what the shard persisted; a lost node or raylet is only lost
+WORKER_DEATHS = ("WorkerCrashedError", "OutOfMemoryError")
 MIN_REASSIGN_S = 1.0  # a lost shard's leftover budget below this is not reassigned
 STOP_GRACE_S = 60.0  # after a stop request, how long the driver waits for shards to return
 
@@ -246,7 +249,8 @@ class ShardedCampaign:
         examples = None if spec.max_examples is None else spec.max_examples - done
         reason = type(exc).__name__
         self.status[spec.name] = "lost"
-        self._crashed(spec, reason)
+        if reason in WORKER_DEATHS:  # the process died under the shard (a lost node is not a crash)
+            self._crashed(spec, reason)
         if self._stop.requested or (left is not None and left < MIN_REASSIGN_S) \
                 or (examples is not None and examples < 1):
             self.notes[spec.name] = f"worker lost ({reason}); nothing left to reassign"
