@@ -65,8 +65,12 @@ def _define_kernels() -> None:
     def multiply_kernel(out_ptr, a, b):
         tl.store(out_ptr, a * b)
 
+    @triton.jit
+    def hash_kernel(out_ptr, a, b):  # the wrapping uint32 multiply of vLLM's gumbel sampler
+        tl.store(out_ptr, (a.to(tl.uint32) * b.to(tl.uint32)).to(tl.int64))
+
     KERNELS.update(copy=copy_kernel, scalar_store=scalar_store_kernel, through_table=through_table_kernel,
-                   atomic=atomic_kernel, multiply=multiply_kernel)
+                   atomic=atomic_kernel, multiply=multiply_kernel, hash=hash_kernel)
 
 
 def _original(fn):
@@ -178,6 +182,12 @@ def test_int32_overflow_in_offset_arithmetic_is_named(checked):
     assert issubclass(memcheck.KernelOverflowError, memcheck.KernelMemoryError)
 
 
+def test_unsigned_arithmetic_wraps_unchecked(checked):
+    out = torch.zeros(1, dtype=torch.int64)
+    _run("hash", (1,), out, 1119467026, 3432918353 - (1 << 32))  # the pair a sampler test met
+    assert out.item() == (1119467026 * 3432918353) % (1 << 32)
+
+
 def test_in_bounds_results_are_identical_with_and_without_memcheck(checked):
     import numpy as np
 
@@ -254,7 +264,9 @@ def test_the_memcheck_flag_turns_the_checker_on_for_this_process_and_its_workers
     from simrig.cli import main
     from simrig.tools.common import apply_memcheck
 
-    monkeypatch.delenv("SIMRIG_MEMCHECK", raising=False)
+    # a copy of the environment: apply_memcheck writes into it, and it is put back after the
+    # test (a later vLLM import in this worker must not install the checker)
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "SIMRIG_MEMCHECK"})
     apply_memcheck(argparse.Namespace(memcheck=False))
     assert "SIMRIG_MEMCHECK" not in os.environ
     apply_memcheck(argparse.Namespace(memcheck=True))

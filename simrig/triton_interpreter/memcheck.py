@@ -253,7 +253,8 @@ def _overflow_check(builder: Any) -> Any:
     def check(lhs: Any, rhs: Any, binary_op: Any) -> None:
         launch = _launch
         ty = lhs.type.scalar
-        if launch is None or ty.int_bitwidth >= 64 or not builder.options.sanitize_overflow:
+        if launch is None or ty.int_bitwidth >= 64 or not builder.options.sanitize_overflow \
+                or ty.is_int_unsigned():  # unsigned arithmetic wraps by definition (hashes, RNG)
             return
         _COUNTS["overflow_checks"] += 1
         fn, symbol = _OPS.get(getattr(binary_op, "__name__", ""), (None, "?"))
