@@ -353,7 +353,6 @@ def attribute_to_input_violation(found: list[Finding], cause: Finding | None) ->
             continue  # simrig's own failures are never the input's fault
         f.caused_by = f"{signature_text(*cause.signature)} at step {cause.step}"
         f.extra["cause_key"] = (*cause.signature, verdict_of(cause))
-        f.extra["cause_verdict"] = verdict_of(cause)
     return cause
 
 

@@ -259,17 +259,20 @@ def test_mrv2_kernels_are_clean_and_a_seeded_overrun_is_a_named_finding(speedups
 
 
 def test_the_memcheck_flag_turns_the_checker_on_for_this_process_and_its_workers(monkeypatch, capsys):
-    import argparse
-
     from simrig.cli import main
-    from simrig.tools.common import apply_memcheck
+    from simrig.tools.common import memcheck_env
 
-    # a copy of the environment: apply_memcheck writes into it, and it is put back after the
-    # test (a later vLLM import in this worker must not install the checker)
+    # a copy of the environment: a failing assertion inside the block must not leave the
+    # checker on for a later vLLM import in this worker
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "SIMRIG_MEMCHECK"})
-    apply_memcheck(argparse.Namespace(memcheck=False))
-    assert "SIMRIG_MEMCHECK" not in os.environ
-    apply_memcheck(argparse.Namespace(memcheck=True))
+    with memcheck_env(False):
+        assert "SIMRIG_MEMCHECK" not in os.environ
+    with memcheck_env(True):
+        assert os.environ["SIMRIG_MEMCHECK"] == "1"
+    assert "SIMRIG_MEMCHECK" not in os.environ  # put back after the command
+    os.environ["SIMRIG_MEMCHECK"] = "1"  # a user's own setting survives a run without the flag
+    with memcheck_env(False):
+        assert os.environ["SIMRIG_MEMCHECK"] == "1"
     assert os.environ["SIMRIG_MEMCHECK"] == "1"
     for command in ("replay", "fuzz"):
         with pytest.raises(SystemExit):

@@ -162,9 +162,13 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.tools.common import apply_memcheck
+    from simrig.tools.common import memcheck_env
 
-    apply_memcheck(args)
+    with memcheck_env(args.memcheck):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from simrig.campaign.fuzz import Campaign
     from simrig.distributed.cluster import distributed_workers
 

@@ -56,22 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.tools.common import apply_memcheck
+    from simrig.tools.common import memcheck_env
 
-    apply_memcheck(args)
-    from simrig.interrupt import StopRequests
-    from simrig.progress import Progress
-    from simrig.replay import (
-        ReplayRecorder,
-        expand_trace_paths,
-        parse_pcp_sizes,
-        parse_stages,
-        recorded_result,
-        replay_traces,
-        scan_trace,
-    )
+    with memcheck_env(args.memcheck):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from simrig.replay import expand_trace_paths, parse_pcp_sizes, parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.tools.common import progress_mode
 
     started = time.perf_counter()
     pcp_sizes = parse_pcp_sizes(args.pcp_sizes)
@@ -96,53 +89,14 @@ def run(args: argparse.Namespace) -> int:
     from simrig.coverage.session import CoverageRun
 
     coverage = CoverageRun.begin(args)  # a malformed reasons file: exit 2 before anything runs
+    if workers is not None:
+        return _replay_sharded(args, started, paths, pcp_sizes, stages, total, out, coverage, workers)
     from simrig.supervision import forked
 
-    if workers is None and forked.enabled():
-        # in a forked worker: a trace that kills its process is a crash class, the replay goes on
-        return _replay_supervised(args, started, paths, pcp_sizes, stages, total, out, coverage)
-    progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
-    with StopRequests() as stop:
-        try:
-            if workers is not None:
-                from simrig.distributed.replay_shards import replay_sharded
-
-                sharded = replay_sharded(paths, workers=workers, address=args.ray,
-                                         pcp_sizes=pcp_sizes, stages=stages,
-                                         segment_steps=args.segment_steps, progress=progress,
-                                         cudagraph_mode=args.cudagraph_mode,
-                                         stop=lambda: stop.requested, coverage=coverage.enabled)
-                result = sharded.result
-                for unit in sharded.units:
-                    coverage.add(unit.coverage)
-            else:
-                recorder = ReplayRecorder()
-                from simrig.adapters.runner import load
-
-                load()  # vLLM's import is not measured: only what the replay reaches
-                coverage.start()
-                try:
-                    result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages,
-                                           progress=progress, cudagraph_mode=args.cudagraph_mode,
-                                           recorder=recorder, stop=lambda: stop.requested)
-                except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is dropped
-                    result = recorded_result(recorder, paths, pcp_sizes or [], stages)
-        finally:
-            coverage.stop()
-            progress.close()
-        with stop.shield():  # a Ctrl-C now would cost the report: ignored until it is written
-            return _report(args, started, paths, workers, sharded if workers is not None else None,
-                           result, out, interrupted=stop.requested, coverage=coverage)
-
-
-def _replay_supervised(args: argparse.Namespace, started: float, paths: list, pcp_sizes: Any,
-                       stages: Any, total: int, out: Any, coverage: Any) -> int:
-    """The replay and its report in forked workers (``simrig.supervision.replay``)."""
-    from simrig.interrupt import StopRequests
-    from simrig.progress import Progress
-    from simrig.replay import recorded_result, replay_args, replay_traces
+    if not forked.enabled():  # SIMRIG_SUPERVISE=0: in this process (a debugger, a profiler)
+        return _replay_here(args, started, paths, pcp_sizes, stages, total, out, coverage, None)
+    from simrig.replay import replay_args
     from simrig.supervision.replay import run_supervised
-    from simrig.tools.common import progress_mode
     from simrig.trace_io.trace import TraceReader
 
     def unit_args(trace: str, size: int) -> tuple[str, ...]:
@@ -151,25 +105,68 @@ def _replay_supervised(args: argparse.Namespace, started: float, paths: list, pc
         reader.close()
         return replay_args(own, own.replayed_as(size, args.cudagraph_mode), stages)
 
-    def work(book: Any) -> int:
-        progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
-        with StopRequests() as stop:
-            try:
-                coverage.start()
-                try:
-                    result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress,
-                                           cudagraph_mode=args.cudagraph_mode, recorder=book.recorder,
-                                           stop=lambda: stop.requested, units=book)
-                except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is dropped
-                    result = recorded_result(book.recorder, paths, pcp_sizes or [], stages)
-            finally:
-                coverage.stop()
-                progress.close()
-            with stop.shield():
-                return _report(args, started, paths, None, None, result, out,
-                               interrupted=stop.requested, coverage=coverage)
+    # in forked workers: a trace that kills its process is a crash class, the replay goes on
+    return run_supervised(paths, pcp_sizes, unit_args, out,
+                          lambda book: _replay_here(args, started, paths, pcp_sizes, stages, total, out,
+                                                    coverage, book),
+                          timeout_s=args.step_timeout)
 
-    return run_supervised(paths, pcp_sizes, unit_args, out, work, timeout_s=args.step_timeout)
+
+def _replay_here(args: argparse.Namespace, started: float, paths: list, pcp_sizes: Any, stages: Any,
+                 total: int, out: Any, coverage: Any, book: Any) -> int:
+    """The replay and its report in this process: a supervised worker's (``book``, a
+    ``simrig.supervision.replay.UnitBook``: its recorder and the units to skip) or the
+    command's own (``book`` None)."""
+    from simrig.adapters.runner import load
+    from simrig.interrupt import StopRequests
+    from simrig.progress import Progress
+    from simrig.replay import ReplayRecorder, recorded_result, replay_traces
+    from simrig.tools.common import progress_mode
+
+    recorder = book.recorder if book is not None else ReplayRecorder()
+    progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
+    with StopRequests() as stop:
+        try:
+            load()  # vLLM's import is not measured: only what the replay reaches
+            coverage.start()
+            try:
+                result = replay_traces(paths, pcp_sizes=pcp_sizes, stages=stages, progress=progress,
+                                       cudagraph_mode=args.cudagraph_mode, recorder=recorder,
+                                       stop=lambda: stop.requested, units=book)
+            except KeyboardInterrupt:  # a second Ctrl-C: the step in flight is dropped
+                result = recorded_result(recorder, paths, pcp_sizes or [], stages)
+        finally:
+            coverage.stop()
+            progress.close()
+        with stop.shield():  # a Ctrl-C now would cost the report: ignored until it is written
+            return _report(args, started, paths, None, None, result, out,
+                           interrupted=stop.requested, coverage=coverage)
+
+
+def _replay_sharded(args: argparse.Namespace, started: float, paths: list, pcp_sizes: Any,
+                    stages: Any, total: int, out: Any, coverage: Any, workers: int) -> int:
+    """``--workers N``: trace x PCP size x segment units on Ray workers, one report."""
+    from simrig.distributed.replay_shards import replay_sharded
+    from simrig.interrupt import StopRequests
+    from simrig.progress import Progress
+    from simrig.tools.common import progress_mode
+
+    progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
+    with StopRequests() as stop:
+        try:
+            sharded = replay_sharded(paths, workers=workers, address=args.ray,
+                                     pcp_sizes=pcp_sizes, stages=stages,
+                                     segment_steps=args.segment_steps, progress=progress,
+                                     cudagraph_mode=args.cudagraph_mode,
+                                     stop=lambda: stop.requested, coverage=coverage.enabled)
+            for unit in sharded.units:
+                coverage.add(unit.coverage)
+        finally:
+            coverage.stop()
+            progress.close()
+        with stop.shield():  # a Ctrl-C now would cost the report: ignored until it is written
+            return _report(args, started, paths, workers, sharded, sharded.result, out,
+                           interrupted=stop.requested, coverage=coverage)
 
 
 def _report(args: argparse.Namespace, started: float, paths: list, workers: int | None,

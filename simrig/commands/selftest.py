@@ -55,19 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The self-test; its children run under the kernel memory checker unless --no-memcheck
-    (they inherit SIMRIG_MEMCHECK; this process's own environment is put back after)."""
-    import os
+    (they inherit SIMRIG_MEMCHECK)."""
+    from simrig.tools.common import memcheck_env
 
-    before = os.environ.get("SIMRIG_MEMCHECK")
-    if not args.no_memcheck:
-        os.environ["SIMRIG_MEMCHECK"] = "1"
-    try:
+    with memcheck_env(not args.no_memcheck):
         return _run(args)
-    finally:
-        if before is None:
-            os.environ.pop("SIMRIG_MEMCHECK", None)
-        else:
-            os.environ["SIMRIG_MEMCHECK"] = before
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -149,9 +149,6 @@ class ShardedCampaign:
             print(f"fuzz: {text}", file=sys.stderr, flush=True)
 
     def run(self) -> int:
-        from simrig.campaign.report import write_campaign_report
-        from simrig.interrupt import StopRequests
-
         started, cpu0 = time.perf_counter(), _cpu_s()
         out = Path(self.options.out_dir).resolve()
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -73,8 +73,8 @@ def standalone_property(kind: str, stage: str, fld: str) -> str | None:
 
 def verdict_of(finding: Finding) -> str:
     """new / known / expected for one occurrence (see the module docstring)."""
-    if finding.caused_by:
-        return str(finding.extra.get("cause_verdict", NEW))
+    if finding.caused_by:  # the verdict of the class it follows from (its key's last part)
+        return str(finding.extra.get("cause_key", (NEW,))[-1])
     if finding.known:
         return KNOWN
     if finding.extra.get("expected") or finding.extra.get("loud_rejection"):

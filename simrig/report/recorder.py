@@ -132,7 +132,6 @@ class ReplayRecorder:
     num_findings: int = 0
     num_new: int = 0
     num_steps: int = 0
-    steps_after_exception: int = 0  # steps run on a runner vLLM had raised in (StepObs.after_exception)
     replay_s: float = 0.0
     vllm_s: float = 0.0  # StepObs.vllm_s summed over the recorded steps
     known_seen: dict[tuple, int] = field(default_factory=dict)
@@ -164,7 +163,6 @@ class ReplayRecorder:
                 else:
                     entry[0] += 1
         self.num_steps += 1
-        self.steps_after_exception += observation.after_exception is not None
         self.vllm_s += observation.vllm_s
         where = self.where if self.where is not None and self.where.trace == trace else None
         for finding in found:

@@ -64,11 +64,8 @@ class SupervisedCampaign(Campaign):
             self._regressions_done = saved["regressions_done"]
             self._applied_crashes = saved["applied_crashes"]
         for crash in (forked.load(self.state_dir / "crashes.pkl") or [])[self._applied_crashes:]:
-            self._apply_crash(crash)
+            apply_crash(self, crash)
             self._applied_crashes += 1
-
-    def _apply_crash(self, crash: dict[str, Any]) -> None:
-        apply_crash(self, crash)
 
     # ------------------------------------------------------------ the campaign's hooks
     def _elapsed(self) -> float:

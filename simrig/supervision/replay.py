@@ -42,21 +42,17 @@ def replay_units(paths: Sequence[str | Path], pcp_sizes: Sequence[int] | None) -
 class UnitBook:
     """A worker's side: which units to skip, and the checkpoints of its recorder."""
 
-    def __init__(self, state_dir: Path, recorder: ReplayRecorder):
-        self.state_dir, self.recorder = Path(state_dir), recorder
+    def __init__(self, state_dir: Path):
+        self.state_dir = Path(state_dir)
         saved = forked.load(self.state_dir / "checkpoint.pkl")
         self.done_units: set[int] = set(saved["done"]) if saved else set()
-        if saved:
-            self._restore(saved["recorder"])
+        self.recorder: ReplayRecorder = saved["recorder"] if saved else ReplayRecorder()
         self.crashes: list[dict[str, Any]] = forked.load(self.state_dir / "crashes.pkl") or []
         applied = saved["applied_crashes"] if saved else 0
         for crash in self.crashes[applied:]:
             add_crash(self.recorder, crash)
             self.done_units.add(crash["unit"])
         self._classes = len(self.recorder.classes.classes)
-
-    def _restore(self, saved: ReplayRecorder) -> None:
-        self.recorder.__dict__.update(saved.__dict__)
 
     def skip(self, unit: int) -> bool:
         return unit in self.done_units
@@ -92,7 +88,6 @@ def add_crash(rec: ReplayRecorder, crash: dict[str, Any]) -> None:
     rec.num_findings += 1
     rec.num_new += 1
     rec.first_findings.insert(0, finding)
-    rec.crashes = getattr(rec, "crashes", 0) + 1
 
 
 def run_supervised(paths: Sequence[str | Path], pcp_sizes: Sequence[int] | None,
@@ -104,7 +99,7 @@ def run_supervised(paths: Sequence[str | Path], pcp_sizes: Sequence[int] | None,
     crashes: list[dict[str, Any]] = []
 
     def in_worker(state_dir: Path, last: bool, _elapsed: float) -> int:
-        book = UnitBook(state_dir, ReplayRecorder())
+        book = UnitBook(state_dir)
         if last:  # too many crashes: the rest is not replayed, the report is written
             book.done_units.update(range(len(units)))
         return work(book)

@@ -4,6 +4,8 @@
     --progress MODE      tty | plain | quiet (default: tty on a terminal, else plain)
     --quiet              same as --progress quiet
     --json               print summary.json on stdout (nothing else there), for scripts
+    --memcheck           the kernel memory checker (replay, fuzz; selftest: on, --no-memcheck)
+    --step-timeout S     a supervised worker that opens no stage for S seconds hangs (replay, fuzz)
     --verbose            show vLLM's own import messages (added to every command by simrig.commands.dispatch)
 
 and the history record each of them appends (simrig.history.store).
@@ -12,8 +14,11 @@ and the history record each of them appends (simrig.history.store).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 EXIT_STATUSES = ("exit status: 0 nothing new; 1 a new finding class (or a surviving mutant); "
@@ -52,13 +57,22 @@ def check_step_timeout(args: argparse.Namespace) -> None:
         raise UsageError(f"--step-timeout: must be > 0 seconds, got {args.step_timeout}")
 
 
-def apply_memcheck(args: argparse.Namespace) -> None:
-    """--memcheck: set before vLLM is imported, so this process and every worker it starts
-    installs the checker (``simrig.vllm_runtime.platform``)."""
-    import os
-
-    if getattr(args, "memcheck", False):
+@contextlib.contextmanager
+def memcheck_env(on: bool) -> Iterator[None]:
+    """With ``on`` (--memcheck): SIMRIG_MEMCHECK=1 while the command runs, set before vLLM is
+    imported, so this process and every worker or child it starts installs the checker
+    (``simrig.vllm_runtime.platform``); the environment is put back after (an in-process
+    caller's later runs are not checked). Off: the environment is left as it is."""
+    before = os.environ.get("SIMRIG_MEMCHECK")
+    if on:
         os.environ["SIMRIG_MEMCHECK"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SIMRIG_MEMCHECK", None)
+        else:
+            os.environ["SIMRIG_MEMCHECK"] = before
 
 
 def progress_mode(args: argparse.Namespace) -> str | None:
