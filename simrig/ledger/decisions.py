@@ -14,8 +14,11 @@ observe to a row, and ``tests/test_decisions.py`` keeps docs/decisions.md equal 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from simrig.ledger.evidence import REASONS, Cite
+from simrig.ledger.call_rows import ROWS
+from simrig.ledger.call_sites import SITES
+from simrig.ledger.evidence import REASONS, RIG, Cite
 from simrig.ledger.unchecked import BATCH_STAGES, UNCHECKED, VALUE_CHECKED, lookup
 
 BEGIN, END = "<!-- decisions:begin -->", "<!-- decisions:end -->"
@@ -161,3 +164,36 @@ def decisions_table() -> str:
 def page_section(text: str) -> str:
     """The generated part of a page: between BEGIN and END."""
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+CALL_BEGIN, CALL_END = "<!-- call-sites:begin -->", "<!-- call-sites:end -->"
+
+
+def call_sites_table() -> str:
+    """docs/decisions.md's second generated part: every call site's arguments and their verdicts."""
+    judged_rows = sum(row.judged for row in ROWS.values())
+    out = [f"{len(ROWS)} arguments at {len(SITES)} call sites: {judged_rows} judged through the decisions "
+           f"above, {len(ROWS) - judged_rows} not judged, each with the line that says why.", "",
+           "| receiver | called in | argument | judged through | or not judged, because (evidence) |",
+           "|---|---|---|---|---|"]
+    for site in SITES:
+        for (name, key), row in ROWS.items():
+            if name != site.name:
+                continue
+            why = "" if row.judged else f"{row.reason} — " + "; ".join(c.where() for c in row.evidence)
+            out.append(f"| {site.name} | `{site.caller}` | `{_cell(key)}` | "
+                       f"{', '.join(f'`{d}`' for d in row.judged_by)} | {_cell(why)} |")
+    return "\n".join(out)
+
+
+def regenerate_page(page: Path) -> None:
+    """Rewrite both generated parts of docs/decisions.md (``python -m simrig.ledger.decisions``)."""
+    text = page.read_text(encoding="utf-8")
+    for begin, end, body in ((BEGIN, END, decisions_table()),
+                             (CALL_BEGIN, CALL_END, call_sites_table())):
+        head, rest = text.split(begin, 1)
+        text = f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}"
+    page.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    regenerate_page(RIG / "docs" / "decisions.md")
