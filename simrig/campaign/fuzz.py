@@ -38,6 +38,7 @@ from simrig.campaign.options import (  # noqa: F401 -- re-exported: the campaign
     FindingClass,
     Key,
 )
+from simrig.campaign.axes import AxisState
 from simrig.campaign.corpus import TraceReplays
 from simrig.campaign.repeatable import seed_only_draws
 from simrig.campaign.shrink import class_key
@@ -100,6 +101,8 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         st.violations_sent += violation is not None
         st.loud_rejections += any(f.extra.get("loud_rejection") for f in found)
         tracker = machine.__dict__.setdefault("_batch_tracker", BatchTracker())
+        st.axes.observe(machine.config, step, machine.__dict__.setdefault("_axis_state", AxisState()),
+                        elapsed_s=self._elapsed(), example=st.examples)
         self.recorder.record(f"example-{st.examples}", machine.config.pcp_size, index + 2, step,
                              tracker.observe(step), obs, found)
         where = Where(f"example-{st.examples}", machine.config.pcp_size,
@@ -349,7 +352,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
             "findings_by_kind": dict(sorted(by_kind.items())),
             "regression_traces": st.regression_traces, "regression_steps": st.regression_steps,
             "rig_errors": len(st.rig_errors), "crashes": st.crashes, "exit_status": self.exit_status(),
-            "runners": dict(st.runners),
+            "runners": dict(st.runners), "axes": st.axes.summary(),
             **({"steer": o.steer, "corpus_kept": self.corpus_kept, "corpus_replayed": self.corpus_replayed,
                 "coverage_arcs": len(self._seen_arcs), **plateau(self.coverage_timeline)}
                if o.coverage else {}),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simrig.campaign.axes import AxisTally
 from simrig.findings.classes import fails_run
 from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
@@ -110,3 +111,4 @@ class CampaignStats:
     # steps per configured cudagraph mode, and per mode vLLM's dispatch chose
     steps_by_cudagraph_mode: dict[str, int] = field(default_factory=dict)
     steps_by_dispatched_mode: dict[str, int] = field(default_factory=dict)
+    axes: AxisTally = field(default_factory=AxisTally)  # the request features drawn (axes.py)

@@ -72,7 +72,8 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
         _choose_reproducers(campaign)
         classes = class_frame(campaign.tally.classes.values())
         write_report(report, tables.steps, campaign.findings_frame(), tables.contract, summary,
-                     extra_tables={"occurrences": tables.occurrences, **tables.extra, **cov_tables},
+                     extra_tables={"occurrences": tables.occurrences, "axes": campaign.stats.axes.frame(),
+                                   **tables.extra, **cov_tables},
                      title=tables.title, classes=classes, occurrences=tables.occurrences,
                      headline=headline(summary))
         written = json.loads((report / "summary.json").read_text())

@@ -1,0 +1,134 @@
+"""Which request features a campaign drew, and how soon: the axes table of its report.
+
+A nightly owner reads a clean campaign as "nothing is wrong" only if the campaign reached
+the features that could be wrong. Each axis is recognised from what the scheduler sent
+(the Step), the config it ran under and what earlier steps of the same example held::
+
+    example k, step i ──► AxisState (live ids, their adapters, adapters freed) ──► drawn axes
+                                                                                 │
+    AxisTally: per axis, the first drawn (seconds into the campaign), steps, examples
+
+The table is in every campaign report (``axes.csv``; the page's "Axes drawn" section) and
+its counts in summary.json (``axes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from simrig.step import RunnerConfig, Step
+
+
+@dataclass
+class AxisState:
+    """What one example held before the step being looked at."""
+
+    adapters: dict[str, int | None] = field(default_factory=dict)  # live id -> its LoRA adapter
+    freed_adapters: set[int | None] = field(default_factory=set)  # adapters of requests that left
+    seen: set[str] = field(default_factory=set)  # every id the example sent
+
+    def advance(self, step: Step) -> None:
+        for req_id in [*step.finished, *step.preempted]:
+            if req_id in self.adapters:
+                self.freed_adapters.add(self.adapters.pop(req_id))
+        for new in step.new_requests:
+            self.adapters[new.req_id] = new.lora_id
+            self.seen.add(new.req_id)
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    what: str
+    drawn: Callable[[RunnerConfig, Step, AxisState], bool]
+
+
+def _config(attr: str, above: int = 1) -> Callable[[RunnerConfig, Step, AxisState], bool]:
+    return lambda config, step, state: int(getattr(config, attr, 0) or 0) > above
+
+
+def _final_chunk_with_drafts(config: RunnerConfig, step: Step, state: AxisState) -> bool:
+    prefilling = {n.req_id for n in step.new_requests if n.num_computed_tokens + step.num_scheduled_tokens.get(
+        n.req_id, 0) >= n.num_prefill_tokens}
+    return bool(step.spec_tokens) and bool(prefilling - set(step.spec_tokens))
+
+
+def _fewer_drafts_than_k(config: RunnerConfig, step: Step, state: AxisState) -> bool:
+    k = config.num_speculative_tokens
+    return k > 0 and any(0 < d < k for d in step.spec_tokens.values())
+
+
+def _lora_slot_reuse(config: RunnerConfig, step: Step, state: AxisState) -> bool:
+    """A request arrives after one with another adapter (or none) left: the slot it may take
+    held that other adapter."""
+    return config.max_loras > 0 and any(
+        state.freed_adapters - {new.lora_id} for new in step.new_requests)
+
+
+def _streaming_update(config: RunnerConfig, step: Step, state: AxisState) -> bool:
+    return any(new.req_id in state.adapters for new in step.new_requests)
+
+
+def _placeholder_drafts(config: RunnerConfig, step: Step, state: AxisState) -> bool:
+    return any(getattr(new, "placeholder_drafts", 0) for new in step.new_requests) or bool(
+        getattr(step, "placeholder_drafts", None))
+
+
+def _resumption(config: RunnerConfig, step: Step, state: AxisState) -> bool:
+    return any(c.resumed for c in step.cached) or any(
+        new.req_id in state.seen and new.req_id not in state.adapters for new in step.new_requests)
+
+
+AXES: tuple[Axis, ...] = (
+    Axis("PCP > 1", "prefill context parallel: every rank partitioned", _config("pcp_size")),
+    Axis("DCP > 1", "decode context parallel: KV sharded", _config("dcp_size")),
+    Axis("PP > 1", "pipeline ranks: the non-last rank's path", _config("pp_size")),
+    Axis("micro-batches", "DBO: the batch split into micro-batches", _config("num_ubatches")),
+    Axis("graph mode", "a captured cudagraph mode (FULL, PIECEWISE, ...)",
+         lambda c, s, st: c.cudagraph_mode != "NONE"),
+    Axis("drafts", "speculative drafts scheduled", lambda c, s, st: bool(s.spec_tokens)),
+    Axis("drafts + final prefill chunk", "a spec-decode batch that also finishes a prefill",
+         _final_chunk_with_drafts),
+    Axis("fewer drafts than K", "a request with 0 < drafts < num_speculative_tokens", _fewer_drafts_than_k),
+    Axis("rejections", "drafts the sampler rejected", lambda c, s, st: bool(s.rejected)),
+    Axis("placeholder drafts", "P/D first step: placeholder (-1) drafts", _placeholder_drafts),
+    Axis("preemption", "a running request preempted", lambda c, s, st: bool(s.preempted)),
+    Axis("resumption", "a preempted request resumed", _resumption),
+    Axis("LoRA", "a request with an adapter", lambda c, s, st: any(n.lora_id for n in s.new_requests)),
+    Axis("LoRA slot reuse", "a request admitted after one with another adapter (or none) left",
+         _lora_slot_reuse),
+    Axis("streaming update", "a new request with a live id (streaming input)", _streaming_update),
+    Axis("sliding window", "a sliding-window KV cache group",
+         lambda c, s, st: any(g.kind == "sliding_window" for g in c.kv_groups)),
+)
+
+
+@dataclass
+class AxisTally:
+    """Per axis: seconds into the campaign it was first drawn, steps and examples drawing it."""
+
+    first_s: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, set[int]] = field(default_factory=dict)
+
+    def observe(self, config: RunnerConfig, step: Step, state: AxisState, *, elapsed_s: float,
+                example: int) -> None:
+        for axis in AXES:
+            if axis.drawn(config, step, state):
+                self.first_s.setdefault(axis.name, round(elapsed_s, 3))
+                self.steps[axis.name] = self.steps.get(axis.name, 0) + 1
+                self.examples.setdefault(axis.name, set()).add(example)
+        state.advance(step)
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        return {a.name: {"first_s": self.first_s.get(a.name), "steps": self.steps.get(a.name, 0),
+                         "examples": len(self.examples.get(a.name, ()))} for a in AXES}
+
+    def frame(self) -> Any:
+        import pandas as pd  # the report's dependency, not the step loop's
+
+        return pd.DataFrame([{"axis": a.name, "what": a.what, "first drawn (s)": self.first_s.get(a.name),
+                              "steps": self.steps.get(a.name, 0),
+                              "examples": len(self.examples.get(a.name, ()))} for a in AXES])
