@@ -48,3 +48,13 @@ def test_the_table_has_a_row_per_axis_with_first_time():
     row = frame.set_index("axis").loc["PCP > 1"]
     assert (row["first drawn (s)"], row["steps"], row["examples"]) == (2.5, 1, 1)
     assert tally.summary()["DCP > 1"] == {"first_s": None, "steps": 0, "examples": 0}
+
+
+def test_shards_merge_earliest_first_and_summed_counts():
+    a, b = AxisTally(), AxisTally()
+    a.observe(RunnerConfig(pcp_size=2), Step(), AxisState(), elapsed_s=5.0, example=0)
+    a.observe(RunnerConfig(pcp_size=2), Step(), AxisState(), elapsed_s=6.0, example=0)
+    b.observe(RunnerConfig(pcp_size=2), Step(), AxisState(), elapsed_s=3.0, example=0)
+    b.observe(RunnerConfig(pcp_size=2), Step(), AxisState(), elapsed_s=4.0, example=1)
+    a.merge(b)
+    assert a.summary()["PCP > 1"] == {"first_s": 3.0, "steps": 4, "examples": 3}

@@ -111,24 +111,36 @@ class AxisTally:
 
     first_s: dict[str, float] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)
-    examples: dict[str, set[int]] = field(default_factory=dict)
+    examples: dict[str, int] = field(default_factory=dict)
+    last_example: dict[str, int] = field(default_factory=dict)  # examples run in order: count changes
 
     def observe(self, config: RunnerConfig, step: Step, state: AxisState, *, elapsed_s: float,
                 example: int) -> None:
         for axis in AXES:
             if axis.drawn(config, step, state):
-                self.first_s.setdefault(axis.name, round(elapsed_s, 3))
-                self.steps[axis.name] = self.steps.get(axis.name, 0) + 1
-                self.examples.setdefault(axis.name, set()).add(example)
+                name = axis.name
+                self.first_s.setdefault(name, round(elapsed_s, 3))
+                self.steps[name] = self.steps.get(name, 0) + 1
+                if self.last_example.get(name) != example:
+                    self.last_example[name] = example
+                    self.examples[name] = self.examples.get(name, 0) + 1
         state.advance(step)
+
+    def merge(self, other: AxisTally) -> None:
+        """Add another shard's tally (each shard's clock starts with the campaign's)."""
+        for name, first in other.first_s.items():
+            self.first_s[name] = min(first, self.first_s.get(name, first))
+        for mine, theirs in ((self.steps, other.steps), (self.examples, other.examples)):
+            for name, n in theirs.items():
+                mine[name] = mine.get(name, 0) + n
 
     def summary(self) -> dict[str, dict[str, Any]]:
         return {a.name: {"first_s": self.first_s.get(a.name), "steps": self.steps.get(a.name, 0),
-                         "examples": len(self.examples.get(a.name, ()))} for a in AXES}
+                         "examples": self.examples.get(a.name, 0)} for a in AXES}
 
     def frame(self) -> Any:
         import pandas as pd  # the report's dependency, not the step loop's
 
         return pd.DataFrame([{"axis": a.name, "what": a.what, "first drawn (s)": self.first_s.get(a.name),
-                              "steps": self.steps.get(a.name, 0),
-                              "examples": len(self.examples.get(a.name, ()))} for a in AXES])
+                              "steps": self.steps.get(a.name, 0), "examples": self.examples.get(a.name, 0)}
+                             for a in AXES])

@@ -292,6 +292,7 @@ class ShardedCampaign:
                 st.rig_errors.extend(result.rig_errors)
                 tallies.append((result.tally, prefixed(name)))
                 stopped_by.add(result.stats.stopped_by)
+                st.axes.merge(result.stats.axes)
             else:  # lost or failed: what its last heartbeat counted
                 stats = dict(state.stats) if state else {}
                 tallies.append((tally_from_counts(name, state, merged.classes), None))
