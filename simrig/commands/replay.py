@@ -200,6 +200,9 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     summary.update(cov_summary)
     if coverage is not None:
         summary["exit_status"] = coverage.exit_status(summary["exit_status"], summary)
+    from simrig.history.changes import since_previous
+
+    summary["since_previous"] = since_previous(summary, result.classes)
     report = write_report(out, result.steps, result.findings, result.contract, summary,
                           classes=result.classes, headline=headline, extra_tables=cov_tables)
     summary["report"] = str(report)

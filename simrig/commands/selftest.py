@@ -230,6 +230,9 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
                 + f"{summary['detected']}/{len(names)} mutants detected, {summary['survived']} survived, "
                 f"{summary['errors']} errors, {summary['equivalent']} equivalent; baseline "
                 f"{summary['baseline']}; budget {args.budget_per_mutant:.0f} s per mutant")
+    from simrig.history.changes import since_previous
+
+    summary["since_previous"] = since_previous(summary, classes)
     write_report(out, empty, empty, empty, summary, extra_tables={"scoreboard": board, **cov_tables},
                  title="simrig selftest scoreboard", classes=classes, occurrences=empty,
                  headline=headline)
