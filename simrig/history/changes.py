@@ -14,7 +14,7 @@
 
 Every report writes it into summary.json as ``since_previous``; the HTML page, the
 Markdown summary (``--summary-md``) and the history row read it from there, in the words
-of ``simrig.report.changes``.
+of ``simrig.views.changes``.
 """
 
 from __future__ import annotations

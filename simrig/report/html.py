@@ -96,13 +96,13 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
     """The page, as a list of sections in reading order (see the module docstring);
     ``extra_sections`` (HTML) go after the folded classes, before the evidence tables.
     ``page_dir``: where the page will live, for its links into the checkout."""
-    from simrig.report.sections import Links, changes_section, folded_classes_section, new_classes_section
+    from simrig.views.sections import Links, changes_section, folded_classes_section, new_classes_section
 
     classes = classes if classes is not None else pd.DataFrame()
     occurrences = occurrences if occurrences is not None else findings
     sections = [
         verdict_section(title, summary, headline),
-        new_classes_section(classes, lambda c: _occurrences_of(c, occurrences)),
+        new_classes_section(classes, lambda c: occurrences_html(c, occurrences)),
         changes_section(summary.get("since_previous")),
         plots_section(summary, steps, classes, extra_tables),
         folded_classes_section(classes, Links(page_dir)),
@@ -125,7 +125,8 @@ def verdict_section(title: str, summary: dict[str, Any], headline: str) -> str:
 def plots_section(summary: dict[str, Any], steps: pd.DataFrame, classes: pd.DataFrame,
                   extra_tables: dict[str, pd.DataFrame]) -> str:
     """A campaign's curves over time, the batch composition, the stage latency, the time share."""
-    from simrig.report import plots, trends
+    from simrig.report import plots
+    from simrig.views import trends
 
     e = html.escape
     pngs = [("Coverage and classes over time", trends.campaign_curves(
@@ -164,6 +165,16 @@ def evidence_sections(summary: dict[str, Any], contract: pd.DataFrame,
     parts.append("<p class='note'>Tables: classes, findings, steps, contract (.parquet, .csv) "
                  "next to this file.</p>")
     return parts
+
+
+def occurrences_html(c: Any, occurrences: pd.DataFrame) -> str:
+    """A class's occurrence rows, collapsed ("" when the table holds none)."""
+    occ = _occurrences_of(c, occurrences)
+    if occ is None or not len(occ):
+        return ""
+    cols = [col for col in OCCURRENCE_COLUMNS if col in occ.columns]
+    return (f"<details><summary>{len(occ):,} occurrence row(s)</summary>"
+            + table(occ[cols], limit=OCCURRENCES_SHOWN) + "</details>")
 
 
 def _occurrences_of(c: Any, occurrences: pd.DataFrame) -> pd.DataFrame | None:

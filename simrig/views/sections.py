@@ -91,10 +91,9 @@ def _where(trace: str, step: Any, pcp_size: Any) -> str:
     return text + (f" pcp {pcp_size}" if isinstance(pcp_size, (int, float)) and pcp_size > 1 else "")
 
 
-def new_classes_section(classes: pd.DataFrame, occurrences_of: Any) -> str:
-    """Every class that fails the run, as a card; ``occurrences_of(row)`` -> its rows or None."""
-    from simrig.report.html import OCCURRENCE_COLUMNS, OCCURRENCES_SHOWN, table
-
+def new_classes_section(classes: pd.DataFrame, occurrences_html: Any) -> str:
+    """Every class that fails the run, as a card; ``occurrences_html(row)``: its occurrence
+    rows, collapsed ("" when none)."""
     new = classes[classes["verdict"] == "new"] if len(classes) else classes
     if not len(new):
         return ("<section id='new-classes'><h2>New classes</h2><p class='expected'>none: no class "
@@ -116,11 +115,7 @@ def new_classes_section(classes: pd.DataFrame, occurrences_of: Any) -> str:
             lines.append(f"<div>reproduce: <code class='cmd'>{e(c.reproduce)}</code></div>")
         if getattr(c, "repro_pytest", ""):
             lines.append(f"<div>pytest file for vLLM: <code class='cmd'>{e(c.repro_pytest)}</code></div>")
-        occ = occurrences_of(c)
-        if occ is not None and len(occ):
-            cols = [col for col in OCCURRENCE_COLUMNS if col in occ.columns]
-            lines.append(f"<details><summary>{len(occ):,} occurrence row(s)</summary>"
-                         + table(occ[cols], limit=OCCURRENCES_SHOWN) + "</details>")
+        lines.append(occurrences_html(c))
         cards.append("<div class='card'>" + "".join(lines) + "</div>")
     return (f"<section id='new-classes'><h2>New classes ({len(new)})</h2>" + "".join(cards)
             + "</section>")
@@ -128,7 +123,7 @@ def new_classes_section(classes: pd.DataFrame, occurrences_of: Any) -> str:
 
 def changes_section(changes: dict[str, Any] | None) -> str:
     """What changed since the previous run of the suite, in a few lines."""
-    from simrig.report.changes import change_lines, previous_label
+    from simrig.views.changes import change_lines, previous_label
 
     if not changes:
         return ""
