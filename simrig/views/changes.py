@@ -52,7 +52,12 @@ def _moved(m: dict[str, Any]) -> bool:
 
 def _metric_text(m: dict[str, Any]) -> str:
     arrow = "up" if m["change"] > 0 else "down"
-    pct = f" ({m['change'] / m['before']:+.0%})" if m["before"] and "classes" not in m["name"] else ""
+    if "(%)" in m["name"]:
+        pct = f" ({m['change']:+.2f} points)"
+    elif m["before"] and "classes" not in m["name"] and "detected" not in m["name"]:
+        pct = f" ({m['change'] / m['before']:+.0%})"
+    else:
+        pct = ""
     return f"{m['name']} {arrow} {_fmt(m['before'])} -> {_fmt(m['now'])}{pct}"
 
 

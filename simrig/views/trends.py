@@ -69,6 +69,14 @@ def single_value(ax: Any, value: float, unit: str, when: str) -> None:
             color="#666", transform=ax.transAxes)
 
 
+def _shared_range(ax: Any, when: pd.Series) -> None:
+    """Every dated panel spans all runs' dates, so panels line up under each other."""
+    when = when.dropna()
+    if len(when) > 1:
+        pad = (when.max() - when.min()) * 0.04
+        ax.set_xlim(when.min() - pad, when.max() + pad)
+
+
 def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: str = "") -> None:
     """Lines over run dates, one per label; a label with a single run overall is a number."""
     when = pd.to_datetime(times, utc=True, errors="coerce")
@@ -81,6 +89,7 @@ def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: 
     for i, (label, (t, v)) in enumerate(points.items()):
         ax.plot(t, v, "o-", markersize=3.5, linewidth=1.4, label=label[:40],
                 color=SERIES_COLOURS[i % len(SERIES_COLOURS)])
+    _shared_range(ax, when)
     _date_axis(ax)
     if len(points) > 1:
         ax.legend(fontsize=7)
@@ -104,13 +113,15 @@ def dated_verdict_bars(ax: Any, times: pd.Series, counts: pd.DataFrame) -> None:
         ax.text(0.5, 0.08, ", ".join(f"{int(row[c])} {c}" for c in VERDICT_COLOURS), ha="center",
                 fontsize=8, color="#444", transform=ax.transAxes)
         return
-    span = (when.max() - when.min()) / max(len(when), 1)
-    width = max(span * 0.6, pd.Timedelta(minutes=2))
+    gaps = when.sort_values().diff().dropna()
+    gaps = gaps[gaps > pd.Timedelta(0)]
+    width = (gaps.min() * 0.8) if len(gaps) else pd.Timedelta(minutes=2)  # bars never overlap
     bottom = np.zeros(len(when))
     for col, colour in VERDICT_COLOURS.items():
         values = counts[col].astype(float).to_numpy()
         ax.bar(when, values, bottom=bottom, width=width, color=colour, label=col)
         bottom += values
+    _shared_range(ax, when)
     _date_axis(ax)
     ax.legend(fontsize=7)
 
@@ -133,6 +144,7 @@ def campaign_curves(timeline: pd.DataFrame | None, classes: pd.DataFrame | None)
             single_value(ax, arcs[0], "arcs", f"after {t[0]:.0f} s")
         else:
             ax.step(t, arcs, where="post", color=SERIES_COLOURS[0], linewidth=1.6)
+            ax.set_xlim(left=0)
             ax.set_xlabel("seconds into the campaign", fontsize=8)
             ax.set_ylabel("MRV2 arcs reached", fontsize=8)
         title(ax, "coverage over time")
