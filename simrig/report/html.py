@@ -129,7 +129,7 @@ def plots_section(summary: dict[str, Any], steps: pd.DataFrame, classes: pd.Data
     from simrig.views import trends
 
     e = html.escape
-    pngs = [("Coverage and classes over time", trends.campaign_curves(
+    pngs = [("Over the campaign", trends.campaign_curves(
                 extra_tables.get("coverage_timeline"), classes if len(classes) else None)),
             ("Batch composition", plots.batch_composition(steps)),
             ("Stage latency", plots.stage_latency(steps))]

@@ -76,9 +76,10 @@ class Links:
         return out
 
     def upstream(self, known_by: str, kind: str, stage: str, fld: str) -> tuple[str, str] | None:
-        """(folder name, link to its ISSUE.md) for the known entry, else for the class key."""
+        """(folder name, link to its ISSUE.md) of the folder written for the known entry (its
+        verdict.json lists the entry); a class with no entry recorded: the folder of its key."""
         key = f"{kind}:{stage}:{fld}"
-        for by_entry in (True, False):
+        for by_entry in ((True,) if known_by else (False,)):
             for name, entries, cls in self._folders:
                 if (known_by in entries) if by_entry else (cls == key or cls.startswith(key + ":")):
                     return name, self._href(self.upstream_dir / name / "ISSUE.md")
