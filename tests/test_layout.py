@@ -18,7 +18,7 @@ VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "adapters")
 # The rooms of the oracle: what the real code's observations must satisfy.
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "checks")
 SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
-               "selftest", "tools", "commands", "releases", "bisect", "repro", "bench", "distributed",
+               "views", "selftest", "tools", "commands", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver and cli.
@@ -37,7 +37,7 @@ FLOORS = (
     {"vllm_parts"},                                    # vLLM's own parts made from a trace config
     {"adapters"},                                      # the model-less runner
     {"trace_io", "findings", "ledger", "coverage", "dummy_paths", "stage_probes", "bench"},
-    {"sources", "reference"},                          # producers of traces; the reference model
+    {"sources", "reference", "views"},                 # producers of traces; the reference model; page parts
     {"partition", "harness", "report"},                # PCP layout; stepping one runner; reports
     {"graph_rules", "history", "runners"},             # cudagraph rules; the history; the runner pool
     {"checks"},                                        # the Checker: every check behind one object
@@ -108,6 +108,9 @@ def test_only_adapters_import_vllm():
     ("ledger", rooms("findings", "reference", "partition", "graph_rules", "checks")),
     *((room, (*rooms(*VLLM_ROOMS), "vllm", "simrig.campaign", "simrig.selftest", "simrig.commands",
                "simrig.tools", "simrig.harness")) for room in ("report", "history")),
+    # the parts of a report page: plain data in, HTML, Markdown and PNG out
+    ("views", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.report", "simrig.history",
+               "simrig.harness", "simrig.campaign", "simrig.selftest", "simrig.tools", "simrig.commands")),
     ("trace_io", (*rooms(*VLLM_ROOMS), "vllm", *rooms(*ORACLE_ROOMS), "simrig.sources",
                   "simrig.campaign", "simrig.selftest", "simrig.report")),
     ("sources", ("simrig.checks", "simrig.campaign", "simrig.selftest", "simrig.report")),

@@ -71,11 +71,14 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
         summary["time_share"] = time_share(tables.steps, tables.busy_s, tables.vllm_s)
         _choose_reproducers(campaign)
         classes = class_frame(campaign.tally.classes.values())
+        from simrig.history.changes import since_previous
+
+        summary["since_previous"] = since_previous(summary, classes)
         write_report(report, tables.steps, campaign.findings_frame(), tables.contract, summary,
                      extra_tables={"occurrences": tables.occurrences, "axes": campaign.stats.axes.frame(),
                                    **tables.extra, **cov_tables},
                      title=tables.title, classes=classes, occurrences=tables.occurrences,
-                     headline=headline(summary))
+                     headline=headline(summary), page_dir=out)
         written = json.loads((report / "summary.json").read_text())
         if any(shrunk.iterdir()):
             os.replace(shrunk, report / "shrunk")

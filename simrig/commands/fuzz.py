@@ -16,7 +16,8 @@ DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_memcheck_flag, add_output_flags, add_step_timeout_flag
+    from simrig.tools.common import (add_memcheck_flag, add_output_flags, add_step_timeout_flag,
+                                     add_summary_md_flag)
 
     p = sub.add_parser(
         "fuzz", help="fuzz the runner with the stateful scheduler-contract machine",
@@ -60,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-regressions", action="store_true",
                    help="also copy each failing shrunk trace into the regressions folder")
     add_output_flags(p, "fuzz")
+    add_summary_md_flag(p)
     add_memcheck_flag(p)
     add_step_timeout_flag(p)
     from simrig.coverage.session import add_coverage_flags
@@ -112,7 +114,7 @@ def options_from_args(args: argparse.Namespace):
     from simrig.errors import UsageError
     from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.tools.common import check_step_timeout, progress_mode
+    from simrig.tools.common import check_step_timeout, check_summary_md, progress_mode
     from simrig.trace_io.trace import trace_files_in
     from strategies.machine import VIOLATIONS
 
@@ -121,6 +123,7 @@ def options_from_args(args: argparse.Namespace):
     if args.max_examples is not None and args.max_examples < 1:
         raise UsageError(f"--max-examples: must be >= 1, got {args.max_examples}")
     check_step_timeout(args)
+    check_summary_md(args)
     if args.steps_per_example < 1:
         raise UsageError(f"--steps-per-example: must be >= 1, got {args.steps_per_example}")
     violations = None
@@ -202,9 +205,11 @@ def _finish(args: argparse.Namespace, options: Any, campaign: Any, status: int, 
     from simrig.coverage.session import without_coverage_data
     from simrig.findings.classes import class_rows_for_print, verdict_line
     from simrig.report.timing import time_share_line
-    from simrig.tools.common import emit_json, record_history
+    from simrig.tools.common import emit_json, record_history, write_summary_md
 
     s = campaign.report_summary
+    write_summary_md(args, "fuzz", s, campaign.class_table, headline(s),
+                     str(options.out_dir / "report.html"))
     record_history(s, campaign.class_table)
     for text in campaign.stats.rig_errors:
         print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)

@@ -16,7 +16,8 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_memcheck_flag, add_output_flags, add_step_timeout_flag
+    from simrig.tools.common import (add_memcheck_flag, add_output_flags, add_step_timeout_flag,
+                                     add_summary_md_flag)
 
     p = sub.add_parser(
         "replay", help="replay traces through vLLM's real runner input path and report findings",
@@ -41,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
     add_output_flags(p, "replay")
+    add_summary_md_flag(p)
     add_memcheck_flag(p)
     add_step_timeout_flag(p)
     from simrig.coverage.session import add_coverage_flags
@@ -74,9 +76,10 @@ def _run(args: argparse.Namespace) -> int:
     from simrig.distributed.cluster import distributed_workers
 
     workers = distributed_workers(args)
-    from simrig.tools.common import check_step_timeout
+    from simrig.tools.common import check_step_timeout, check_summary_md
 
     check_step_timeout(args)
+    check_summary_md(args)
     if args.segment_steps is not None and args.segment_steps < 1:
         raise UsageError(f"--segment-steps: must be >= 1, got {args.segment_steps}")
     total = 0
@@ -176,7 +179,7 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     from simrig.findings.classes import class_rows_for_print, verdict_counts, verdict_line
     from simrig.report.timing import time_share_line
     from simrig.report.writer import write_report
-    from simrig.tools.common import emit_json, record_history
+    from simrig.tools.common import emit_json, record_history, write_summary_md
 
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
                **result.summary()}
@@ -200,10 +203,14 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     summary.update(cov_summary)
     if coverage is not None:
         summary["exit_status"] = coverage.exit_status(summary["exit_status"], summary)
+    from simrig.history.changes import since_previous
+
+    summary["since_previous"] = since_previous(summary, result.classes)
     report = write_report(out, result.steps, result.findings, result.contract, summary,
                           classes=result.classes, headline=headline, extra_tables=cov_tables)
     summary["report"] = str(report)
     summary["classes"] = verdict_counts(result.classes)  # what write_report put in summary.json
+    write_summary_md(args, "replay", summary, result.classes, headline, str(report / "report.html"))
     if not interrupted:  # a partial replay says nothing about the classes it did not reach
         record_history(summary, result.classes)
     if getattr(args, "json", False):

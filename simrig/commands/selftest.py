@@ -14,7 +14,7 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_output_flags
+    from simrig.tools.common import add_output_flags, add_summary_md_flag
 
     p = sub.add_parser(
         "selftest", help="mutate the installed vLLM in a child process and check simrig catches it",
@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="score the fuzz campaign alone: no bundled traces, for the baseline "
                         "and every mutant")
     add_output_flags(p, "selftest")
+    add_summary_md_flag(p)
     p.add_argument("--no-memcheck", action="store_true",
                    help="run the children without the kernel memory checker (on by default here: "
                         "a mutant that makes a kernel read or write out of bounds is detected by it)")
@@ -79,6 +80,9 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--budget-per-mutant: must be > 0 seconds")
     names = select_mutants([n for n in (args.mutants or "").split(",") if n])
     out = check_out_dir(args.out or default_out_dir("selftest"))
+    from simrig.tools.common import check_summary_md
+
+    check_summary_md(args)
     from simrig.coverage.session import CoverageRun
 
     CoverageRun.begin(args)  # a malformed reasons file: one line, exit 2, before any child
@@ -173,7 +177,7 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
     from simrig.findings.known import installed_vllm_version
     from simrig.report.writer import write_report
     from simrig.selftest.driver import scoreboard_classes, scoreboard_rows
-    from simrig.tools.common import emit_json, record_history
+    from simrig.tools.common import emit_json, record_history, write_summary_md
 
     if not results:  # stopped before the first child finished: nothing to score
         print("simrig selftest: interrupted before the first run finished; no scoreboard written",
@@ -230,23 +234,27 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
                 + f"{summary['detected']}/{len(names)} mutants detected, {summary['survived']} survived, "
                 f"{summary['errors']} errors, {summary['equivalent']} equivalent; baseline "
                 f"{summary['baseline']}; budget {args.budget_per_mutant:.0f} s per mutant")
+    from simrig.history.changes import since_previous
+
+    summary["since_previous"] = since_previous(summary, classes)
     write_report(out, empty, empty, empty, summary, extra_tables={"scoreboard": board, **cov_tables},
                  title="simrig selftest scoreboard", classes=classes, occurrences=empty,
                  headline=headline)
     summary = json.loads((out / "summary.json").read_text())
     summary["report"] = str(out)
+    write_summary_md(args, "selftest", summary, classes, headline, str(out / "report.html"))
     if not interrupted:
         record_history(summary, classes)
     if args.json:
         emit_json(without_coverage_data(summary))
         return summary["exit_status"]
+    print(f"selftest: {headline}")  # the first line: the run's one-line status
     cols = ["mutant", "status", "phase", "via", "seconds_to_detection", "kind", "shrunk_steps"]
     print(board[cols].to_string(index=False))
     rate = summary["detection_rate"]
     print(f"selftest: detection rate {rate if rate is None else f'{rate:.0%}'} of "
           f"{summary['scored_mutants']} scored mutants (by phase: {summary['detected_by_phase']}); "
           f"control {summary['control']}")
-    print(f"selftest: {headline}")
     print(verdict_line(summary["classes"]) + f" — exit {int(failed)}")
     for line in class_rows_for_print(classes):
         print(line)

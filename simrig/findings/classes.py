@@ -42,7 +42,7 @@ CLASS_COLUMNS = ("signature", "verdict", "occurrences", "consequences", "kind", 
                  "exception_type", "checks", "traces", "first_trace", "first_pcp_size",
                  "first_step", "first_rank", "first_elapsed_s", "first_example", "last_trace",
                  "last_pcp_size", "last_step", "last_rank", "req_ids", "message", "reproducer",
-                 "reproduce", "repro_pytest", "explanation", "evidence")
+                 "reproduce", "repro_pytest", "explanation", "evidence", "known_by")
 # The stages whose batch the forward runs, and the dummy batches among them.
 FORWARD_STAGES = ("prepare", "dummy", "capture", "profile")
 DUMMY_STAGES = ("dummy", "capture", "profile")
@@ -124,6 +124,7 @@ class ClassStats:
     reproducer: Where | None = None
     explanation: str = ""
     evidence: str = ""
+    known_by: str = ""  # the known-findings entry that matched ("known-findings.json#13")
 
     @property
     def signature(self) -> str:
@@ -151,6 +152,8 @@ class ClassTally:
         rank = -1 if finding.rank is None else int(finding.rank)
         if verdict == EXPECTED and not stats.explanation:
             stats.explanation = _why_expected(finding)
+        if verdict == KNOWN and not stats.known_by:
+            stats.known_by = str(getattr(finding, "known_by", "") or "")
         stats.occurrences += count
         stats.checks.add(finding.check)
         stats.traces.setdefault(where.trace, where)
@@ -183,6 +186,8 @@ class ClassTally:
                 entry = max(entries, key=lambda e: len(str(getattr(e, "explanation", ""))))
                 stats.explanation = str(getattr(entry, "explanation", ""))
                 stats.evidence = str(getattr(entry, "evidence", ""))
+                if not stats.known_by:
+                    stats.known_by = str(getattr(entry, "source", "") or "")
 
     def frame(self) -> pd.DataFrame:
         return class_frame(self.classes.values())
@@ -203,7 +208,8 @@ def merge_tallies(parts: Iterable[tuple[ClassTally, Callable[[Where], Where] | N
             if into is None:
                 into = merged.classes[key] = ClassStats(
                     part.kind, part.stage, part.field, part.exception_type, part.verdict,
-                    message=part.message, explanation=part.explanation, evidence=part.evidence)
+                    message=part.message, explanation=part.explanation, evidence=part.evidence,
+                    known_by=part.known_by)
             into.occurrences += part.occurrences
             into.consequences += part.consequences
             into.checks |= part.checks
@@ -280,7 +286,7 @@ def class_frame(classes: Iterable[ClassStats]) -> pd.DataFrame:
             "reproducer": c.reproducer.trace if c.reproducer else "",
             "reproduce": reproduce_command(c.reproducer), "repro_pytest": repro_command(c),
             "explanation": c.explanation,
-            "evidence": c.evidence})
+            "evidence": c.evidence, "known_by": c.known_by})
     return pd.DataFrame(rows, columns=list(CLASS_COLUMNS))
 
 
@@ -342,7 +348,8 @@ def classes_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
                           check=text("check"), rank=None if rank in (-1, None) else int(rank),
                           req_ids=tuple(x for x in text("req_ids").split(",") if x),
                           field=text("field"), message=text("message"),
-                          exception_type=text("exception_type"), known=bool(r.get("known", False)))
+                          exception_type=text("exception_type"), known=bool(r.get("known", False)),
+                          known_by=text("known_by"))
         if text("verdict") == EXPECTED:
             finding.extra["expected"] = True
         tally.add(finding, Where(text("trace"), int(r.get("pcp_size", 1) or 1)))

@@ -2,10 +2,12 @@
 
     ┌──────────────────────────────────────────────────────────────────┐
     │ banner: latest run per suite: new classes? exit status           │
-    │ trends (one PNG): classes new/known/expected/fixed/not seen per  │
-    │                   run, steps/s, examples/s, mutants detected     │
-    │ classes: suite, signature, verdict, first seen, last seen,       │
-    │          vLLM versions, fixed since <run> / not seen since <run> │
+    │ new classes the latest run of their suite still shows            │
+    │ trends (one PNG, x = run date): classes new/known/expected per   │
+    │   run, steps/s, examples/s, mutants detected, coverage (a panel  │
+    │   only when some run measured it; one run: its number)          │
+    │ ▸ classes: suite, signature, verdict, first seen, last seen,     │
+    │   vLLM versions, fixed since <run> / not seen since <run>        │
     │ runs: one row per run (collapsed)                                │
     └──────────────────────────────────────────────────────────────────┘
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 from typing import Any
 
 import pandas as pd
@@ -23,52 +24,14 @@ from simrig.history.store import bisect_results, class_timeline, run_trends
 from simrig.report.html import _CSS, table
 
 
-def trends_png(trends: pd.DataFrame) -> bytes | None:
-    """Four small panels over runs (x = run number in time order)."""
-    if trends.empty:
-        return None
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+def trends_png(trends: pd.DataFrame, runs: pd.DataFrame | None = None) -> bytes | None:
+    """The panels over run dates (simrig.views.trends.history_trends): classes per run, and
+    each rate any run measured; a series of one run is shown as its number."""
+    from simrig.views.trends import history_trends
 
-    fig = Figure(figsize=(10, 5.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2)
-    x = range(len(trends))
-    ax = axes[0][0]
-    bottom = [0] * len(trends)
-    for col, color in (("new", "#c0392b"), ("known", "#999999"), ("expected", "#2e8b57")):
-        values = trends[col].astype(float).tolist()
-        ax.bar(x, values, bottom=bottom, color=color, label=col)
-        bottom = [b + v for b, v in zip(bottom, values)]
-    ax.plot(list(x), trends["fixed"].astype(float), "kv", label="fixed since previous run (replay)")
-    ax.plot(list(x), trends["not_seen"].astype(float), "v", color="#888888", markerfacecolor="none",
-            label="not seen since previous run")
-    ax.set_title("finding classes per run", fontsize=9, loc="left")
-    ax.legend(fontsize=7)
-    for ax, col, title in ((axes[0][1], "steps_per_s", "steps/s (replay, fuzz)"),
-                           (axes[1][0], "examples_per_s", "examples/s (fuzz)"),
-                           (axes[1][1], "detected", "mutants detected (selftest)")):
-        values = trends[col].astype(float)
-        for suite, group in trends.assign(_x=list(x)).groupby("suite"):
-            v = group[col].astype(float)
-            if v.notna().any():
-                ax.plot(group["_x"], v, "o-", label=str(suite)[:40], markersize=4)
-        ax.set_title(title, fontsize=9, loc="left")
-        if values.notna().any():
-            ax.legend(fontsize=6)
-    for ax in (a for row in axes for a in row):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if not ax.lines and not ax.patches:
-            ax.text(0.5, 0.5, "no runs of this kind yet", ha="center", va="center",
-                    transform=ax.transAxes, color="#888")
-            ax.set_xticks([])
-            ax.set_yticks([])
-    for ax in axes[1]:
-        ax.set_xlabel("run (oldest → newest)")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, metadata={"Software": None})
-    return buf.getvalue()
+    if runs is not None and len(runs) == len(trends) and "coverage_lines_pct" in runs:
+        trends = trends.assign(coverage_lines_pct=runs["coverage_lines_pct"].to_numpy())
+    return history_trends(trends)
 
 
 def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None = None) -> str:
@@ -86,14 +49,22 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>simrig history</title>"
              f"<style>{_CSS}</style></head><body><h1>simrig history</h1>",
              f"<p class='banner {'bad' if open_new or len(failing) else 'good'}'>{e(text)}</p>"]
-    png = trends_png(trends)
+    shown = _shown_timeline(timeline)
+    if len(shown):
+        failing = shown[(shown["verdict"] == "new") & (shown["status"] == "still showing")]
+        parts.append(f"<h2>New classes still showing ({len(failing)})</h2>"
+                     + (table(failing) if len(failing) else
+                        "<p class='expected'>none: the latest run of every suite shows no new class</p>"))
+    png = trends_png(trends, runs)
     if png is not None:
         parts.append("<h2>Trends</h2><img alt='trends' src='data:image/png;base64,"
                      + base64.b64encode(png).decode("ascii") + "'>")
     parts.append("<h2>Finding classes</h2><p class='note'><b>fixed since</b> R: R replayed the same "
                  "traces (as much of them as the last run showing the class) and did not show it. "
                  "<b>not seen since</b> R: R only did not hit it (a fuzz or selftest run draws new "
-                 "examples every time, so that proves nothing).</p>" + table(_shown_timeline(timeline)))
+                 "examples every time, so that proves nothing).</p><details><summary>"
+                 f"{len(shown)} class line(s), one per suite and class</summary>"
+                 + table(shown) + "</details>")
     bisected = bisect_results(runs)
     if len(bisected):
         parts.append("<h2>Introduced in (simrig bisect)</h2><p class='note'>where a bisection over "

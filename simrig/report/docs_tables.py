@@ -38,7 +38,11 @@ def _signature(entry: dict[str, Any]) -> str:
 
 def known_findings_table(folder: Path | None = None) -> str:
     """docs/known-findings.md's table: every entry of every ``known-findings*.json`` in
-    ``folder`` (default the committed ``reports/baselines/``), in file and entry order."""
+    ``folder`` (default the committed ``reports/baselines/``), in file and entry order. Each row
+    carries its entry's anchor (``simrig.views.sections.entry_anchor``): a report's known
+    class links to it."""
+    from simrig.views.sections import entry_anchor
+
     folder = BASELINES if folder is None else Path(folder)
     rows = ["| entry | kind · stage · field | check | releases | signature | explanation |",
             "|---|---|---|---|---|---|"]
@@ -47,7 +51,8 @@ def known_findings_table(folder: Path | None = None) -> str:
         default = f"=={data.get('vllm_version', '?')}"
         for i, entry in enumerate(data.get("findings", [])):
             key = " · ".join(str(entry.get(k) or "–") for k in ("kind", "stage", "field"))
-            rows.append(f"| `{path.name}#{i}` | {_cell(key)} | `{_cell(entry.get('check', '–'))}` "
+            name = f"{path.name}#{i}"
+            rows.append(f"| <a id=\"{entry_anchor(name)}\"></a>`{name}` | {_cell(key)} | `{_cell(entry.get('check', '–'))}` "
                         f"| `{_cell(entry.get('vllm', default))}` | {_signature(entry)} "
                         f"| {_cell(entry.get('explanation', ''))} |")
     return "\n".join(rows)

@@ -1,15 +1,20 @@
 """The self-contained HTML page of a report, opening at the verdict.
 
-    ┌──────────────────────────────────────────────────────────────┐
-    │ title                                                        │
-    │ VERDICT  no new finding classes (2 known, 3 expected) exit 0 │  <- banner (class verdicts)
-    │ one line of facts: steps, traces, steps/s, vLLM, device      │
-    │ Finding classes: one row per class                           │
-    │   ▸ N occurrences (collapsed)                                │
-    │ Where the time goes (vLLM calls vs rig, per stage)           │
-    │ Plots (summaries), dtype contract (collapsed), extra tables  │
-    │ ▸ full summary (collapsed)                                   │
-    └──────────────────────────────────────────────────────────────┘
+Every report (replay, fuzz, selftest) reads in the same order, one section after another
+(``render_html`` builds them as a list):
+
+    ┌──────────────────────────────────────────────────────────────────┐
+    │ title                                                            │
+    │ VERDICT  1 new finding class (5 known, 0 expected) — exit 1      │  verdict_section
+    │ one line of facts: steps, traces, steps/s, vLLM, device          │
+    │ New classes: one card each: signature, what went wrong,          │  sections.new_classes_section
+    │   `simrig replay ...` and `simrig repro ...`, ▸ occurrences      │
+    │ Since the previous run: new / gone classes, rates, coverage      │  sections.changes_section
+    │ Plots: coverage and classes over time (campaigns), batch         │  plots_section
+    │   composition, stage latency, where the time goes               │
+    │ ▸ Known and expected classes: one line each, entry, links        │  sections.folded_classes_section
+    │ coverage, extra tables, ▸ dtype contract, ▸ summary.json         │  evidence_sections
+    └──────────────────────────────────────────────────────────────────┘
 
 Everything is inline (CSS, PNG as data URIs): the file opens anywhere.
 """
@@ -20,6 +25,8 @@ import base64
 import html
 import json
 import math
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -32,7 +39,8 @@ OCCURRENCE_COLUMNS = ("trace", "pcp_size", "step", "stage", "rank", "check", "re
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:1em auto;max-width:1280px;
 color:#222;padding:0 1em}
-h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.1em;margin-top:1.6em;border-bottom:1px solid #ddd}
+h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.1em;margin:1em 0 .3em;border-bottom:1px solid #ddd}
+h3{font-size:1em;margin:.8em 0 .2em}
 table{border-collapse:collapse;font-size:12px;margin:.5em 0}
 th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}
@@ -44,6 +52,11 @@ th{background:#f4f4f4}
 td.msg{max-width:420px;word-break:break-word}code{font-size:11px;word-break:break-all}
 td.cls{max-width:380px}td.why{min-width:260px;max-width:460px}
 details>summary{cursor:pointer;color:#345}tr.occ>td{border-top:none;background:#fbfbfb}
+.card{border-left:4px solid #b00;background:#fff8f8;padding:.35em .7em;margin:.35em 0;font-size:13px}
+.card .msg1{color:#333;font-size:12px;margin:.1em 0}.card div{margin:.1em 0}
+code.cmd{font-size:12px;background:#f2f2f2;padding:1px 4px;word-break:break-all}
+ul.changes{margin:.2em 0;padding-left:1.3em;font-size:13px}
+table.oneline td{white-space:nowrap}
 """
 
 
@@ -78,32 +91,65 @@ def banner(summary: dict[str, Any]) -> tuple[str, bool]:
 def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findings: pd.DataFrame,
                 contract: pd.DataFrame, extra_tables: dict[str, pd.DataFrame], *,
                 classes: pd.DataFrame | None = None, occurrences: pd.DataFrame | None = None,
-                headline: str = "") -> str:
-    from simrig.report import plots
+                headline: str = "", page_dir: Path | None = None,
+                extra_sections: Sequence[str] = ()) -> str:
+    """The page, as a list of sections in reading order (see the module docstring);
+    ``extra_sections`` (HTML) go after the folded classes, before the evidence tables.
+    ``page_dir``: where the page will live, for its links into the checkout."""
+    from simrig.views.sections import Links, changes_section, folded_classes_section, new_classes_section
 
+    classes = classes if classes is not None else pd.DataFrame()
+    occurrences = occurrences if occurrences is not None else findings
+    sections = [
+        verdict_section(title, summary, headline),
+        new_classes_section(classes, lambda c: occurrences_html(c, occurrences)),
+        changes_section(summary.get("since_previous")),
+        plots_section(summary, steps, classes, extra_tables),
+        folded_classes_section(classes, Links(page_dir)),
+        *extra_sections,
+        *evidence_sections(summary, contract, extra_tables),
+    ]
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width'><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(s for s in sections if s)
+            + "\n</body></html>")
+
+
+def verdict_section(title: str, summary: dict[str, Any], headline: str) -> str:
     e = html.escape
     text, bad = banner(summary)
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
-             f"<meta name='viewport' content='width=device-width'><title>{e(title)}</title>"
-             f"<style>{_CSS}</style></head><body><h1>{e(title)}</h1>",
-             f"<p class='banner {'bad' if bad else 'good'}'>{e(text)}</p>"]
-    if headline:
-        parts.append(f"<p class='facts'>{e(headline)}</p>")
-    parts.append("<h2>Finding classes</h2>")
-    parts.append(class_table(classes if classes is not None else pd.DataFrame(),
-                             occurrences if occurrences is not None else findings))
-    share = summary.get("time_share")
-    if isinstance(share, dict) and share.get("wall_s"):
-        parts.append("<h2>Where the time goes</h2>" + time_table(share))
-    pngs = [("Batch composition", plots.batch_composition(steps)),
+    return (f"<h1>{e(title)}</h1><p class='banner {'bad' if bad else 'good'}'>{e(text)}</p>"
+            + (f"<p class='facts'>{e(headline)}</p>" if headline else ""))
+
+
+def plots_section(summary: dict[str, Any], steps: pd.DataFrame, classes: pd.DataFrame,
+                  extra_tables: dict[str, pd.DataFrame]) -> str:
+    """A campaign's curves over time, the batch composition, the stage latency, the time share."""
+    from simrig.report import plots
+    from simrig.views import trends
+
+    e = html.escape
+    pngs = [("Over the campaign", trends.campaign_curves(
+                extra_tables.get("coverage_timeline"), classes if len(classes) else None)),
+            ("Batch composition", plots.batch_composition(steps)),
             ("Stage latency", plots.stage_latency(steps))]
-    if any(png is not None for _, png in pngs):
-        parts.append("<h2>Plots</h2>")
+    parts = []
     for caption, png in pngs:
         if png is not None:
             data = base64.b64encode(png).decode("ascii")
             parts.append(f"<h3>{e(caption)}</h3><img alt='{e(caption)}' "
                          f"src='data:image/png;base64,{data}'>")
+    share = summary.get("time_share")
+    if isinstance(share, dict) and share.get("wall_s"):
+        parts.append("<h3>Where the time goes</h3>" + time_table(share))
+    return "<section id='plots'><h2>Plots</h2>" + "".join(parts) + "</section>" if parts else ""
+
+
+def evidence_sections(summary: dict[str, Any], contract: pd.DataFrame,
+                      extra_tables: dict[str, pd.DataFrame]) -> list[str]:
+    """Below the classes: coverage, the extra tables, the dtype contract, summary.json."""
+    e = html.escape
+    parts = []
     if "coverage_functions" in extra_tables:
         parts.append(coverage_section(summary.get("coverage") or {}, extra_tables))
     for name, frame in extra_tables.items():
@@ -117,60 +163,18 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
     parts.append("<h2>Full summary</h2><details><summary>summary.json</summary>"
                  f"<pre>{e(json.dumps(jsonable(summary), indent=1, sort_keys=True))}</pre></details>")
     parts.append("<p class='note'>Tables: classes, findings, steps, contract (.parquet, .csv) "
-                 "next to this file.</p></body></html>")
-    return "\n".join(parts)
+                 "next to this file.</p>")
+    return parts
 
 
-def class_table(classes: pd.DataFrame, occurrences: pd.DataFrame) -> str:
-    """One row per class; its occurrences collapsed in the row below."""
-    e = html.escape
-    if classes.empty:
-        return "<p class='expected'>no findings</p>"
-    head = ("<tr><th>verdict</th><th>class · reproduce</th><th>occurrences</th><th>first seen</th>"
-            "<th>last seen</th><th>requests</th><th>why</th></tr>")
-    rows = []
-    for c in classes.itertuples(index=False):
-        first = _where(c.first_trace, c.first_pcp_size, c.first_step, c.first_rank)
-        extra = []
-        if getattr(c, "first_example", -1) not in (-1, None) and c.first_example >= 0:
-            extra.append(f"example {c.first_example}")
-        elapsed = getattr(c, "first_elapsed_s", float("nan"))
-        if isinstance(elapsed, float) and math.isfinite(elapsed):
-            extra.append(f"after {elapsed:.1f} s")
-        if extra:
-            first += " (" + ", ".join(extra) + ")"
-        last = _where(c.last_trace, c.last_pcp_size, c.last_step, c.last_rank)
-        why = c.explanation or c.message
-        if c.evidence:
-            why += f" — evidence: {c.evidence}"
-        reproduce = f"<br><code>{e(c.reproduce)}</code>" if c.reproduce else ""
-        if getattr(c, "repro_pytest", ""):  # a pytest file for vLLM's own tests
-            reproduce += f"<br><span class='note'>pytest file for vLLM:</span> <code>{e(c.repro_pytest)}</code>"
-        rows.append(
-            f"<tr><td class='{e(c.verdict)}'>{e(c.verdict)}</td><td class='cls'><b>{e(c.signature)}</b>"
-            f"<br><span class='note'>checks: {e(c.checks)}</span>{reproduce}</td>"
-            f"<td>{c.occurrences:,} in {c.traces} trace(s)</td>"
-            f"<td title='{e(c.first_trace)}'>{e(first)}</td>"
-            f"<td title='{e(c.last_trace)}'>{e(last)}</td><td>{e(c.req_ids)}</td>"
-            f"<td class='why'>{e(why)}</td></tr>")
-        occ = _occurrences_of(c, occurrences)
-        if occ is not None and len(occ):
-            cols = [col for col in OCCURRENCE_COLUMNS if col in occ.columns]
-            rows.append(f"<tr class='occ'><td></td><td colspan='6'><details><summary>"
-                        f"{len(occ):,} occurrence row(s)</summary>"
-                        + table(occ[cols], limit=OCCURRENCES_SHOWN) + "</details></td></tr>")
-    return f"<table>{head}{''.join(rows)}</table>"
-
-
-def _where(trace: str, pcp_size: int, step: int, rank: int) -> str:
-    """'chunked.jsonl.gz step 3 pcp 2 rank 1' (the full path is the cell's title)."""
-    name = trace.rsplit("/", 1)[-1]
-    text = " ".join(p for p in (name, f"step {step}" if step >= 0 else "") if p)
-    if pcp_size and pcp_size > 1:
-        text += f" pcp {pcp_size}"
-    if rank is not None and rank >= 0:
-        text += f" rank {rank}"
-    return text
+def occurrences_html(c: Any, occurrences: pd.DataFrame) -> str:
+    """A class's occurrence rows, collapsed ("" when the table holds none)."""
+    occ = _occurrences_of(c, occurrences)
+    if occ is None or not len(occ):
+        return ""
+    cols = [col for col in OCCURRENCE_COLUMNS if col in occ.columns]
+    return (f"<details><summary>{len(occ):,} occurrence row(s)</summary>"
+            + table(occ[cols], limit=OCCURRENCES_SHOWN) + "</details>")
 
 
 def _occurrences_of(c: Any, occurrences: pd.DataFrame) -> pd.DataFrame | None:

@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from simrig.observe import STAGES
+from simrig.views.trends import style
 
 MAX_POINTS = 1_500  # steps per curve before binning (means per bin)
 MAX_PANELS = 3  # traces drawn as panels; more are summarised in one
@@ -68,6 +69,7 @@ def batch_composition(steps: pd.DataFrame) -> bytes | None:
     fig = Figure(figsize=(9, 2.4 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     for ax, (name, t) in zip(axes, panels):
+        style(ax)
         summary_panel = len(traces) > MAX_PANELS
         steps_x = np.arange(len(t)) if summary_panel else t["step"].to_numpy()
         x, (dec, pre, spec) = _binned(steps_x,
@@ -97,6 +99,7 @@ def stage_latency(steps: pd.DataFrame) -> bytes | None:
     data = [np.clip(d[np.isfinite(d)], 1e-4, None) for d in data]
     fig = Figure(figsize=(9, 3.6), layout="constrained")
     ax = fig.subplots()
+    style(ax)
     ax.boxplot(data, showfliers=True, flierprops={"markersize": 2, "alpha": 0.4})
     ax.set_xticks(range(1, len(names) + 1), names)
     ax.set_yscale("log")

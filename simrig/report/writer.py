@@ -114,13 +114,15 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
                  extra_tables: dict[str, pd.DataFrame] | None = None,
                  title: str = "simrig replay report", classes: pd.DataFrame | None = None,
                  occurrences: pd.DataFrame | None = None,
-                 headline: str = "") -> Path:
+                 headline: str = "", page_dir: str | Path | None = None) -> Path:
     """Write the report directory atomically; returns its path.
 
     ``classes`` (report.classes.class_frame) heads the page; ``occurrences``
     (default: ``findings``) are shown collapsed under their class. The banner
     comes from the class verdicts, the same numbers summary.json carries
-    under ``classes``; ``headline`` is one line of facts under it."""
+    under ``classes``; ``headline`` is one line of facts under it. ``page_dir``: where the
+    page will finally live when that is not ``out_dir`` (a campaign writes its report in a
+    staging folder first), for the page's links into the checkout."""
     from simrig.findings.classes import classes_from_rows, verdict_counts
 
     out = check_out_dir(out_dir)
@@ -142,7 +144,8 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
         (tmp / "summary.json").write_text(json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n")
         (tmp / "report.html").write_text(render_html(
             title, summary, steps, findings, contract, extra_tables, classes=classes,
-            occurrences=findings if occurrences is None else occurrences, headline=headline),
+            occurrences=findings if occurrences is None else occurrences, headline=headline,
+            page_dir=Path(page_dir) if page_dir is not None else out),
             encoding="utf-8")
         swap_into_place(tmp, out)
     except BaseException:

@@ -6,6 +6,7 @@
     --json               print summary.json on stdout (nothing else there), for scripts
     --memcheck           the kernel memory checker (replay, fuzz; selftest: on, --no-memcheck)
     --step-timeout S     a supervised worker that opens no stage for S seconds hangs (replay, fuzz)
+    --summary-md FILE    a few Markdown lines for a CI job page (replay, fuzz, selftest)
     --verbose            show vLLM's own import messages (added to every command by simrig.commands.dispatch)
 
 and the history record each of them appends (simrig.history.store).
@@ -33,6 +34,42 @@ def add_output_flags(p: argparse.ArgumentParser, kind: str, *, out_default: str 
     p.add_argument("--quiet", action="store_true", help="same as --progress quiet")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON on stdout (the human lines are not printed)")
+
+
+def add_summary_md_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--summary-md", default=None, metavar="FILE",
+                   help="also write a short Markdown summary (verdict, new classes with their "
+                        "reproducers, changes since the previous run of the suite) to FILE, for a "
+                        "CI job page (e.g. cat FILE >> $GITHUB_STEP_SUMMARY)")
+
+
+def check_summary_md(args: argparse.Namespace) -> None:
+    """Refuse an unwritable --summary-md before the run (exit 2)."""
+    if getattr(args, "summary_md", None):
+        from simrig.report.writer import check_out_file
+
+        check_out_file(args.summary_md, "--summary-md")
+
+
+def write_summary_md(args: argparse.Namespace, command: str, summary: dict[str, Any], classes: Any,
+                     headline: str, report: str) -> None:
+    """--summary-md FILE: the run's Markdown summary, written whole (temporary file, rename)."""
+    path = getattr(args, "summary_md", None)
+    if not path:
+        return
+    import tempfile
+    from pathlib import Path
+
+    from simrig.report.html import banner
+    from simrig.views.summary_md import summary_markdown
+
+    text = summary_markdown(command, banner(summary)[0], headline, summary, classes, report)
+    target = Path(path)
+    target.absolute().parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}-", dir=target.absolute().parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, target)
 
 
 def add_memcheck_flag(p: argparse.ArgumentParser) -> None:

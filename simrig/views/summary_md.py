@@ -1,0 +1,79 @@
+"""``--summary-md FILE``: a report in a few Markdown lines, for a CI job page.
+
+    ### simrig replay: 1 new finding class (5 known, 0 expected) — exit 1
+    replayed 6 steps from 1 trace(s) ... (the facts line)
+
+    **New classes**
+    - `dtype_drift · prepare · idx_mapping` (6 occurrences, first at chunked_prefill.jsonl step 0):
+      dtype_drift at step 0 prepare: idx_mapping: declared torch int64, observed torch int32
+      - reproduce: `simrig replay traces/samples/chunked_prefill.jsonl`
+      - pytest file for vLLM: `simrig repro ... --pytest test_....py`
+
+    **Since the previous run** (previous run of 'replay ...': 2026-12-04 23:51 UTC ...)
+    - 4 class(es) new since the previous run, 4 of them failing
+
+    Report: `reports/nightly/report.html`
+
+The first line alone is the status a chat message needs. A CI job appends the file to its
+job page (GitHub Actions: ``cat FILE >> "$GITHUB_STEP_SUMMARY"``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+MAX_NEW = 20  # new classes listed (the report has them all)
+MESSAGE_CHARS = 200
+
+
+def summary_markdown(command: str, verdict: str, headline: str, summary: dict[str, Any],
+                     classes: pd.DataFrame | None, report: str) -> str:
+    """The Markdown summary of one run: ``verdict`` is the banner's text, ``headline``
+    the facts line, ``summary`` the report's summary.json (its ``since_previous``)."""
+    from simrig.views.changes import change_lines, previous_label
+
+    lines = [f"### simrig {command}: {_flat(verdict)}"]
+    if headline:
+        lines.append(_flat(headline))
+    new = classes[classes["verdict"] == "new"] if classes is not None and len(classes) else None
+    if new is not None and len(new):
+        lines += ["", "**New classes**"]
+        for c in new.head(MAX_NEW).itertuples(index=False):
+            where = str(c.first_trace).rsplit("/", 1)[-1]
+            first = f", first at {where} step {c.first_step}" if where else ""
+            message = _flat(str(c.message))
+            if len(message) > MESSAGE_CHARS:
+                message = message[:MESSAGE_CHARS - 1] + "…"
+            lines.append(f"- `{c.signature}` ({c.occurrences:,} occurrences{first}): {_md(message)}")
+            if c.reproduce:
+                lines.append(f"  - reproduce: `{c.reproduce}`")
+            if getattr(c, "repro_pytest", ""):
+                lines.append(f"  - pytest file for vLLM: `{c.repro_pytest}`")
+        if len(new) > MAX_NEW:
+            lines.append(f"- ... and {len(new) - MAX_NEW} more in the report")
+    changes = summary.get("since_previous")
+    if isinstance(changes, dict):
+        label = previous_label(changes)
+        lines += ["", "**Since the previous run**" + (f" ({label})" if label else "")]
+        lines += [f"- {_md(line)}" for line in change_lines(changes)]
+        appeared = [a for a in changes.get("appeared") or [] if a.get("verdict") == "new"]
+        if appeared:
+            lines.append("- failing since then: " + ", ".join(f"`{a['signature']}`" for a in appeared[:10]))
+        gone = changes.get("gone") or []
+        if gone:
+            lines.append("- gone: " + ", ".join(f"`{g['signature']}` ({g['why']})" for g in gone[:10]))
+    lines += ["", f"Report: `{report}`", ""]
+    return "\n".join(lines)
+
+
+def _flat(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _md(text: str) -> str:
+    """Plain text that Markdown shows as written (no emphasis, no HTML)."""
+    for ch in ("\\", "*", "_", "<", ">", "`", "|"):
+        text = text.replace(ch, "\\" + ch)
+    return text
