@@ -13,6 +13,7 @@ real runner stops.
     prepare_inputs / partition_batch     prepare (the global batch), partition rank 0
     prepare_attn                         block tables and slot mappings, on the
                                          record of the batch the forward runs
+    _set_active_loras                    the LoRA mapping (lora.*), on the same record
     postprocess_sampled                  postprocess (sampled and rejected counts)
 
 In the dummy paths (``simrig.dummy_paths``) the probes pass through.
@@ -29,6 +30,7 @@ from simrig.adapters import sampling
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import attn_fields as _attn_fields
+from simrig.adapters.probes import lora_fields as _lora_fields
 from simrig.adapters.probes import observe_batch as _observe_batch
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.probes import wrap as _wrap
@@ -69,7 +71,10 @@ class StageProbes:
                 (runner, "prepare_inputs", self._probe_prepare),
                 (runner, "prepare_attn", self._probe_attn),
                 (runner, "postprocess_sampled", self._probe_postprocess),
-                (runner.pcp_manager, "partition_batch", self._probe_partition)):
+                (runner.pcp_manager, "partition_batch", self._probe_partition),
+                # LoRA's per-request and per-token adapter mapping (only with LoRA on)
+                (runner if runner.lora_config is not None else None, "_set_active_loras",
+                 self._probe_lora)):
             if owner is not None:
                 _wrap(owner, name, self._gated(probe))
 
@@ -255,3 +260,12 @@ class StageProbes:
             record.fields.update({"num_sampled": obs.observe_value(num_sampled),
                                   "num_rejected": obs.observe_value(num_rejected)})
         return call(idx_mapping, sampled, num_sampled, num_rejected, *args, **kwargs)
+
+    def _probe_lora(self, call: Any, prompt_mapping: Any, token_mapping: Any, lora_requests: Any,
+                    *args: Any, **kwargs: Any) -> Any:
+        """What execute_model hands the LoRA manager (LoraState.make_lora_inputs), on the
+        record of the batch it was built from (the rank-local one under PCP)."""
+        record = self._forward_record(self._result)
+        if record is not None:
+            record.fields.update(_lora_fields(prompt_mapping, token_mapping, lora_requests))
+        return call(prompt_mapping, token_mapping, lora_requests, *args, **kwargs)

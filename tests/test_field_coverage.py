@@ -25,13 +25,15 @@ from tests.test_checks_real import BASE, CONFIGS, check_all, clean_steps, mutate
 
 ORACLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "oracle.md"
 GRAPH = RunnerConfig(**BASE, cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(4, 8, 16))
+# LoRA on: _set_active_loras's mapping is observed (on the global batch, and on PCP rank 0's)
+LORA = {"lora": RunnerConfig(**BASE, max_loras=2), "lora-pcp2": RunnerConfig(**BASE, max_loras=2, pcp_size=2)}
 
 
 @pytest.fixture(scope="module")
 def observed(vllm_api) -> dict[tuple[str, str], str]:
     """(stage, field) -> the configuration that first showed it."""
     seen: dict[tuple[str, str], str] = {}
-    for name, config in {**CONFIGS, "graph": GRAPH}.items():
+    for name, config in {**CONFIGS, "graph": GRAPH, **LORA}.items():
         harness = Harness(config, api=vllm_api)
         for step in clean_steps():
             for stage in harness.run_step(step).stages:

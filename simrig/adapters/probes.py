@@ -131,3 +131,12 @@ def attn_fields(block_tables: Any, slot_mappings: Any) -> dict[str, obs.FieldObs
     if slot_mappings is not None:
         fields["attn.slot_mappings"] = obs.observe_value(slot_mappings)
     return fields
+
+
+def lora_fields(prompt_mapping: Any, token_mapping: Any, lora_requests: Any) -> dict[str, obs.FieldObs]:
+    """``_set_active_loras``'s arguments as observed fields: the per-request and
+    per-token adapter ids (plain ints, 0 for none) and the active adapters'
+    ids, sorted (graph_rules/lora_inputs.py judges them)."""
+    return {"lora.prompt_mapping": obs.observe_value([int(i) for i in prompt_mapping]),
+            "lora.token_mapping": obs.observe_value([int(i) for i in token_mapping]),
+            "lora.active_ids": obs.observe_value(sorted(int(r.lora_int_id) for r in lora_requests))}

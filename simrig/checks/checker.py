@@ -48,6 +48,7 @@ from simrig.graph_rules.dummy_batches import (
     check_profile,
 )
 from simrig.graph_rules.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
+from simrig.graph_rules.lora_inputs import check_lora_inputs
 from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
 from simrig.graph_rules.padding import (
     check_capture,
@@ -233,6 +234,10 @@ class Checker:
         out.extend(check_lora_dispatch(index, config, desc, self.adapters.num_active(step.req_ids),
                                        tuple(step.req_ids)))
         partitions = obs.all(PARTITION)
+        # the LoRA mapping, on the batch the forward runs (PCP rank 0's share under PCP)
+        forward = obs.get(PARTITION, 0) if config.pcp_size > 1 and partitions else real
+        out.extend(check_lora_inputs(index, step, forward, self.adapters.adapter,
+                                     forward is not real, skip))
         if real is not None:
             out.extend(check_batch_semantics(index, real))
         if real is not None and dummy is not None:

@@ -85,6 +85,8 @@ def consumer(stage: str, name: str) -> str:
         return "the other PCP ranks (gather, restore)"
     if name.startswith("attn."):
         return "the attention metadata builders"
+    if name.startswith("lora."):
+        return "the LoRA manager (_set_active_loras)"
     if name.startswith("desc.") or name in _TO_REPLAY:
         return "the graph dispatch and replay"
     if name in _TO_MODEL:

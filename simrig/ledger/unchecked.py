@@ -41,6 +41,11 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
                                                 "padding: one row per padded request"
        for g in range(3)},
     ("partition", "attn.slot_mappings"): "blocks (PCP: the gathered mapping)",
+    # _set_active_loras's arguments, on the batch they were built from (graph_rules/lora_inputs.py)
+    **{(s, f"lora.{f}"): f"lora_inputs: {why}" for s in ("prepare", "partition") for f, why in (
+        ("prompt_mapping", "PER REQUEST, each row its request's adapter from the trace (0: none)"),
+        ("token_mapping", "PER TOKEN, each scheduled token its request's adapter (0: none)"),
+        ("active_ids", "ACTIVE SET, the batch's distinct adapters"))},
     ("lifecycle", "runner.live_ids"): "runner_state: the model's live set",
     ("lifecycle", "runner.live_slots"): "runner_state: with the free slots, every slot once",
     ("lifecycle", "runner.free_slots"): "runner_state: with the live slots, every slot once",

@@ -314,8 +314,9 @@ def _check_coverage(index: int, config: RunnerConfig, prepare: StageObs, q: np.n
 
 
 # What execute_model adds to the batch it runs, after partition: prepare_attn's
-# block tables and slot mappings, and dcp_local_seq_lens (each DCP rank's own).
-RUNNER_ONLY_PREFIXES = ("attn.", "dcp_local_seq_lens")
+# block tables and slot mappings, and dcp_local_seq_lens (each DCP rank's own); the
+# LoRA mapping handed to _set_active_loras (observed on the driven rank only).
+RUNNER_ONLY_PREFIXES = ("attn.", "dcp_local_seq_lens", "lora.")
 
 
 @guarded("pcp")

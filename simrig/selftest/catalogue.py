@@ -328,6 +328,15 @@ CRASHES: tuple[Mutant, ...] = (
            "requests before it added and the rest not: the process running it is gone"),
 )
 
-CATALOGUE = CATALOGUE + WIRING + CRASHES
+# LoRA: the adapter mapping execute_model hands _set_active_loras
+LORA: tuple[Mutant, ...] = (
+    Mutant("lora-stale-adapter-on-slot-reuse", "vllm.v1.worker.gpu.lora_utils", "LoraState.add_request",
+           "else:\n        self.lora_ids[req_index] = NO_LORA_ID",
+           "else:\n        pass",
+           "a request without an adapter that takes a slot a LoRA request left runs that "
+           "request's adapter: its prompt and token LoRA mappings carry the stale id"),
+)
+
+CATALOGUE = CATALOGUE + WIRING + CRASHES + LORA
 
 BY_NAME = {m.name: m for m in CATALOGUE}

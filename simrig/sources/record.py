@@ -134,7 +134,7 @@ def record(scheduler: Any, workload: list[WorkloadRequest], sampler: SyntheticSa
             clock = max(clock, pending[next_i].arrival_s * time_scale)
         while next_i < len(pending) and pending[next_i].arrival_s * time_scale <= clock:
             r = pending[next_i]
-            scheduler.add(r.req_id, r.token_ids(), r.max_tokens, r.arrival_s * time_scale)
+            scheduler.add(r.req_id, r.token_ids(), r.max_tokens, r.arrival_s * time_scale, r.lora_id)
             next_i += 1
         t0 = time.perf_counter()
         step, so = scheduler.schedule()
@@ -180,6 +180,12 @@ def record_to_file(path: str, setup: Any, workload: list[WorkloadRequest], *, sp
               "workload": spec, "seed": seed, "num_kv_blocks": setup.num_kv_blocks,
               "prefix_caching": setup.prefix_caching, "acceptance_rate": acceptance_rate,
               "eos_prob": eos_prob, "time_scale": time_scale}
+    if setup.max_loras and not any(r.lora_id for r in workload):
+        # LoRA on, a workload without adapters: twice as many adapters as a batch holds
+        from simrig.sources.workloads import assign_adapters
+
+        assign_adapters(workload, 2 * setup.max_loras, seed)
+        source["lora_adapters"] = 2 * setup.max_loras
     source.update(extra_source or {})
     header = TraceHeader(config=setup.runner_config(), source=source)
     with TraceWriter(path, header) as writer:

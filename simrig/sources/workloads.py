@@ -51,6 +51,8 @@ class WorkloadRequest:
     max_tokens: int
     # Explicit prompt ids (shared prefixes); None -> synth_token(req_id, p).
     prompt_token_ids: list[int] | None = None
+    # Its LoRA adapter (an id >= 1); None: the base model.
+    lora_id: int | None = None
 
     def token_ids(self) -> list[int]:
         if self.prompt_token_ids is not None:
@@ -282,3 +284,16 @@ def clamp(reqs: list[WorkloadRequest], max_model_len: int) -> int:
             if r.prompt_token_ids is not None:
                 r.prompt_token_ids = r.prompt_token_ids[:prompt]
     return cut
+
+
+def assign_adapters(reqs: list[WorkloadRequest], num_adapters: int, seed: int) -> None:
+    """Give each request a LoRA adapter in place, seeded: the base model or one of the
+    ids 1 .. num_adapters, each as likely. More adapters than a batch may hold
+    (LoRAConfig.max_loras) leaves the scheduler's own limit to act; a request that
+    finishes frees a runner slot the next, with another adapter or none, takes."""
+    import random
+
+    rng = random.Random(f"lora:{seed}")
+    for r in reqs:
+        pick = rng.randint(0, num_adapters)
+        r.lora_id = pick or None

@@ -36,6 +36,9 @@ def add_scheduler_options(p: argparse.ArgumentParser, *, max_model_len: int, max
     g.add_argument("--seed", type=int, default=0, help="sampler (and synthetic workload) seed")
     g.add_argument("--pcp-size", type=int, default=1,
                    help="prefill context parallel size of the config and the replay (default 1)")
+    g.add_argument("--max-loras", type=int, default=0,
+                   help="LoRA on, at most N adapters per batch: each request runs the base model or "
+                        "one of 2N adapters, drawn with --seed (default 0 = off)")
 
 
 def setup_from_args(args: argparse.Namespace):
@@ -50,6 +53,8 @@ def setup_from_args(args: argparse.Namespace):
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "pcp_size"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.max_loras < 0:
+        raise UsageError(f"--max-loras: must be >= 0, got {args.max_loras}")
     if args.num_speculative_tokens < 0:
         raise UsageError(f"--num-speculative-tokens: must be >= 0, got {args.num_speculative_tokens}")
     for name in ("acceptance_rate", "eos_prob"):
@@ -59,7 +64,7 @@ def setup_from_args(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
         prefix_caching=args.prefix_caching, num_speculative_tokens=args.num_speculative_tokens,
-        pcp_size=args.pcp_size)
+        pcp_size=args.pcp_size, max_loras=args.max_loras)
 
 
 def check_out(path: str) -> None:

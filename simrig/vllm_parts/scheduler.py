@@ -54,13 +54,15 @@ class SchedulerSetup:
     num_speculative_tokens: int = 0  # > 0: ngram speculative config, drafts scheduled
     pcp_size: int = 1
     block_size: int = 16
+    max_loras: int = 0  # > 0: LoRA on (LoRAConfig.max_loras: "Max number of LoRAs in a single batch")
 
     def runner_config(self) -> RunnerConfig:
         return RunnerConfig(max_num_reqs=self.max_num_seqs,
                             max_num_batched_tokens=self.max_num_batched_tokens,
                             max_model_len=self.max_model_len,
                             num_speculative_tokens=self.num_speculative_tokens,
-                            pcp_size=self.pcp_size, block_size=self.block_size)
+                            pcp_size=self.pcp_size, block_size=self.block_size,
+                            max_loras=self.max_loras)
 
 
 def _vllm() -> Any:
@@ -125,7 +127,9 @@ def engine_config(setup: SchedulerSetup) -> Any:
             max_num_batched_tokens=setup.max_num_batched_tokens, block_size=setup.block_size,
             enforce_eager=True, enable_prefix_caching=setup.prefix_caching,
             enable_chunked_prefill=True, speculative_config=spec,
-            prefill_context_parallel_size=setup.pcp_size)
+            prefill_context_parallel_size=setup.pcp_size,
+            # the scheduler only reads the adapter ids (no adapter is ever loaded)
+            **({"enable_lora": True, "max_loras": setup.max_loras} if setup.max_loras else {}))
         _CONFIGS[key] = args.create_engine_config()
     return _CONFIGS[key]
 
@@ -168,12 +172,15 @@ class RealScheduler:
 
     # ------------------------------------------------------------------ driving
     def add(self, req_id: str, prompt_token_ids: list[int], max_tokens: int,
-            arrival_s: float = 0.0) -> None:
+            arrival_s: float = 0.0, lora_id: int | None = None) -> None:
+        from simrig.vllm_parts.lora import lora_request
+
         params = self._v["SamplingParams"](max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN_ID],
                                            ignore_eos=True)
         self.scheduler.add_request(self._v["Request"](
             request_id=req_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
-            pooling_params=None, arrival_time=arrival_s, block_hasher=self.block_hasher))
+            pooling_params=None, arrival_time=arrival_s, block_hasher=self.block_hasher,
+            lora_request=lora_request(lora_id)))
 
     def schedule(self) -> tuple[Step, Any]:
         so = self.scheduler.schedule()
@@ -231,7 +238,9 @@ def step_from_output(so: Any, *, keep_token_ids: bool = True) -> Step:
             req_id=r.req_id, prompt_len=len(prompt), num_computed_tokens=r.num_computed_tokens,
             max_tokens=max_tokens,
             prefill_len=len(prefill) if len(prefill) != len(prompt) else None,
-            prompt_token_ids=explicit, block_ids=_group0(r.block_ids)))
+            prompt_token_ids=explicit, block_ids=_group0(r.block_ids),
+            # the request's adapter (LoRARequest.lora_int_id); None: the base model
+            lora_id=r.lora_request.lora_int_id if getattr(r, "lora_request", None) else None))
     c = so.scheduled_cached_reqs
     cached = [CachedUpdate(req_id=rid, num_computed_tokens=c.num_computed_tokens[i],
                            new_block_ids=None if c.new_block_ids[i] is None
@@ -269,7 +278,8 @@ def runner_config_of(scheduler: Any) -> RunnerConfig:
         num_speculative_tokens=cfg.num_speculative_tokens,
         pcp_size=cfg.parallel_config.prefill_context_parallel_size,
         dcp_size=cfg.parallel_config.decode_context_parallel_size,
-        block_size=cfg.cache_config.block_size)
+        block_size=cfg.cache_config.block_size,
+        max_loras=cfg.lora_config.max_loras if getattr(cfg, "lora_config", None) else 0)
 
 
 def scheduler_class() -> Any:
