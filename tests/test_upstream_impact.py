@@ -114,3 +114,65 @@ def test_the_rule_rejects_a_wrong_tag_a_missing_section_and_a_placeholder():
     assert impact_problems(good.replace("a = b", "TODO")) == ["the Impact section is a placeholder"]
     assert impact_problems(good.replace("vllm/v1/worker/gpu/x.py:1", "x")) == [
         "the Impact section cites no vLLM file:line"]
+
+
+# `vllm/<file>.py:N[-M]`, `function` (optional note): `the line's text` (``...`` elides)
+CITE = re.compile(r"`?(vllm/[\w/]+\.py):(\d+)(?:-(\d+))?`?,? `([\w.]+)`(?: \([^)]*\))?: `([^`]+)`")
+CITED_RELEASE = "0.33.0"
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text).replace(",)", ")").replace(",}", "}")
+
+
+def cite_problem(root: Path, path: str, first: int, last: int, function: str, quoted: str) -> str | None:
+    """None when ``path`` lines first..last lie in ``function`` and hold ``quoted`` (its
+    fragments between '...', in order, whitespace aside); else what is wrong."""
+    import ast
+
+    file = root / path.removeprefix("vllm/")
+    if not file.is_file():
+        return f"{path}: no such file in vLLM {CITED_RELEASE}"
+    lines = file.read_text().splitlines()
+    enclosing = {node.name for node in ast.walk(ast.parse("\n".join(lines)))
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.lineno <= first <= (node.end_lineno or node.lineno)}
+    if function.rsplit(".", 1)[-1] not in enclosing:
+        return f"{path}:{first} is not in {function} (in {sorted(enclosing)})"
+    text, at = _squash(" ".join(lines[first - 1:last])), 0
+    for fragment in (_squash(f).strip(",") for f in quoted.split("...")):
+        found = text.find(fragment, at)
+        if fragment and found < 0:
+            return f"{path}:{first}-{last} does not hold {fragment!r}"
+        at = max(at, found + len(fragment))
+    return None
+
+
+def test_every_line_an_impact_cites_says_so():
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vllm is not installed"
+    root = Path(list(spec.submodule_search_locations)[0])
+    version = re.search(r"version = '([^']+)'", (root / "_version.py").read_text())
+    if version is None or version.group(1) != CITED_RELEASE:
+        pytest.skip(f"the Impact sections cite vLLM {CITED_RELEASE}; installed: {version and version.group(1)}")
+    problems, cited = [], 0
+    for cls, entry in impact.IMPACT.items():
+        for path, first, last, function, quoted in CITE.findall(entry.how):
+            cited += 1
+            problem = cite_problem(root, path, int(first), int(last or first), function, quoted)
+            if problem:
+                problems.append(f"{cls}: {problem}")
+        assert CITE.search(entry.how), f"{cls}: the Impact cites no `file:line`, `function`: `line`"
+    assert not problems, "\n".join(problems)
+    assert cited >= len(impact.IMPACT)
+
+
+def test_the_cite_check_names_a_wrong_line(tmp_path):
+    (tmp_path / "m.py").write_text("def f(a):\n    x = g(\n        a,\n    )\n    return x\n")
+    assert cite_problem(tmp_path, "vllm/m.py", 2, 4, "f", "x = g(a)") is None
+    assert cite_problem(tmp_path, "vllm/m.py", 2, 4, "f", "x = g(..., a)") is None
+    assert "does not hold" in cite_problem(tmp_path, "vllm/m.py", 2, 4, "f", "x = h(a)")
+    assert "is not in" in cite_problem(tmp_path, "vllm/m.py", 2, 4, "other", "x = g(a)")
+    assert "no such file" in cite_problem(tmp_path, "vllm/n.py", 1, 1, "f", "x")

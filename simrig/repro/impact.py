@@ -87,7 +87,7 @@ IMPACT: dict[str, Impact] = {
         "only for code that would read a dummy's positions as a real batch's."),
     "value_mismatch:profile:positions": Impact(
         False, "the profiled memory peak does not depend on the positions' values",
-        f"`{_MR}:1034-1036`, `profile_run`: `self._dummy_run(self.max_num_tokens, "
+        f"`{_MR}:1034-1039`, `profile_run`: `self._dummy_run(self.max_num_tokens, "
         "skip_attn=True, ...)`, so attention runs without metadata "
         f"(`{_MR}:1904-1909`: `block_tables, slot_mappings = None, None`) and returns before "
         "reading q and k, the only tensors the positions rotate "
@@ -101,7 +101,7 @@ IMPACT: dict[str, Impact] = {
         "of the FULL graph their rank-local batch fits",
         "The reproducer shows it: on a decode-only batch of 4 requests with PCP 2 and "
         "`shard_decode_requests`, `execute_model` dispatches PIECEWISE under FULL_AND_PIECEWISE "
-        f"(`{_MR}:1813-1836`, `execute_model`: `dispatch_cg_and_sync_dp(self.cudagraph_manager, "
+        f"(`{_MR}:1832-1848`, `execute_model`: `dispatch_cg_and_sync_dp(self.cudagraph_manager, "
         "num_reqs, num_toks, ...)` with the global `num_reqs`). Outputs are the same; every "
         "such decode step pays the launches of attention outside a graph (under FULL_DECODE_ONLY "
         "the whole forward runs eagerly), the cost FULL decode graphs exist to remove."),
