@@ -13,7 +13,8 @@ from __future__ import annotations
 # holds). Units on one floor never import each other.
 FLOORS: tuple[set[str], ...] = (
     {"__init__", "step", "errors", "observe", "progress", "interrupt",  # the step model, plain helpers
-     "trace_gate", "lifeline",                         # what a coverage collector traces; a worker's last words
+     "trace_gate", "lifeline",                         # what a coverage collector traces; a worker's
+                                                       # last words
      "layout"},                                        # these floors
     {"triton_interpreter"},                            # where the kernels run on a CPU
     {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it

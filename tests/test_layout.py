@@ -282,8 +282,8 @@ def test_the_floors_table_shows_every_unit_on_its_floor_once():
 
     rows = floors_table().splitlines()[2:]
     assert [int(r.split("|")[1]) for r in rows] == list(range(len(FLOORS) - 1, -1, -1))
-    shown = {u: int(r.split("|")[1]) for r in rows for u in r.split("|")[2].replace("`", "").split(", ") if u.strip()}
-    shown = {u.strip(): floor for u, floor in shown.items()}
+    shown = {u.strip(): int(r.split("|")[1]) for r in rows
+             for u in r.split("|")[2].replace("`", "").split(", ") if u.strip()}
     assert shown == {u: i for i, floor in enumerate(FLOORS) for u in floor if u != "__init__"}
 
 

@@ -156,7 +156,8 @@ def test_every_line_an_impact_cites_says_so():
     root = Path(list(spec.submodule_search_locations)[0])
     version = re.search(r"version = '([^']+)'", (root / "_version.py").read_text())
     if version is None or version.group(1) != CITED_RELEASE:
-        pytest.skip(f"the Impact sections cite vLLM {CITED_RELEASE}; installed: {version and version.group(1)}")
+        installed = version.group(1) if version else "unknown"
+        pytest.skip(f"the Impact sections cite vLLM {CITED_RELEASE}; installed: {installed}")
     problems, cited = [], 0
     for cls, entry in impact.IMPACT.items():
         for path, first, last, function, quoted in CITE.findall(entry.how):

@@ -51,7 +51,8 @@ _CG = "vllm/v1/worker/gpu/cudagraph_utils.py"
 # Shared by the two positions findings: where a dummy's positions can go.
 _POSITIONS_NEVER_REPLAYED = (
     f"A captured graph reads the persistent positions buffer (`{_CG}:690`, "
-    "`ModelCudaGraphManager.capture` (`create_forward_fn`): `\"positions\": input_buffers.positions[:num_tokens]`), "
+    "`ModelCudaGraphManager.capture` (`create_forward_fn`): "
+    "`\"positions\": input_buffers.positions[:num_tokens]`), "
     "and every real step rewrites that buffer before it replays the graph "
     f"(`{_MR}:1499-1505`, `prepare_inputs`: `prepare_pos_seq_lens(..., "
     "self.input_buffers.positions, self.input_buffers.seq_lens)`)")
