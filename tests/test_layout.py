@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from simrig.layout import FLOORS, MAX_MODULE_LINES, MAX_ROOM_LINES
+
 ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
 # The rooms of the vLLM adapter: the only code that imports vllm.
@@ -22,36 +24,12 @@ SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", *VLLM_ROOMS, *ORACLE
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, replay driver and cli.
-CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "observe",
+CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "layout", "observe",
         "lifeline", "progress", "replay", "runners", "stage_probes", "step", "trace_gate"}
 
 
-# The floors, lowest first: a module imports only from floors below its own (a
-# top-level module or a room is one unit; inside a room the cycle scan below
-# holds). Units on one floor never import each other.
-FLOORS = (
-    {"__init__", "step", "errors", "observe", "progress", "interrupt",  # the step model, plain helpers
-     "trace_gate", "lifeline"},                        # what a coverage collector traces; a worker's last words
-    {"triton_interpreter"},                            # where the kernels run on a CPU
-    {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it
-    {"vllm_parts"},                                    # vLLM's own parts made from a trace config
-    {"adapters"},                                      # the model-less runner
-    {"trace_io", "findings", "ledger", "coverage", "dummy_paths", "stage_probes", "bench"},
-    {"sources", "reference", "views"},                 # producers of traces; the reference model; page parts
-    {"partition", "harness", "report"},                # PCP layout; stepping one runner; reports
-    {"graph_rules", "history", "runners"},             # cudagraph rules; the history; the runner pool
-    {"checks"},                                        # the Checker: every check behind one object
-    {"replay"},                                        # the one replay loop
-    {"campaign", "releases"},                          # fuzz campaigns; two vLLMs side by side
-    {"supervision"},                                   # work that may kill its process, forked
-    {"distributed", "selftest", "bisect", "tools"},
-    {"repro"},
-    {"commands"},                                      # the dispatch; the subcommands that judge
-    {"cli"},                                           # the console entry point
-    {"__main__"},
-)
-MAX_MODULE_LINES = 400
-MAX_ROOM_LINES = 1_500
+# The floors (and the line limits) live in simrig/layout.py: docs/layout.md's table is
+# generated from them (simrig.report.docs_tables.floors_table, tested below).
 
 
 def rooms(*names: str) -> tuple[str, ...]:
@@ -288,3 +266,42 @@ def test_no_room_is_over_the_line_limit():
     sizes = {room: sum(len(p.read_text().splitlines()) for p in files_under(SIMRIG / room))
              for room in SUBPACKAGES}
     assert {room: n for room, n in sizes.items() if n > MAX_ROOM_LINES} == {}
+
+
+# ------------------------------------------------------------------ docs/layout.md
+LAYOUT_PAGE = ROOT / "docs" / "layout.md"
+
+
+def test_the_layout_page_shows_the_floors_the_test_enforces():
+    from simrig.report.docs_tables import FLOORS_BEGIN, FLOORS_END, floors_table, generated_section
+
+    assert generated_section(LAYOUT_PAGE.read_text(), FLOORS_BEGIN, FLOORS_END) == floors_table(), (
+        "docs/layout.md's Floors table differs from simrig.layout.FLOORS: regenerate it "
+        "(the command is on the page, under Floors)")
+
+
+def test_the_floors_table_shows_every_unit_on_its_floor_once():
+    from simrig.report.docs_tables import floors_table
+
+    rows = floors_table().splitlines()[2:]
+    assert [int(r.split("|")[1]) for r in rows] == list(range(len(FLOORS) - 1, -1, -1))
+    shown = {u.strip(): int(r.split("|")[1]) for r in rows
+             for u in r.split("|")[2].replace("`", "").split(", ") if u.strip()}
+    assert shown == {u: i for i, floor in enumerate(FLOORS) for u in floor if u != "__init__"}
+
+
+def test_the_layout_page_states_the_limits_and_has_a_row_per_room():
+    page = LAYOUT_PAGE.read_text()
+    assert f"over {MAX_MODULE_LINES} lines" in page and f"over {MAX_ROOM_LINES:,} lines" in page
+    missing = [room for room in SUBPACKAGES if f"| `simrig/{room}/` |" not in page]
+    assert missing == [], f"docs/layout.md has no row for simrig/{missing}"
+
+
+def test_a_regenerated_page_replaces_only_its_section():
+    from simrig.report.docs_tables import generated_section, with_section
+
+    page = "head\n<!-- a -->\nold\n<!-- b -->\ntail\n"
+    new = with_section(page, "<!-- a -->", "<!-- b -->", "| new |")
+    assert new == "head\n<!-- a -->\n| new |\n<!-- b -->\ntail\n"
+    assert generated_section(new, "<!-- a -->", "<!-- b -->") == "| new |"
+    assert generated_section("no markers", "<!-- a -->", "<!-- b -->") == ""

@@ -4,6 +4,8 @@
                                   reports/baselines/known-findings*.json
     release_differences_table()   docs/release-differences.md: reports/baselines/release-differences.json
     history_table()               docs/vllm-history.md: reports/baselines/history.csv
+    floors_table()                docs/layout.md: simrig.layout.FLOORS, between FLOORS_BEGIN
+                                  and FLOORS_END (tests/test_layout.py)
 
 tests/test_docs.py fails when a page's table differs from the function's output, so a
 new or changed entry cannot leave the documentation stale. (The oracle page's table of
@@ -112,3 +114,33 @@ def history_table(path: Path | None = None) -> str:
                   for k in HISTORY_KINDS]
         out.append(f"| {a} → {b} | " + " | ".join(str(c) for c in counts) + " |")
     return "\n".join(out)
+
+
+FLOORS_BEGIN, FLOORS_END = "<!-- floors:begin -->", "<!-- floors:end -->"
+
+
+def floors_table() -> str:
+    """docs/layout.md's *Floors* table: one row per floor of ``simrig.layout.FLOORS``, the
+    highest first; a floor's units in the order the layout lists them (top-level modules by
+    name, ``__init__`` first)."""
+    from simrig.layout import FLOORS
+
+    rows = ["| floor | units |", "|---|---|"]
+    for number in range(len(FLOORS) - 1, -1, -1):
+        units = sorted(FLOORS[number], key=lambda u: (u != "__init__", u))
+        shown = [u for u in units if u != "__init__"]  # the package itself imports nothing
+        rows.append(f"| {number} | {', '.join(f'`{u}`' for u in shown)} |")
+    return "\n".join(rows)
+
+
+def generated_section(text: str, begin: str, end: str) -> str:
+    """The generated part of a page: between ``begin`` and ``end`` (empty when a marker is missing)."""
+    if begin not in text or end not in text:
+        return ""
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+
+
+def with_section(text: str, begin: str, end: str, table: str) -> str:
+    """``text`` with its generated part replaced by ``table`` (how a page is regenerated)."""
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}"

@@ -7,6 +7,7 @@
     cpu_runner.py   its helper section (text): GPUModelRunner on CPU, no model
     drive.py        its drive helpers (text): execute_model per step, the dummy paths
     upstream.py     a folder ready for vLLM: the file, ISSUE.md, expected verdicts
+    impact.py       what a vLLM user sees of each upstream finding; [Bug] or [Misc]
 
 May import the core, trace_io (the trace reader), reference (the dtype contract)
 and ``simrig.bisect.search`` (ClassKey, the class a file asserts). The

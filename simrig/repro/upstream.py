@@ -3,8 +3,9 @@
     reports/upstream/<name>/
         trace.jsonl     the minimal schedule (simrig trace format)
         test_<name>.py  the standalone reproducer (pytest_file.render)
-        ISSUE.md        what, where (file:line on the release), evidence, the schedule as a
-                        table, the reproducer, a suggested fix
+        ISSUE.md        what, where (file:line on the release), evidence, the impact (what a
+                        user sees, ``impact.py``; it sets the title's [Bug] or [Misc]), the
+                        schedule as a table, the reproducer, a suggested fix
         verdict.json    the expected verdict per release, from the known findings' version
                         ranges (fails where an entry covers the release, passes elsewhere),
                         and the verdicts ``--check`` measured
@@ -24,6 +25,7 @@ from typing import Any
 
 from simrig.bisect.search import ClassKey
 from simrig.errors import UsageError
+from simrig.repro.impact import IMPACT, section, tag
 
 RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 KNOWN = Path(__file__).resolve().parents[2] / "reports" / "baselines" / "known-findings.json"
@@ -89,7 +91,7 @@ FINDINGS: dict[str, Upstream] = {
         "it), the count that goes with `get_num_tokens_for_dispatch`'s token count"),
     "value_mismatch:capture:desc.num_active_loras": Upstream(
         "`cudagraph_specialize_lora=False` still captures LoRA-free graphs", (25, 26),
-        "vllm/v1/worker/gpu/lora_utils.py:36 (`get_lora_capture_cases`: `return [0, "
+        "vllm/v1/worker/gpu/lora_utils.py:35 (`get_lora_capture_cases`: `return [0, "
         "lora_config.max_loras + 1]` when not specializing)",
         "vllm/config/compilation.py:664, `CompilationConfig.cudagraph_specialize_lora`: \"When set to "
         "False, the LoRA-enabled cuda graph will be used for all cases, incurring the overhead of "
@@ -142,6 +144,9 @@ def write_folder(folder: Path, trace: Path, key: ClassKey, text: str) -> Path:
     if info is None:
         raise UsageError(f"--upstream: class {key.text} has no upstream entry "
                          f"(known: {', '.join(sorted(FINDINGS))})")
+    if key.text not in IMPACT:  # never a folder without its Impact section
+        raise UsageError(f"--upstream: class {key.text} has no impact entry: write what a user "
+                         "sees in simrig/repro/impact.py (IMPACT) first")
     folder.mkdir(parents=True, exist_ok=True)
     name = folder.name.replace("-", "_")
     test = folder / f"test_{name}.py"
@@ -181,12 +186,14 @@ def issue_text(info: Upstream, key: ClassKey, trace: Path, test: Path) -> str:
         ("max_loras", c.max_loras), ("cudagraph_specialize_lora", c.cudagraph_specialize_lora),
         ("kv_groups", [g.kind + (f"(window={g.window})" if g.window else "") for g in c.kv_groups])))
     expected = expected_verdicts(info.known)
+    impact = IMPACT[key.text]
     return "\n".join([
-        f"# [Bug][MRV2] {info.title}", "",
+        f"# {tag(impact.visible)}[MRV2] {info.title}", "",
         "## What", "", f"{info.title}. Finding class `{key.text}` "
         f"({', '.join(f'known-findings.json#{i}' for i in info.known)}).", "",
         "## Where (vLLM 0.33.0)", "", info.where, "",
         "## Evidence", "", info.evidence, "",
+        *section(impact), "",
         "## Minimal schedule", "", f"Config: {config}.", "", *rows, "",
         "## Reproducer", "",
         f"`{test.name}` (next to this file) imports only vllm, torch, numpy and pytest. It builds "
