@@ -17,7 +17,7 @@ SIMRIG = ROOT / "simrig"
 VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "adapters")
 # The rooms of the oracle: what the real code's observations must satisfy.
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "checks")
-SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
+SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", "triton_memcheck", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
                "selftest", "tools", "commands", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
@@ -32,7 +32,7 @@ CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "inte
 FLOORS = (
     {"__init__", "step", "errors", "observe", "progress", "interrupt",  # the step model, plain helpers
      "trace_gate", "lifeline"},                        # what a coverage collector traces; a worker's last words
-    {"triton_interpreter"},                            # where the kernels run on a CPU
+    {"triton_interpreter", "triton_memcheck"},         # where the kernels run on a CPU; their checker
     {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it
     {"vllm_parts"},                                    # vLLM's own parts made from a trace config
     {"adapters"},                                      # the model-less runner
@@ -132,6 +132,8 @@ def test_only_adapters_import_vllm():
     ("supervision", ("simrig.selftest", "simrig.tools", "simrig.commands", "simrig.distributed", "vllm")),
     ("triton_interpreter", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.harness",
                             "simrig.report", "simrig.campaign", "simrig.selftest")),
+    ("triton_memcheck", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.triton_interpreter",
+                         "simrig.harness", "simrig.report", "simrig.campaign", "simrig.selftest")),
     ("coverage", ("vllm", *rooms(*VLLM_ROOMS), "simrig.campaign", "simrig.selftest",
                   "simrig.distributed", "simrig.tools", "simrig.commands", "simrig.report",
                   "simrig.history")),

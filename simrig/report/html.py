@@ -89,6 +89,9 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
              f"<p class='banner {'bad' if bad else 'good'}'>{e(text)}</p>"]
     if headline:
         parts.append(f"<p class='facts'>{e(headline)}</p>")
+    patches = summary.get("interpreter_patches")
+    if isinstance(patches, dict) and patches.get("line"):
+        parts.append(f"<p class='facts'>interpreter patches: {e(str(patches['line']))}</p>")
     parts.append("<h2>Finding classes</h2>")
     parts.append(class_table(classes if classes is not None else pd.DataFrame(),
                              occurrences if occurrences is not None else findings))
