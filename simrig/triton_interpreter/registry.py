@@ -5,8 +5,8 @@ probe (a small computation whose answer is plain data: values, dtypes, a tiny
 kernel's bytes) and the Triton versions it is known good on. ``apply``:
 
     SIMRIG_INTERPRETER_SPEEDUPS=0, not required ─► skipped (Triton's own plumbing)
-    a patch it needs is not installed           ─► skipped
     Triton not in its known-good list           ─► skipped, unless SIMRIG_INTERPRETER_PATCHES=force
+    a patch it needs is not installed           ─► skipped
     a target attribute missing                  ─► failed
     probe() with Triton's answer as it stands ──┐
     install(); probe() again ───────────────────┴► equal: installed
@@ -155,14 +155,14 @@ def apply(patch: Patch, force: bool | None = None) -> PatchState:
         return known
     if not patch.required and not speedups_on():
         return _record(patch, SKIPPED, f"{SPEEDUPS_ENV}=0 (Triton's own plumbing)")
-    for need in patch.needs:
-        state = _states.get(need)
-        if state is None or state.state != INSTALLED:
-            return _record(patch, SKIPPED, f"needs {need}, which is {state.state if state else 'not applied'}")
     version = triton_version()
     if version not in patch.known_good and not (forced() if force is None else force):
         return _record(patch, SKIPPED, f"Triton {version or '(none)'} is not one it is known good on "
                                        f"({', '.join(patch.known_good)}); {PATCHES_ENV}=force installs it")
+    for need in patch.needs:
+        state = _states.get(need)
+        if state is None or state.state != INSTALLED:
+            return _record(patch, SKIPPED, f"needs {need}, which is {state.state if state else 'not applied'}")
     saved = _snapshot(patch)
     if isinstance(saved, str):
         return _record(patch, FAILED, f"target missing: {saved}")
