@@ -16,7 +16,7 @@ FLOORS: tuple[set[str], ...] = (
      "trace_gate", "lifeline",                         # what a coverage collector traces; a worker's
                                                        # last words
      "layout"},                                        # these floors
-    {"triton_interpreter"},                            # where the kernels run on a CPU
+    {"triton_interpreter", "triton_memcheck"},         # where the kernels run on a CPU; their checker
     {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it
     {"vllm_parts"},                                    # vLLM's own parts made from a trace config
     {"adapters"},                                      # the model-less runner

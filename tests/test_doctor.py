@@ -24,6 +24,9 @@ def test_doctor_passes_here():
     assert "vllm     0.33.0" in proc.stdout or "vllm " in proc.stdout
     assert "all entry points usable" in proc.stdout
     assert proc.stdout.count("ok  ") >= 15
+    if "(cpu-interpreter)" in proc.stdout:  # each interpreter patch and its state
+        assert "interpreter patches (Triton " in proc.stdout and "14 installed, 0 skipped, 0 failed" in proc.stdout
+        assert "  installed sample_traced_launches" in proc.stdout
 
 
 def test_doctor_without_vllm_exits_2_with_one_line(tmp_path: Path):

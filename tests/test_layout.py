@@ -19,7 +19,7 @@ SIMRIG = ROOT / "simrig"
 VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "adapters")
 # The rooms of the oracle: what the real code's observations must satisfy.
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "checks")
-SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
+SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", "triton_memcheck", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
                "views", "selftest", "tools", "commands", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
@@ -113,6 +113,8 @@ def test_only_adapters_import_vllm():
     ("supervision", ("simrig.selftest", "simrig.tools", "simrig.commands", "simrig.distributed", "vllm")),
     ("triton_interpreter", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.harness",
                             "simrig.report", "simrig.campaign", "simrig.selftest")),
+    ("triton_memcheck", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.triton_interpreter",
+                         "simrig.harness", "simrig.report", "simrig.campaign", "simrig.selftest")),
     ("coverage", ("vllm", *rooms(*VLLM_ROOMS), "simrig.campaign", "simrig.selftest",
                   "simrig.distributed", "simrig.tools", "simrig.commands", "simrig.report",
                   "simrig.history")),

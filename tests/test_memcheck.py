@@ -1,4 +1,4 @@
-"""simrig/triton_interpreter/memcheck.py: every load, store and atomic of an
+"""simrig/triton_memcheck/memcheck.py: every load, store and atomic of an
 interpreted kernel checked against its launch's allocations before it runs,
 narrow integer arithmetic checked for overflow; on the real MRV2 path, quiet on
 the bundled traces and loud (a named finding) on a seeded out-of-bounds store."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simrig.triton_interpreter import memcheck
+from simrig.triton_memcheck import memcheck
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("no Triton", allow_module_level=True)
@@ -217,7 +217,7 @@ def test_uninstall_puts_back_what_install_replaced(checked):
 CHILD = r"""
 import json, sys
 from simrig.replay import replay_trace
-from simrig.triton_interpreter import memcheck
+from simrig.triton_memcheck import memcheck
 from simrig.vllm_runtime import mutate
 
 trace = sys.argv[1]

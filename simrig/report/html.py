@@ -118,8 +118,11 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
 def verdict_section(title: str, summary: dict[str, Any], headline: str) -> str:
     e = html.escape
     text, bad = banner(summary)
+    patches = summary.get("interpreter_patches")
+    patch_line = (f"<p class='facts'>interpreter patches: {e(str(patches['line']))}</p>"
+                  if isinstance(patches, dict) and patches.get("line") else "")
     return (f"<h1>{e(title)}</h1><p class='banner {'bad' if bad else 'good'}'>{e(text)}</p>"
-            + (f"<p class='facts'>{e(headline)}</p>" if headline else ""))
+            + (f"<p class='facts'>{e(headline)}</p>" if headline else "") + patch_line)
 
 
 def plots_section(summary: dict[str, Any], steps: pd.DataFrame, classes: pd.DataFrame,

@@ -133,8 +133,11 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
         raise ValueError(f"extra_tables: reserved name(s) {sorted(clash)}")
     tmp = staging_dir(out, "report")
     try:
+        from simrig.triton_interpreter import registry
+
         summary = {"simrig_version": simrig_version(),
                    "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   "interpreter_patches": registry.summary(),  # this process's; a caller's own wins
                    **summary, "classes": verdict_counts(classes)}
         tables = {"steps": steps, "findings": findings, "contract": contract, "classes": classes,
                   **extra_tables}

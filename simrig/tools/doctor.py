@@ -44,8 +44,22 @@ def run(args: argparse.Namespace) -> int:
         print("simrig doctor: error: CPU mode needs triton for the Triton interpreter", file=sys.stderr)
         return 2
     _print_release_shape()
+    _print_interpreter_patches(choice.is_cpu)
     print("all entry points usable")
     return 0
+
+
+def _print_interpreter_patches(cpu: bool) -> None:
+    """Each interpreter patch and its state (never fatal: a patch not installed
+    leaves Triton's own code running)."""
+    from simrig.triton_interpreter import registry
+
+    if not cpu:
+        print("interpreter patches: none (CUDA mode: Triton compiles the kernels)")
+        return
+    print(f"interpreter patches (Triton {registry.triton_version()}): {registry.summary()['line']}")
+    for state in registry.patch_states():
+        print(f"  {state.line()}")
 
 
 def _print_release_shape() -> None:

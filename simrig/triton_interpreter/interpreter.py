@@ -72,12 +72,13 @@ def patch_language_once() -> bool:
 
     # _patch_lang reads only fn.__globals__: a stand-in that sees both modules
     fake = type("Kernel", (), {"__globals__": {"tl": tl, "core": tl.core}})()
-    original(fake)  # patched for good: its scope is never restored
+    scope = original(fake)  # patched for good: restored only if the patch is taken back
 
     def patch_lang(fn: object) -> _KeepPatched:
         return _KeepPatched()
 
     patch_lang.__simrig_once__ = True  # type: ignore[attr-defined]
+    patch_lang.__simrig_scope__ = scope  # type: ignore[attr-defined]
     interpreter._patch_lang = patch_lang
     return True
 

@@ -87,25 +87,18 @@ def configure(force_cpu: bool | None = None) -> PlatformChoice:
 
 
 def apply_after_import() -> None:
-    """Post-import plumbing: in CPU mode, report UVA as unavailable."""
+    """Post-import plumbing: in CPU mode, report UVA as unavailable and install
+    the interpreter patches (``interpreter_patches``)."""
     if _choice is None or not _choice.is_cpu:
         return
     from vllm.v1.worker.gpu import buffer_utils
 
     buffer_utils.is_uva_available = lambda: False
-    from simrig.triton_interpreter import interpreter, interpreter_launch, interpreter_speed, interpreter_types
+    from simrig.vllm_runtime import interpreter_patches
 
-    interpreter.skip_dead_overflow_checks()
-    if os.environ.get("SIMRIG_INTERPRETER_SPEEDUPS", "1") != "0":  # 0: Triton's own plumbing, to compare
-        interpreter_speed.install_all()  # before patch_language_once: it patches through _patch_attr
-        interpreter_types.install_all()
-        interpreter_launch.install_all()
-    interpreter.patch_language_once()
-    interpreter.sample_traced_launches()
-    if os.environ.get("SIMRIG_MEMCHECK") == "1":  # last: it wraps the launch as the patches left it
-        from simrig.triton_interpreter import memcheck
-
-        memcheck.install()
+    # every patch through the registry: probed against Triton's own answer,
+    # skipped on a Triton it is not known good on, its state recorded
+    interpreter_patches.install()
 
 
 @contextlib.contextmanager

@@ -58,6 +58,8 @@ _launch: _Launch | None = None
 _pointed: dict[int, weakref.ref] = {}  # data_ptr() taken outside a launch -> the tensor, weakly
 _prune_at = 4096
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# the interpreter's own plumbing (frames between the kernel's line and the checker)
+_INTERPRETER = os.path.join(os.path.dirname(_HERE), "triton_interpreter")
 
 
 def stats() -> dict[str, int]:
@@ -128,7 +130,7 @@ def _where() -> str:
     """The innermost kernel line on the stack (a frame outside Triton and simrig)."""
     import triton
 
-    skip = (os.path.dirname(os.path.abspath(triton.__file__)), _HERE)
+    skip = (os.path.dirname(os.path.abspath(triton.__file__)), _HERE, _INTERPRETER)
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename
