@@ -153,10 +153,14 @@ def evidence_sections(summary: dict[str, Any], contract: pd.DataFrame,
     """Below the classes: coverage, the extra tables, the dtype contract, summary.json."""
     e = html.escape
     parts = []
+    if "axes" in extra_tables:  # what the campaign reached: a clean verdict covers only these
+        parts.append("<h2>Request features drawn</h2><p class='note'>Per axis, when the campaign first "
+                     "drew it and how often; an empty first-drawn cell: never reached.</p>"
+                     + table(extra_tables["axes"], limit=HTML_ROWS))
     if "coverage_functions" in extra_tables:
         parts.append(coverage_section(summary.get("coverage") or {}, extra_tables))
     for name, frame in extra_tables.items():
-        if name == "occurrences" or name.startswith("coverage_"):
+        if name in ("occurrences", "axes") or name.startswith("coverage_"):
             continue  # shown under each class / in the coverage section
         parts.append(f"<h2>{e(name)}</h2>" + table(frame, limit=HTML_ROWS))
     if not contract.empty:
