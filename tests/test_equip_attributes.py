@@ -29,10 +29,13 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The runner's start-up: __init__ and the methods vLLM's worker calls before the first step,
-# all replaced by equip (simrig never calls them; test below).
+# The runner's start-up: __init__, the methods and the functions handed the runner that vLLM's
+# worker calls before the first step (loading, KV cache, memory profiling of the graphs, kernel
+# warmup), all replaced by equip (simrig never calls them; test below).
 START_UP = {"__init__", "load_model", "initialize_kv_cache", "_init_kv_zero_meta",
-            "get_supported_tasks", "update_config"}
+            "get_supported_tasks", "update_config",
+            "profile_cudagraph_memory", "_init_minimal_kv_cache_for_profiling", "_teardown_profiling_state",
+            "warmup_kernels", "_warmup_kernels", "run_mixed_prefill_decode_warmup", "_warmup_block_counter"}
 
 
 def self_targets(function: ast.AST) -> set[str]:
@@ -79,14 +82,24 @@ def report() -> dict[str, Any]:
                 if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
                         and isinstance(node.value, ast.Name) and node.value.id == "self"):
                     readers.setdefault(node.attr, set()).add(method.name)
-    # every attribute name MRV2 loads (x.name or getattr(x, "name")), the LoRA mixin's included
+    # every attribute name MRV2 loads (x.name or getattr(x, "name")), the LoRA mixin's included;
+    # a module-level function handed the runner (a parameter runner / model_runner) reads too
     files = sorted(Path(mrv2.__file__).parent.rglob("*.py"))
     files.append(Path(mrv2.__file__).parents[1] / "lora_model_runner_mixin.py")
     reads: set[str] = set()
     for path in files:
         if not path.is_file():
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for function in tree.body:
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = {a.arg for a in function.args.args} & {"runner", "model_runner"}
+            for node in ast.walk(function):
+                if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                        and isinstance(node.value, ast.Name) and node.value.id in params):
+                    readers.setdefault(node.attr, set()).add(function.name)
+        for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 reads.add(node.attr)
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -163,9 +176,12 @@ def test_simrig_never_runs_the_start_up_methods_equip_replaces():
     calls = []
     for path in sorted((ROOT / "simrig").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in START_UP - {"__init__"}):
-                calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.attr}")
+            if not isinstance(node, ast.Call):
+                continue
+            called = (node.func.attr if isinstance(node.func, ast.Attribute) else
+                      node.func.id if isinstance(node.func, ast.Name) else "")
+            if called in START_UP - {"__init__"}:
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno} {called}")
     assert not calls, f"simrig calls a start-up method equip stands for: {calls}"
 
 

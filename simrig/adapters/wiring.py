@@ -117,27 +117,30 @@ def block_tables(config: RunnerConfig, device: Any, dcp_rank: int = 0) -> Any:
 
 
 # What GPUModelRunner.__init__ sets (0.30.0-0.33.0) that equip does not, each with why the
-# model-less runner needs none of it. Read only by __init__ itself and the start-up methods
-# simrig replaces with equip (load_model, initialize_kv_cache, _init_kv_zero_meta,
-# get_supported_tasks, update_config), unless the reason names the method and its guard.
+# model-less runner needs none of it. Read only by __init__ itself and the start-up simrig
+# replaces with equip (load_model, initialize_kv_cache, _init_kv_zero_meta,
+# get_supported_tasks, update_config; the worker's graph-memory profiling and kernel warmup,
+# functions handed the runner), unless the reason names the method and its guard.
 # tests/test_equip_attributes.py compares this with the installed release's __init__.
 NOT_NEEDED: dict[str, str] = {
-    "cache_config": "read by __init__ (the KV dtype) and initialize_kv_cache only",
+    "cache_config": "read at start-up only: __init__ (the KV dtype), initialize_kv_cache, "
+                    "the graph-memory profiling",
     "compilation_config": "read at start-up only; the cudagraph mode and sizes reach the "
                           "dispatcher through vllm_config (vllm_parts/cudagraph.py)",
     "dtype": "the model's dtype: read by __init__ only, to derive kv_cache_dtype",
     "kv_cache_dtype": "read by no method of the runner (the KV cache is built at start-up)",
-    "is_pooling_model": "read by load_model and get_supported_tasks only; no pooling runner",
+    "is_pooling_model": "read at start-up only (load_model, get_supported_tasks, warmup); "
+                        "no pooling runner",
     "jit_warmup_registry": "read by load_model and initialize_kv_cache only (kernel warmup)",
     "load_config": "read by load_model and update_config only: no model is loaded",
     "lora_capture_cases": "read by initialize_kv_cache only; vllm_parts/lora.py asks vLLM's "
                           "get_lora_capture_cases itself",
     "mm_registry": "`profile_run` reads it only under `self.supports_mm_inputs`, which equip "
                    "sets False (no multimodal encoder)",
-    "scheduler_config": "read by __init__ (max_num_tokens, max_num_reqs, set here from the "
-                        "trace config) and initialize_kv_cache only",
-    "speculative_config": "read by __init__ and load_model only; equip sets what they derive "
-                          "(num_speculative_steps, decode_query_len, the verifiers)",
+    "scheduler_config": "read at start-up only: __init__ (max_num_tokens, max_num_reqs, set "
+                        "here from the trace config), initialize_kv_cache, warmup",
+    "speculative_config": "read at start-up only (__init__, load_model, warmup); equip sets "
+                          "what they derive (num_speculative_steps, decode_query_len, the verifiers)",
 }
 # What equip sets that the installed release's __init__ may not, and no MRV2 code of that
 # release reads: set for the releases that do read it (harmless elsewhere).
