@@ -73,7 +73,8 @@ def _shared_range(ax: Any, when: pd.Series) -> None:
     """Every dated panel spans all runs' dates, so panels line up under each other."""
     when = when.dropna()
     if len(when) > 1:
-        pad = (when.max() - when.min()) * 0.04
+        # at least a minute either side: runs seconds apart still get readable ticks
+        pad = max((when.max() - when.min()) * 0.04, pd.Timedelta(minutes=1))
         ax.set_xlim(when.min() - pad, when.max() + pad)
 
 
@@ -98,7 +99,7 @@ def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: 
 def _date_axis(ax: Any) -> None:
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
-    locator = AutoDateLocator(maxticks=6)
+    locator = AutoDateLocator(minticks=3, maxticks=8)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
 
