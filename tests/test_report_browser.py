@@ -143,3 +143,34 @@ def test_first_screen_of_the_history_page(seeded_reports, browser):
     assert banner in seen["texts"]
     assert any(t.startswith("New classes still showing (") for t in seen["texts"])
     assert "dtype_drift · prepare · idx_mapping" in seen["texts"]  # the seeded fault's class
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_first_screen_of_a_selftest_scoreboard(tmp_path, browser):
+    """One mutant, scored by a short campaign: the verdict and the 'since the previous run'
+    section on the first screen; a surviving mutant's class on it, a detected one's folded
+    (which of the two depends on the machine's speed within the budget)."""
+    out = tmp_path / "selftest"
+    env = {**os.environ, "SIMRIG_HISTORY": str(tmp_path / "history"), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "simrig", "selftest", "--mutants", "idx-mapping-device-int32",
+                           "--fuzz-only", "--skip-baseline", "--no-memcheck", "--budget-per-mutant", "30",
+                           "--out", str(out), "--summary-md", str(tmp_path / "selftest.md")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    summary = json.loads((out / "summary.json").read_text())
+    assert done.returncode == summary["exit_status"] in (0, 1), done.stderr[-2000:]
+    first_line = done.stdout.splitlines()[0]  # the one-line status
+    assert first_line.startswith("selftest: ") and "mutants detected" in first_line
+    seen = first_screen.first_screen(out / "report.html", SHOTS / "selftest.png", browser)
+    assert verdict_line(summary["classes"]) in " ".join(seen["texts"])
+    assert "Since the previous run" in seen["texts"]
+    classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
+    assert len(classes) == 1
+    row = classes.iloc[0]
+    if row["verdict"] == "new":  # the mutant survived the budget: a new class, on the first screen
+        assert row["signature"] in seen["texts"]
+    else:  # detected: the expected class is folded, its text one click away
+        assert row["verdict"] == "expected"
+        assert not any(row["explanation"][:60] in t for t in seen["texts"])
+    verdict = verdict_line(summary["classes"])
+    assert (tmp_path / "selftest.md").read_text().startswith(f"### simrig selftest: {verdict}")

@@ -107,3 +107,14 @@ def test_summary_markdown_opens_with_a_status_line_then_reproducers_and_changes(
     assert any(line.startswith("**Since the previous run** (previous run of 'replay t'") for line in lines)
     assert EXPLANATION not in text and lines[-1] == "Report: `out/report.html`"
     json.dumps(changes)  # summary.json carries it as is
+
+
+def test_an_unwritable_summary_md_is_one_line_and_exit_2_before_the_run(tmp_path, capsys):
+    from simrig import cli
+
+    trace = ROOT / "traces" / "samples" / "chunked_prefill.jsonl"
+    for command in (["replay", str(trace)], ["fuzz", "--max-examples", "1"], ["selftest"]):
+        status = cli.main([*command, "--out", str(tmp_path / "out"), "--summary-md", str(tmp_path)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and "--summary-md" in err[0] and "is a directory" in err[0], err
+        assert not (tmp_path / "out").exists()

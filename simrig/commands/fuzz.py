@@ -205,7 +205,7 @@ def _finish(args: argparse.Namespace, options: Any, campaign: Any, status: int, 
     from simrig.coverage.session import without_coverage_data
     from simrig.findings.classes import class_rows_for_print, verdict_line
     from simrig.report.timing import time_share_line
-    from simrig.tools.common import emit_json, record_history, write_summary_md
+    from simrig.tools.common import changes_line, emit_json, record_history, write_summary_md
 
     s = campaign.report_summary
     write_summary_md(args, "fuzz", s, campaign.class_table, headline(s),
@@ -220,6 +220,8 @@ def _finish(args: argparse.Namespace, options: Any, campaign: Any, status: int, 
     print(verdict_line(s.get("classes", {})) + f" — exit {status}")
     for line in class_rows_for_print(campaign.class_table):
         print(line)
+    if changes_line(s):
+        print(changes_line(s))
     for row in sharded.rows if sharded is not None else ():
         note = f" -- {row.note}" if row.note else ""
         print(f"  shard {row.shard} [{row.status}] {row.worker} seed {row.seed} pcp {row.pcp_sizes}: "

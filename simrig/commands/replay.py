@@ -179,7 +179,7 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     from simrig.findings.classes import class_rows_for_print, verdict_counts, verdict_line
     from simrig.report.timing import time_share_line
     from simrig.report.writer import write_report
-    from simrig.tools.common import emit_json, record_history, write_summary_md
+    from simrig.tools.common import changes_line, emit_json, record_history, write_summary_md
 
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
                **result.summary()}
@@ -221,6 +221,8 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
           f"{summary['known']} known, {summary['expected']} expected")
     for line in class_rows_for_print(result.classes):
         print(line)
+    if changes_line(summary):
+        print(changes_line(summary))
     print(time_share_line(summary["time_share"]))
     if summary.get("steps_after_exception"):
         print(f"  {summary['steps_after_exception']} step(s) ran on a runner vLLM had raised in "

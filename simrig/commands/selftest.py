@@ -177,7 +177,7 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
     from simrig.findings.known import installed_vllm_version
     from simrig.report.writer import write_report
     from simrig.selftest.driver import scoreboard_classes, scoreboard_rows
-    from simrig.tools.common import emit_json, record_history, write_summary_md
+    from simrig.tools.common import changes_line, emit_json, record_history, write_summary_md
 
     if not results:  # stopped before the first child finished: nothing to score
         print("simrig selftest: interrupted before the first run finished; no scoreboard written",
@@ -258,6 +258,8 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
     print(verdict_line(summary["classes"]) + f" — exit {int(failed)}")
     for line in class_rows_for_print(classes):
         print(line)
+    if changes_line(summary):
+        print(changes_line(summary))
     if coverage_line(summary):
         print(coverage_line(summary) + " (the baseline run)")
     print(f"scoreboard: {out / 'report.html'}")

@@ -132,8 +132,11 @@ def plots_section(summary: dict[str, Any], steps: pd.DataFrame, classes: pd.Data
     from simrig.views import trends
 
     e = html.escape
+    # a campaign's classes over its seconds (a selftest's classes carry seconds to detection,
+    # another clock: not drawn as one)
+    campaign = summary.get("command") == "fuzz" and len(classes)
     pngs = [("Over the campaign", trends.campaign_curves(
-                extra_tables.get("coverage_timeline"), classes if len(classes) else None)),
+                extra_tables.get("coverage_timeline"), classes if campaign else None)),
             ("Batch composition", plots.batch_composition(steps)),
             ("Stage latency", plots.stage_latency(steps))]
     parts = []

@@ -72,6 +72,14 @@ def write_summary_md(args: argparse.Namespace, command: str, summary: dict[str, 
     os.replace(tmp, target)
 
 
+def changes_line(summary: dict[str, Any]) -> str:
+    """'since the previous run: ...' for the terminal ('' when the summary has no changes)."""
+    from simrig.views.changes import change_lines
+
+    lines = change_lines(summary.get("since_previous"))
+    return "since the previous run: " + "; ".join(lines) if lines else ""
+
+
 def add_memcheck_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memcheck", action="store_true",
                    help="check every load and store of MRV2's interpreted kernels against the "

@@ -88,7 +88,7 @@ class Links:
 
 def _where(trace: str, step: Any, pcp_size: Any) -> str:
     name = str(trace).rsplit("/", 1)[-1]
-    text = f"{name} step {step}" if name else ""
+    text = f"{name} step {step}" if name and str(step) not in ("", "-1") else name
     return text + (f" pcp {pcp_size}" if isinstance(pcp_size, (int, float)) and pcp_size > 1 else "")
 
 
@@ -110,7 +110,7 @@ def new_classes_section(classes: pd.DataFrame, occurrences_html: Any) -> str:
             message = message[:MESSAGE_CHARS - 1] + "…"
         lines = [f"<div class='sig'><span class='new'>NEW</span> <b>{e(c.signature)}</b> "
                  f"<span class='note'>checks: {e(c.checks)}</span> · {c.occurrences:,} occurrence(s) "
-                 f"in {c.traces} trace(s), first at {e(first)}</div>",
+                 f"in {c.traces} trace(s)" + (f", first at {e(first)}" if first else "") + "</div>",
                  f"<div class='msg1'>{e(message)}</div>"]
         if c.reproduce:
             lines.append(f"<div>reproduce: <code class='cmd'>{e(c.reproduce)}</code></div>")

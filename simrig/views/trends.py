@@ -73,8 +73,25 @@ def _shared_range(ax: Any, when: pd.Series) -> None:
     """Every dated panel spans all runs' dates, so panels line up under each other."""
     when = when.dropna()
     if len(when) > 1:
-        pad = (when.max() - when.min()) * 0.04
+        # at least a minute either side: runs seconds apart still get readable ticks
+        pad = max((when.max() - when.min()) * 0.04, pd.Timedelta(minutes=1))
         ax.set_xlim(when.min() - pad, when.max() + pad)
+
+
+def _single_values(ax: Any, values: dict[str, float], unit: str) -> None:
+    """One run of each of several suites: a number per suite, no plot."""
+    ax.grid(False)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    step = 0.8 / max(len(values), 1)
+    for i, (label, value) in enumerate(values.items()):
+        y = 0.85 - i * step
+        ax.text(0.02, y, f"{value:,.2f}".rstrip("0").rstrip(".") + (f" {unit}" if unit else ""),
+                fontsize=15, va="center", transform=ax.transAxes)
+        ax.text(0.02, y - step * 0.38, f"{label[:60]} (one run so far)", fontsize=7, color="#666",
+                va="center", transform=ax.transAxes)
 
 
 def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: str = "") -> None:
@@ -85,6 +102,9 @@ def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: 
     if len(points) == 1 and len(next(iter(points.values()))[1]) == 1:
         (t, v), = points.values()
         single_value(ax, float(v.iloc[0]), unit, t.iloc[0].strftime("%Y-%m-%d %H:%M UTC"))
+        return
+    if points and all(len(v) == 1 for _, v in points.values()):  # one run of each suite: numbers
+        _single_values(ax, {label: float(v.iloc[0]) for label, (_, v) in points.items()}, unit)
         return
     for i, (label, (t, v)) in enumerate(points.items()):
         ax.plot(t, v, "o-", markersize=3.5, linewidth=1.4, label=label[:40],
@@ -98,7 +118,7 @@ def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: 
 def _date_axis(ax: Any) -> None:
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
-    locator = AutoDateLocator(maxticks=6)
+    locator = AutoDateLocator(minticks=3, maxticks=8)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
 
