@@ -46,7 +46,8 @@ def test_the_table_has_a_row_per_axis_with_first_time():
     frame = tally.frame()
     assert list(frame["axis"]) == [a.name for a in AXES]
     row = frame.set_index("axis").loc["PCP > 1"]
-    assert (row["first drawn (s)"], row["steps"], row["examples"]) == (2.5, 1, 1)
+    assert (row["first drawn (s)"], row["steps"], row["examples"]) == ("2.5", 1, 1)
+    assert frame.set_index("axis").loc["DCP > 1", "first drawn (s)"] == "never"
     assert tally.summary()["DCP > 1"] == {"first_s": None, "steps": 0, "examples": 0}
 
 

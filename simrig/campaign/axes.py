@@ -141,6 +141,9 @@ class AxisTally:
     def frame(self) -> Any:
         import pandas as pd  # the report's dependency, not the step loop's
 
-        return pd.DataFrame([{"axis": a.name, "what": a.what, "first drawn (s)": self.first_s.get(a.name),
+        def first(name: str) -> str:  # a string column: "never" reads better than NaN
+            return f"{self.first_s[name]:.1f}" if name in self.first_s else "never"
+
+        return pd.DataFrame([{"axis": a.name, "what": a.what, "first drawn (s)": first(a.name),
                               "steps": self.steps.get(a.name, 0), "examples": self.examples.get(a.name, 0)}
                              for a in AXES])

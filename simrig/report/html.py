@@ -158,7 +158,7 @@ def evidence_sections(summary: dict[str, Any], contract: pd.DataFrame,
     parts = []
     if "axes" in extra_tables:  # what the campaign reached: a clean verdict covers only these
         parts.append("<h2>Request features drawn</h2><p class='note'>Per axis, when the campaign first "
-                     "drew it and how often; an empty first-drawn cell: never reached.</p>"
+                     "drew it (seconds into the campaign) and how often; \"never\": not reached.</p>"
                      + table(extra_tables["axes"], limit=HTML_ROWS))
     if "coverage_functions" in extra_tables:
         parts.append(coverage_section(summary.get("coverage") or {}, extra_tables))
