@@ -188,6 +188,11 @@ def check_all(steps, observations):
 def test_real_runner_takes_the_streaming_update_cleanly(run):
     steps, observations = run
     assert [f.one_line() for f in check_all(steps, observations) if not f.known] == []
+    life = observations[3].get("lifecycle").fields
+    assert life["runner.added.req_ids"].values == ["a"]
+    assert life["runner.added.token_ids"].values[0][6:] == APPENDED
+    assert life["runner.added.num_computed"].values == [6]
+    assert life["runner.added.num_blocks"].values == [[3]]
     prepare = observations[3].get("prepare")
     order = [str(r) for r in prepare.fields["req_ids"].values]
     ids = np.asarray(prepare.fields["input_ids"].values)
@@ -208,6 +213,9 @@ def _corrupt(observations, index, fn):
     ("old_computed", "reference", "num_computed_tokens_np"),
     ("old_blocks", "blocks", "attn.block_tables.0"),
     ("slot_lost", "runner_state", "runner.free_slots"),
+    ("kept_prompt_len", "readded", "runner.added.prompt_len"),
+    ("kept_token_row", "readded", "runner.added.token_ids"),
+    ("appended_block_row", "readded", "runner.added.num_blocks"),
 ])
 def test_a_stale_re_added_state_is_caught(run, corruption, check, field):
     """What add_requests would leave with the old state in place: the old prompt's
@@ -239,8 +247,14 @@ def test_a_stale_re_added_state_is_caught(run, corruption, check, field):
                 v[a_row, 2] = 0
                 return v
             put(prepare, "attn.block_tables.0", old)
-        else:
+        elif corruption == "slot_lost":
             put(life, "runner.free_slots", lambda v: v[:-1])
+        elif corruption == "kept_prompt_len":
+            put(life, "runner.added.prompt_len", lambda v: [5])
+        elif corruption == "kept_token_row":
+            put(life, "runner.added.token_ids", lambda v: [[synth_token("a", p) for p in range(9)]])
+        else:  # the new list appended to the old row: 2 + 3 blocks
+            put(life, "runner.added.num_blocks", lambda v: [[5]])
 
     found = [f for f in check_all(steps, _corrupt(observations, 3, corrupt)) if not f.known]
     assert any(f.check == check and f.field == field and f.step == 3 for f in found), \
