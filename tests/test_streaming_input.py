@@ -260,3 +260,44 @@ def test_a_stale_re_added_state_is_caught(run, corruption, check, field):
     assert any(f.check == check and f.field == field and f.step == 3 for f in found), \
         [f.one_line() for f in found]
     assert fk.VALUE_MISMATCH in {f.kind for f in found}
+
+
+# ------------------------------------------------------------------ vLLM's own scheduler
+@pytest.mark.vllm
+def test_vllms_scheduler_re_sends_a_streaming_session_as_the_trace_says(vllm_api):
+    """vLLM's real scheduler, a resumable request: its turn stops, its next input is added
+    with the same id, and the next schedule() sends it as new with its live id. The Step
+    recorded from that output is a streaming update of exactly the documented shape, it
+    keeps the contract, and the real runner takes it with no finding but known ones."""
+    from simrig.checks.checker import Checker
+    from simrig.harness import Harness
+    from simrig.vllm_parts.scheduler import RealScheduler, SchedulerSetup
+
+    setup = SchedulerSetup(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128,
+                           num_kv_blocks=32, prefix_caching=False, block_size=16)
+    sched = RealScheduler(setup)
+    prompt = [synth_token("s", p) for p in range(20)]
+    sched.add("s", prompt, max_tokens=3, resumable=True)
+    steps = []
+    for _ in range(3):  # prefill, then two decodes: the third output stops the turn
+        step, so = sched.schedule()
+        steps.append(step)
+        sched.complete(so, {r: [synth_token(r, sched.progress(r)[1])] for r in so.num_scheduled_tokens})
+    held = sched.scheduler.requests["s"]
+    assert not held.is_finished() and held.num_computed_tokens == 22  # 20 prompt + 2 outputs fed back
+    sched.add("s", APPENDED, max_tokens=2, resumable=True)  # the next input, same id
+    step, so = sched.schedule()
+    steps.append(step)
+    (new,) = step.new_requests
+    assert new.streaming and new.req_id == "s" and not step.finished
+    assert new.num_computed_tokens == 22 and new.prompt_len == 22 + len(APPENDED)
+    assert new.prefill_len is None  # vLLM's prefill tokens are the (extended) prompt
+    assert new.prompt_token_ids[22:] == APPENDED  # kept tokens, then the new input
+    assert new.block_ids[:len(steps[0].new_requests[0].block_ids)] == steps[0].new_requests[0].block_ids
+    assert step.num_scheduled_tokens == {"s": len(APPENDED)}
+    config = setup.runner_config()
+    contract = SchedulerContract(config)
+    assert [v for s in steps for v in contract.violations(s)] == []
+    harness, checker = Harness(config, api=vllm_api), Checker(config, trace="scheduler")
+    found = [f for i, s in enumerate(steps) for f in checker.check(i, s, harness.run_step(s))]
+    assert [f.one_line() for f in found if not f.known] == []
