@@ -155,12 +155,16 @@ class SchedulerModel:
         assert req.state == RUNNING and req_id not in self.pending_preempted
         req.state, req.prefix_hit = WAITING, 0
 
-    def stream_input(self, req_id: str, num_tokens: int, max_tokens: int) -> None:
+    def stream_input(self, req_id: str, num_tokens: int, max_tokens: int, stop_now: bool = False) -> None:
         """The session's next input: applied now to a paused session, queued until the
-        turn stops for a running one (Scheduler.add_request: "Queue next input chunk")."""
+        turn stops for a running one (Scheduler.add_request: "Queue next input chunk").
+        ``stop_now``: the running turn's last sampled token was a stop token, so the turn
+        stops here (a request past its prefill only) and the input is taken at once."""
         req = self.reqs[req_id]
         assert req.state in (RUNNING, PAUSED) and req.queued_input is None and num_tokens >= 1
         req.resumable, req.queued_input = True, (num_tokens, max_tokens)
+        if req.state == RUNNING and stop_now and not req.prefilling:
+            req.state = PAUSED
         if req.state == PAUSED:
             self._take_input(req)
 

@@ -133,14 +133,18 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
 
 
 def draw_stream_input(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
-    """A streaming session's next input (queued while its turn runs), or, for a paused
-    session, sometimes its end (vLLM finishes a session whose input stream closed)."""
+    """A streaming session's next input (queued while its turn runs, or the turn stops
+    now, as on a stop token), or, for a paused session, sometimes its end (vLLM finishes
+    a session whose input stream closed)."""
     req = draw(st.sampled_from(model.streamable()))
     if req.state == PAUSED and draw(st.integers(0, 3)) == 3:
         model.abort(req.req_id)
         return
     room = max(1, model.config.max_model_len // 4)
-    model.stream_input(req.req_id, draw(st.integers(1, room)), draw(st.integers(1, max_new_tokens)))
+    num_tokens, max_tokens = draw(st.integers(1, room)), draw(st.integers(1, max_new_tokens))
+    # a running turn past its prefill may stop now (its last token a stop token)
+    stop_now = req.state != PAUSED and not req.prefilling and draw(st.integers(0, 3)) > 0
+    model.stream_input(req.req_id, num_tokens, max_tokens, stop_now)
 
 
 @st.composite
