@@ -28,6 +28,7 @@ from simrig import lifeline
 from simrig import observe as obs
 from simrig.adapters import sampling
 from simrig.adapters.probes import descriptor_fields as _descriptor_fields
+from simrig.adapters.probes import added_state as _added_state
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import attn_fields as _attn_fields
 from simrig.adapters.probes import lora_fields as _lora_fields
@@ -140,7 +141,9 @@ class StageProbes:
             "runner.live_ids": ids, "runner.live_slots": [held[r] for r in ids],
             "runner.free_slots": list(self.runner.req_states.free_indices),
             # the PCP world actually driven (1 where the release cannot drive the config)
-            "runner.pcp_size": len(self.pcp_managers) or 1}.items()}
+            "runner.pcp_size": len(self.pcp_managers) or 1,
+            # each request this step added, as the runner keeps it (checks/readded.py)
+            **_added_state(self.runner, self._step)}.items()}
         if obs.GATHER not in self.stages:
             raise StopStep
         return value

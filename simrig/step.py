@@ -228,7 +228,8 @@ def step_block_ids(groups: list[list[int]]) -> BlockIds:
 
 @dataclass
 class NewRequest:
-    """A request the runner sees for the first time (or again, after preemption)."""
+    """A request the runner sees for the first time (or again, after preemption), or
+    a streaming-input update of a request the runner still holds (``streaming``)."""
 
     req_id: str
     prompt_len: int
@@ -241,6 +242,13 @@ class NewRequest:
     block_ids: BlockIds = field(default_factory=list)  # see block_groups
     # The request's LoRA adapter (LoRARequest.lora_int_id, >= 1); None: the base model.
     lora_id: int | None = None
+    # A streaming-input update (vLLM's resumable requests): the id is still held by
+    # the runner, which removes its state and re-adds it (GPUModelRunner.add_requests:
+    # "Streaming input update: request already exists from a prior chunk. Remove old
+    # state so it can be cleanly re-added"). The prompt is the session's tokens so far
+    # (the last sampled one dropped) plus the new input; num_computed_tokens the
+    # session's computed frontier; block_ids every block it holds.
+    streaming: bool = False
 
     @property
     def num_prefill_tokens(self) -> int:

@@ -2,7 +2,8 @@
 
     rules (scheduler side, strategies.model)        after every scheduled step
     ───────────────────────────────────────         ───────────────────────────────────────
-    arrive / abort / preempt / resume        ──►    Harness.run_step(step)   (real MRV2 code)
+    arrive / abort / preempt / resume /      ──►    Harness.run_step(step)   (real MRV2 code)
+      stream_input (streaming sessions)
     schedule (prefill chunk, decode, spec)          Checker.check + extra checks
     adversarial only: unknown_id, finished_id,      fail on any finding the settings call
       unknown_cached, duplicate_new                 "failing" -> NewFinding(steps, findings)
@@ -53,7 +54,7 @@ from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import Plan, Row, SchedulerModel
 from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
-from strategies.steps import draw_large_plan, draw_plan, draw_small_plan
+from strategies.steps import draw_large_plan, draw_plan, draw_small_plan, draw_stream_input
 
 MODES = ("valid", "adversarial")
 
@@ -177,6 +178,13 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         req = data.draw(st.sampled_from(self.model.preempted()))
         hit = prefix_cache_hits(req.num_tokens, block_size=tokens_per_block(self.config))
         self.model.resume(req.req_id, data.draw(hit))
+
+    @precondition(lambda self: self.model is not None and self.model.streamable())
+    @rule(data=st.data())
+    def stream_input(self, data: st.DataObject) -> None:
+        """A streaming-input update: the request's next input, sent as new with its live
+        id once its turn stopped (valid in every mode)."""
+        draw_stream_input(data.draw, self.model, self.machine_settings.max_new_tokens)
 
     @rule(data=st.data())
     def schedule(self, data: st.DataObject) -> None:

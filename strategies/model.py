@@ -8,6 +8,16 @@ Each request moves through
                  +--- resume (new again, all tokens, --------+  +--> told in the next step's
                       prefix-cache hit)                               finished list
 
+A resumable request (vLLM's streaming input) does not finish when its turn
+stops: the session pauses, still held by the runner, until its next input
+arrives (``stream_input``, queued while the turn runs); it is then sent as new
+again with its live id (``NewRequest.streaming``): the prompt is the session's
+tokens so far, the last sampled one dropped, plus the new input, resumed from
+its computed tokens, with every block it holds (Scheduler._update_request_as_session,
+_handle_stopped_request):
+
+    running --(turn stops)--> paused --(input)--> streamed --(sent as new, streaming)--> running
+
 and the model turns one scheduling decision (a ``Plan``) into one
 ``simrig.step.Step`` that obeys the contract the runner relies on:
 
@@ -35,13 +45,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step, block_groups
+from simrig.step import SYNTH_VOCAB_SIZE, CachedUpdate, NewRequest, RunnerConfig, Step, block_groups, synth_token
 from strategies.blocks import BlockPool
 
 WAITING = "waiting"  # not held by the runner; sent as new when scheduled
 RUNNING = "running"  # held by the runner
 PREEMPTED = "preempted"  # released by the runner; waits for resume
 FINISHED = "finished"
+PAUSED = "paused"  # a streaming session between inputs: held by the runner, not scheduled
+STREAMED = "streamed"  # a session with its next input: held; sent as new (streaming) when scheduled
+
+
+def stream_token(req_id: str, turn: int, position: int) -> int:
+    """The token a streaming input puts at ``position``: never the token the stand-in
+    model samples there (``synth_token``), so an update the runner did not write shows
+    in ``input_ids``."""
+    return (synth_token(req_id, position) + 1 + turn % (SYNTH_VOCAB_SIZE - 1)) % SYNTH_VOCAB_SIZE
 
 
 @dataclass
@@ -55,6 +74,10 @@ class Request:
     state: str = WAITING
     prefix_hit: int = 0  # tokens a prefix-cache hit covers when next sent as new
     lora_id: int | None = None  # its LoRA adapter (sent with every new request)
+    resumable: bool = False  # a streaming session: a stopped turn pauses instead of finishing
+    queued_input: tuple[int, int] | None = None  # (tokens, max_tokens) of its next input
+    token_ids: list[int] | None = None  # explicit prompt ids once a streaming input arrived
+    turn: int = 0  # streaming inputs received
 
     @property
     def prefilling(self) -> bool:
@@ -109,7 +132,7 @@ class SchedulerModel:
 
     def abort(self, req_id: str) -> None:
         req = self.reqs[req_id]
-        if req.state == RUNNING and req_id not in self.pending_preempted:
+        if req.state in (PAUSED, STREAMED) or (req.state == RUNNING and req_id not in self.pending_preempted):
             self.pending_finished.append(req_id)
         req.state = FINISHED
 
@@ -132,9 +155,51 @@ class SchedulerModel:
         assert req.state == RUNNING and req_id not in self.pending_preempted
         req.state, req.prefix_hit = WAITING, 0
 
+    def stream_input(self, req_id: str, num_tokens: int, max_tokens: int, stop_now: bool = False) -> None:
+        """The session's next input: applied now to a paused session, queued until the
+        turn stops for a running one (Scheduler.add_request: "Queue next input chunk").
+        ``stop_now``: the running turn's last sampled token was a stop token, so the turn
+        stops here (a request past its prefill only) and the input is taken at once."""
+        req = self.reqs[req_id]
+        assert req.state in (RUNNING, PAUSED) and req.queued_input is None and num_tokens >= 1
+        req.resumable, req.queued_input = True, (num_tokens, max_tokens)
+        if req.state == RUNNING and stop_now and not req.prefilling:
+            req.state = PAUSED
+        if req.state == PAUSED:
+            self._take_input(req)
+
+    def _take_input(self, req: Request) -> None:
+        """Scheduler._update_request_as_session: every token but the last sampled one is
+        kept and becomes prompt, the new input is appended, outputs start again."""
+        assert req.queued_input is not None
+        num_tokens, max_tokens = req.queued_input
+        req.queued_input = None
+        kept = req.num_tokens - 1
+        assert kept >= req.num_computed
+        num_tokens = min(num_tokens, self.config.max_model_len - 1 - kept)  # room for one output
+        if num_tokens < 1:
+            self.abort(req.req_id)
+            return
+        head = req.token_ids if req.token_ids is not None else [
+            synth_token(req.req_id, p) for p in range(req.prompt_len)]
+        head = head[:kept] + [synth_token(req.req_id, p) for p in range(len(head), kept)]
+        req.turn += 1
+        req.token_ids = head + [stream_token(req.req_id, req.turn, p) for p in range(kept, kept + num_tokens)]
+        req.prompt_len = req.num_tokens = req.prefill_len = kept + num_tokens
+        req.max_tokens, req.prefix_hit, req.state = max_tokens, 0, STREAMED
+
     # ------------------------------------------------------------ queries
     def held(self) -> list[Request]:
         return [r for r in self.reqs.values() if r.state == RUNNING]
+
+    def sessions(self) -> list[Request]:
+        """Streaming sessions between turns: held by the runner, not running."""
+        return [r for r in self.reqs.values() if r.state in (PAUSED, STREAMED)]
+
+    def streamable(self) -> list[Request]:
+        """Requests a streaming input may go to: running (queued until the turn stops) or paused."""
+        return [r for r in self.reqs.values() if r.queued_input is None and (
+            r.state == PAUSED or (r.state == RUNNING and r.req_id not in self.pending_preempted))]
 
     def schedulable_running(self) -> list[Request]:
         return [r for r in self.held() if r.req_id not in self.pending_preempted]
@@ -143,7 +208,9 @@ class SchedulerModel:
         return self.schedulable_running()
 
     def waiting(self) -> list[Request]:
-        return [r for r in self.reqs.values() if r.state == WAITING]
+        """Requests sent as new when scheduled: waiting ones (a slot each) and
+        streamed sessions (the slot they hold)."""
+        return [r for r in self.reqs.values() if r.state in (WAITING, STREAMED)]
 
     def preempted(self) -> list[Request]:
         return [r for r in self.reqs.values()
@@ -152,7 +219,7 @@ class SchedulerModel:
     def free_slots(self) -> int:
         # Preempted (and finished) requests are released before new ones are added.
         staying = [r for r in self.held() if r.req_id not in self.pending_preempted]
-        return self.config.max_num_reqs - len(staying)
+        return self.config.max_num_reqs - len(staying) - len(self.sessions())
 
     def max_rows(self, req: Request, budget: int) -> tuple[int, int]:
         """(max tokens, max drafts) req may be scheduled for under ``budget``."""
@@ -191,7 +258,7 @@ class SchedulerModel:
             assert row.req_id not in step.num_scheduled_tokens, f"{row.req_id} scheduled twice"
             if req.state == WAITING:
                 assert row.drafts == 0
-                assert len(self.held()) < cfg.max_num_reqs, "no free request slot"
+                assert len(self.held()) + len(self.sessions()) < cfg.max_num_reqs, "no free request slot"
                 req.state, req.num_computed, req.prefill_len = RUNNING, req.prefix_hit, req.num_tokens
                 kv_tokens = req.num_computed + row.num_tokens
                 if req.req_id in self.pool.held:  # adversarial resend: the blocks it holds
@@ -203,7 +270,14 @@ class SchedulerModel:
                     req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.prefix_hit,
                     max_tokens=req.max_tokens,
                     prefill_len=req.num_tokens if req.num_tokens > req.prompt_len else None,
-                    block_ids=block_ids, lora_id=req.lora_id))
+                    block_ids=block_ids, lora_id=req.lora_id, prompt_token_ids=req.token_ids))
+            elif req.state == STREAMED:  # a streaming update: its live id, every block it holds
+                req.state = RUNNING
+                self.pool.grow(req.req_id, req.num_computed + row.num_tokens, req.num_computed)
+                step.new_requests.append(NewRequest(
+                    req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.num_computed,
+                    max_tokens=req.max_tokens, prompt_token_ids=list(req.token_ids or []) or None,
+                    block_ids=self.pool.blocks_of(req.req_id), lora_id=req.lora_id, streaming=True))
             else:
                 assert req.state == RUNNING, f"{row.req_id} is {req.state}"
                 new_blocks = self.pool.grow(req.req_id, req.num_computed + row.num_tokens,
@@ -230,7 +304,11 @@ class SchedulerModel:
             req.num_computed += step.num_accepted(row.req_id)
             if req.num_computed >= req.prefill_len:  # prefill done: one token (+accepted drafts)
                 req.num_tokens = req.num_computed + 1
-                if req.num_outputs >= req.max_tokens or req.num_tokens >= cfg.max_model_len:
+                if req.num_tokens < cfg.max_model_len and req.resumable and req.num_outputs >= req.max_tokens:
+                    req.state = PAUSED  # the turn stops; the session keeps its slot and blocks
+                    if req.queued_input is not None:
+                        self._take_input(req)
+                elif req.num_outputs >= req.max_tokens or req.num_tokens >= cfg.max_model_len:
                     req.state = FINISHED
                     self.pending_finished.append(req.req_id)
         self.steps.append(step)

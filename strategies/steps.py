@@ -25,7 +25,7 @@ from simrig.step import RunnerConfig, Step
 from strategies._validate import check_int
 from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
-from strategies.model import WAITING, Plan, Row, SchedulerModel
+from strategies.model import PAUSED, WAITING, Plan, Row, SchedulerModel
 from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -112,9 +112,9 @@ def draw_small_plan(draw: Draw, model: SchedulerModel) -> Plan | None:
 
 
 def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
-    """Between steps: maybe an arrival, abort, preemption or resume."""
+    """Between steps: maybe an arrival, abort, preemption, resume or streaming input."""
     cfg = model.config
-    kind = draw(st.sampled_from(("none", "arrive", "abort", "preempt", "resume")))
+    kind = draw(st.sampled_from(("none", "arrive", "abort", "preempt", "resume", "stream")))
     if kind == "arrive" or not model.reqs:
         prompt_len = draw(prompt_lengths(max_model_len=cfg.max_model_len))
         hit = draw(prefix_cache_hits(prompt_len, block_size=tokens_per_block(cfg)))
@@ -128,6 +128,23 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
     elif kind == "resume" and model.preempted():
         req = draw(st.sampled_from(model.preempted()))
         model.resume(req.req_id, draw(prefix_cache_hits(req.num_tokens, block_size=tokens_per_block(cfg))))
+    elif kind == "stream" and model.streamable():
+        draw_stream_input(draw, model, max_new_tokens)
+
+
+def draw_stream_input(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
+    """A streaming session's next input (queued while its turn runs, or the turn stops
+    now, as on a stop token), or, for a paused session, sometimes its end (vLLM finishes
+    a session whose input stream closed)."""
+    req = draw(st.sampled_from(model.streamable()))
+    if req.state == PAUSED and draw(st.integers(0, 3)) == 3:
+        model.abort(req.req_id)
+        return
+    room = max(1, model.config.max_model_len // 4)
+    num_tokens, max_tokens = draw(st.integers(1, room)), draw(st.integers(1, max_new_tokens))
+    # a running turn past its prefill may stop now (its last token a stop token)
+    stop_now = req.state != PAUSED and not req.prefilling and draw(st.integers(0, 3)) > 0
+    model.stream_input(req.req_id, num_tokens, max_tokens, stop_now)
 
 
 @st.composite

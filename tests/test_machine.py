@@ -62,7 +62,7 @@ def test_duplicate_new_id_is_silently_accepted_by_this_vllm(api):
     """vLLM 0.33.0 treats a new request for a held id as a streaming-input
     update (remove, re-add): the machine reports it as silent_acceptance."""
     machine, seen = _collect("adversarial", violations=("duplicate_new",), stages=("gather",))
-    run_state_machine_as_test(machine, settings=settings(RUN, max_examples=20, stateful_step_count=12))
+    run_state_machine_as_test(machine, settings=settings(RUN, max_examples=40, stateful_step_count=16))
     if not any(v for v, _ in seen["steps"]):
         pytest.fail("no duplicate_new violation was generated")
     assert any(f.kind == fk.SILENT_ACCEPTANCE for f in seen["findings"])

@@ -30,9 +30,13 @@ def _independent_contract(config: RunnerConfig, steps) -> None:
     for step in steps:
         for r in (*step.finished, *step.preempted):
             computed.pop(r)
-        assert len(computed) + len(step.new_requests) <= config.max_num_reqs
+        fresh = [r for r in step.new_requests if not r.streaming]
+        assert len(computed) + len(fresh) <= config.max_num_reqs
         for req in step.new_requests:
-            assert req.req_id not in computed
+            if req.streaming:  # a held request's next input: from at most what the runner computed
+                assert req.req_id in computed and req.num_computed_tokens <= computed[req.req_id]
+            else:
+                assert req.req_id not in computed
             assert 0 <= req.num_computed_tokens < req.num_prefill_tokens <= config.max_model_len
             computed[req.req_id], prefill[req.req_id] = req.num_computed_tokens, req.num_prefill_tokens
         for upd in step.cached:
@@ -104,7 +108,7 @@ def test_cudagraph_descriptors_never_pad_below_the_batch(tokens, reqs, data):
 def test_strategies_reach_resume_spec_rejection_and_prefix_hits():
     """Each hard-to-reach contract feature is generated at all (deterministic run)."""
     cfg = runner_configs(num_speculative_tokens=st.just(2), pcp_sizes=st.just(1))
-    seen = {"resume": 0, "rejected": 0, "prefix_hit": 0, "preempted": 0, "chunked": 0}
+    seen = {"resume": 0, "rejected": 0, "prefix_hit": 0, "preempted": 0, "chunked": 0, "streaming": 0}
 
     @settings(max_examples=150, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
@@ -115,6 +119,7 @@ def test_strategies_reach_resume_spec_rejection_and_prefix_hits():
             seen["rejected"] += bool(s.rejected)
             seen["prefix_hit"] += any(q.num_computed_tokens > 0 for q in s.new_requests)
             seen["preempted"] += bool(s.preempted)
+            seen["streaming"] += any(q.streaming for q in s.new_requests)
             seen["chunked"] += any(s.num_scheduled_tokens[q.req_id] < q.num_prefill_tokens
                                    - q.num_computed_tokens for q in s.new_requests)
 

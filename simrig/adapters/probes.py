@@ -140,3 +140,24 @@ def lora_fields(prompt_mapping: Any, token_mapping: Any, lora_requests: Any) -> 
     return {"lora.prompt_mapping": obs.observe_value([int(i) for i in prompt_mapping]),
             "lora.token_mapping": obs.observe_value([int(i) for i in token_mapping]),
             "lora.active_ids": obs.observe_value(sorted(int(r.lora_int_id) for r in lora_requests))}
+
+def added_state(runner: Any, step: Any) -> dict[str, Any]:
+    """The runner's state of each request this step added (a streaming update included),
+    read after ``add_requests`` and ``update_requests``, in the step's order: what the
+    runner keeps per slot from the ``NewRequestData`` (``RequestState.add_request`` and
+    ``BlockTables.append_block_ids``). Requests the runner does not hold are left out."""
+    states, tables = runner.req_states, runner.block_tables
+    held = states.req_id_to_index
+    ids = [r.req_id for r in step.new_requests if r.req_id in held] if step is not None else []
+    out: dict[str, list[Any]] = {"runner.added.req_ids": ids, "runner.added.prompt_len": [],
+                                 "runner.added.prefill_len": [], "runner.added.num_computed": [],
+                                 "runner.added.token_ids": [], "runner.added.num_blocks": []}
+    for req_id in ids:
+        idx = held[req_id]
+        prefill_len = int(states.prefill_len.np[idx])
+        out["runner.added.prompt_len"].append(int(states.prompt_len.np[idx]))
+        out["runner.added.prefill_len"].append(prefill_len)
+        out["runner.added.num_computed"].append(int(states.num_computed_tokens_np[idx]))
+        out["runner.added.token_ids"].append(states.all_token_ids.gpu[idx, :prefill_len].cpu().tolist())
+        out["runner.added.num_blocks"].append([int(n) for n in tables.num_blocks.np[:, idx]])
+    return out

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from simrig.checks.fields import check_model_fields, check_runner_state, runs_as_decode
+from simrig.checks.readded import check_added_state
 from simrig.checks.lifecycle import (
     DUPLICATE_NEW,
     IDENTITY_RULES,
@@ -114,6 +115,8 @@ class Checker:
         if life is not None:
             findings.extend(life.findings)
             findings.extend(check_runner_state(index, self.config, observation, self.lifecycle.live))
+            findings.extend(check_added_state(index, self.config, step, observation,
+                                              frozenset(r for v in life.violations for r in v.req_ids)))
         self._guard(findings, index, "contract", self._dtype_checks, index, step, observation,
                     findings)
         self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,

@@ -3,7 +3,9 @@
 Follows request identity and budgets from the Steps alone:
 
     finished / preempted  ──► gone (the runner frees the slot; scheduling it again is a violation)
-    new_requests          ──► live (a live id sent as new again is a duplicate)
+    new_requests          ──► live (a live id sent as new again is a duplicate, unless it is a
+                              streaming-input update: ``streaming``, an id the runner holds, computed
+                              tokens no further than the runner's own count)
     cached updates        ──► must name a live id; num_computed must continue the last step
                               (previous + scheduled - rejected), else the runner's device
                               cursor and the scheduler disagree
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding, guarded
 from simrig.observe import GATHER, LIFECYCLE, StepObs
-from simrig.step import RunnerConfig, Step
+from simrig.step import NewRequest, RunnerConfig, Step
 
 # The violation a contract-breaking step carries (a shrunk trace's header
 # names them per step in ``source.violation_steps``); each must make the
@@ -80,9 +82,11 @@ class SchedulerContract:
             self.desynced.discard(req_id)
         seen: set[str] = set()
         for req in step.new_requests:
-            if req.req_id in self.live or req.req_id in seen:
+            if req.req_id in seen or (req.req_id in self.live and not req.streaming):
                 out.append(Violation("duplicate_new_id", (req.req_id,), "an id not held by the runner",
                                      f"{req.req_id} is already live"))
+            elif req.streaming:
+                out.extend(self._streaming(req))
             seen.add(req.req_id)
         for req in step.new_requests:
             self.live.add(req.req_id)
@@ -115,6 +119,21 @@ class SchedulerContract:
         out.extend(self._budget(step, computed))
         self._advance(step)
         return out
+
+    def _streaming(self, req: NewRequest) -> list[Violation]:
+        """A streaming-input update re-sends a request the runner holds: vLLM's scheduler
+        keeps a paused session's slot ("Paused streaming sessions ... still hold a
+        model-runner request slot") and resumes it from its computed frontier, never
+        past what the runner computed (``_handle_stopped_request``: "resume from the
+        materialized frontier"; a stop may trim accepted tokens, so it can be less)."""
+        if req.req_id not in self.live:
+            return [Violation("streaming_update", (req.req_id,), "an id the runner holds",
+                              f"streaming update of {req.req_id}, which is not live")]
+        have = self.next_computed.get(req.req_id)
+        if have is not None and req.req_id not in self.desynced and req.num_computed_tokens > have:
+            return [Violation("streaming_update", (req.req_id,), f"num_computed_tokens <= {have}",
+                              str(req.num_computed_tokens))]
+        return []
 
     def _budget(self, step: Step, computed: dict[str, int]) -> list[Violation]:
         cfg, out = self.config, []

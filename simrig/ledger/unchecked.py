@@ -49,6 +49,16 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("lifecycle", "runner.live_ids"): "runner_state: the model's live set",
     ("lifecycle", "runner.live_slots"): "runner_state: with the free slots, every slot once",
     ("lifecycle", "runner.free_slots"): "runner_state: with the live slots, every slot once",
+    # each request a step adds (a streaming-input update included), as its slot holds it
+    ("lifecycle", "runner.added.req_ids"): "readded: every request the step added",
+    ("lifecycle", "runner.added.prompt_len"): "readded: the request's prompt length",
+    ("lifecycle", "runner.added.prefill_len"): "readded: the tokens handed to the runner",
+    ("lifecycle", "runner.added.num_computed"): "readded: the request's num_computed_tokens (a "
+                                                "streaming update's resume point)",
+    ("lifecycle", "runner.added.token_ids"): "readded: the prefill tokens (a streaming update's kept "
+                                             "tokens, then its new input)",
+    ("lifecycle", "runner.added.num_blocks"): "readded: its block list's length per group (written "
+                                              "over, never appended to the old row)",
     ("gather", "req_ids"): "reference: the batch-order rules; prepare's order equals it",
     ("gather", "num_scheduled_tokens"): _REF,
     ("gather", "num_tokens"): _FIELDS,

@@ -317,6 +317,15 @@ WIRING: tuple[Mutant, ...] = (
            "batch misses its FULL graph"),
 )
 
+# streaming input: a live request re-sent as new (its next input) must be re-added cleanly
+STREAMING: tuple[Mutant, ...] = (
+    Mutant("streaming-update-keeps-old-state", _MR, "GPUModelRunner.add_requests",
+           "self._remove_request(req_id)\n\n        prompt_len",
+           "pass  # the live request's old state is left in place\n\n        prompt_len",
+           "a streaming-input update is added over the request's live state instead of replacing "
+           "it: the old slot is never freed (and its model, LoRA and encoder state stay behind)"),
+)
+
 # Faults that kill the process: a crash is a finding (simrig.supervision), never the end of a run.
 CRASHES: tuple[Mutant, ...] = (
     Mutant("add-requests-segfault-half-way", _MR, "GPUModelRunner.add_requests",
@@ -337,6 +346,6 @@ LORA: tuple[Mutant, ...] = (
            "request's adapter: its prompt and token LoRA mappings carry the stale id"),
 )
 
-CATALOGUE = CATALOGUE + WIRING + CRASHES + LORA
+CATALOGUE = CATALOGUE + WIRING + STREAMING + CRASHES + LORA
 
 BY_NAME = {m.name: m for m in CATALOGUE}

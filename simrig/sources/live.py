@@ -142,11 +142,12 @@ class LiveRecorder:
     def __init__(self, writer: RotatingTraceWriter):
         self.writer = writer
         self.pending: OrderedDict[int, Step] = OrderedDict()
+        self.live: set[str] = set()  # ids the runner holds: a new request among them is a streaming update
 
     def on_schedule(self, so: Any) -> None:
         from simrig.vllm_parts.scheduler import step_from_output
 
-        self.pending[id(so)] = step_from_output(so, keep_token_ids=False)
+        self.pending[id(so)] = step_from_output(so, keep_token_ids=False, live=self.live)
 
     def on_output(self, so: Any, rejected: dict[str, int]) -> None:
         """``rejected``: drafts rejected per request, counted from the

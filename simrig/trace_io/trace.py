@@ -113,7 +113,9 @@ class _LiveIds:
     """Strict validation of request identity across steps.
 
     A new request must not already be held (unless it finishes or is preempted
-    in the same step, which the runner applies first); a cached update must
+    in the same step, which the runner applies first), except a streaming-input
+    update, which must be (``streaming``: vLLM re-sends a resumable request the
+    runner still holds with its next input); a cached update must
     name a held request. Scheduling an id the runner never received is *not*
     rejected here: that is the scheduler-contract check's job, so the runner's
     own reaction (a KeyError) is observed and reported. Sizes (lengths, block
@@ -130,8 +132,11 @@ class _LiveIds:
         self.live.difference_update(step.preempted)
         seen = set()
         for i, req in enumerate(step.new_requests):
-            if req.req_id in self.live or req.req_id in seen:
+            if req.req_id in seen or (req.req_id in self.live and not req.streaming):
                 raise ln.fail(f"new_requests[{i}].id", f"duplicate new request id {req.req_id!r}")
+            if req.streaming and req.req_id not in self.live:
+                raise ln.fail(f"new_requests[{i}].streaming", f"a streaming update of {req.req_id!r}, "
+                              "which the runner does not hold")
             if req.lora_id is not None and self.config.max_loras == 0:
                 raise ln.fail(f"new_requests[{i}].lora_id", "LoRA is off (config.max_loras is 0)")
             seen.add(req.req_id)

@@ -334,6 +334,9 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
                 raise ln.fail(f"{name}.token_ids", f"has {len(token_ids)} ids, prompt_len is {prompt_len}")
         if prefill_len is not None and prefill_len < prompt_len:
             raise ln.fail(f"{name}.prefill_len", f"{prefill_len} < prompt_len {prompt_len}")
+        streaming = raw.get("streaming", False)
+        if not isinstance(streaming, bool):
+            raise ln.fail(f"{name}.streaming", f"must be true or false, got {streaming!r}")
         num_computed = ln.int_(raw, "num_computed_tokens", f"{name}.num_computed_tokens", default=0)
         if num_computed > (prefill_len or prompt_len):
             raise ln.fail(f"{name}.num_computed_tokens", f"{num_computed} exceeds the prefill length")
@@ -343,7 +346,8 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
             prefill_len=prefill_len, prompt_token_ids=token_ids,
             block_ids=ln.block_ids(raw.get("block_ids", []), f"{name}.block_ids"),
             # LoRARequest: "id must be > 0"
-            lora_id=ln.int_(raw, "lora_id", f"{name}.lora_id", default=None, minimum=1)))
+            lora_id=ln.int_(raw, "lora_id", f"{name}.lora_id", default=None, minimum=1),
+            streaming=streaming))
     cached = []
     for i, raw in enumerate(ln.list_(obj, "cached_requests", "cached_requests")):
         name = f"cached_requests[{i}]"

@@ -48,6 +48,8 @@ def step_to_json(step: Step, index: int) -> dict[str, Any]:
                 d["block_ids"] = list(r.block_ids)
             if r.lora_id is not None:
                 d["lora_id"] = r.lora_id
+            if r.streaming:
+                d["streaming"] = True
             reqs.append(d)
         out["new_requests"] = reqs
     if step.cached:

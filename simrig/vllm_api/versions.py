@@ -23,6 +23,13 @@ newer vLLM is handled by what it offers:
                                                                            release (0.30-0.32 keep them: a known
                                                                            finding, the bug 0.33 fixed)
     SchedulerOutput.num_common_prefix_blocks        req  req  opt  opt    filled with [] when required
+    streaming input: v1.request.StreamingUpdate,      +    +    +    +    nothing: a streaming update is a
+      GPUModelRunner.add_requests removes a live                           NewRequestData with the live id
+      id first ("Streaming input update")                                  (Step NewRequest.streaming); the
+                                                                           valid contract holds it on every
+                                                                           release where present (doctor
+                                                                           prints it; where absent a live id
+                                                                           sent as new is only a duplicate)
     LoRA dispatch: lora_utils (LoraState,             +    +    +    +    nothing: the same in every release
       get_lora_capture_cases), LoRAConfig.                                  (0.30.0 execute_model counts and
       specialize_active_lora, CompilationConfig.                            dispatches adapters as 0.33.0 does;
@@ -90,6 +97,9 @@ class ApiShape:
     # wholly below the window of each request's first scheduled token (doctor
     # prints it; the checks never read it: they judge every release by it).
     nulls_below_window: bool = False
+    # vLLM's streaming input: the scheduler re-sends a resumable request the runner
+    # still holds as new with its next input, and add_requests removes the old state first
+    streaming_input: bool = False
     fillers: dict[str, dict[str, Callable[[], Any]]] = field(default_factory=dict)
     optional_fields: dict[str, frozenset[str]] = field(default_factory=dict)
 
@@ -118,6 +128,8 @@ class ApiShape:
                                              "(no prepare_inputs_for_capture_or_profile)",
             "BlockTables nulls sliding-window entries below the window" if self.nulls_below_window
             else "BlockTables gathers sliding-window rows as sent (no sliding_window_reach)",
+            "streaming input: add_requests replaces a live request's state (a streaming update)"
+            if self.streaming_input else "no streaming input: a live id sent as new is only a duplicate",
             *(f"SchedulerOutput: required {name} filled with an empty value"
               for name in self.fillers.get("SchedulerOutput", {})),
         ]
@@ -229,7 +241,21 @@ def detect_shape(version: str, *, runner_cls: Any, pcp_cls: Any, request_state_c
     return ApiShape(version=version, prepare_takes_num_active_loras=loras,
                     partition_takes_batch_desc=takes_desc, pcp_shard_decode=shard,
                     pcp_capture_staging=staging, nulls_below_window=nulls, fillers={k: v for k, v in fillers.items() if v},
-                    optional_fields=optional)
+                    optional_fields=optional, streaming_input=streaming_input(runner_cls))
+
+
+def streaming_input(runner_cls: Any) -> bool:
+    """Whether the installed release has streaming input: the scheduler's
+    ``StreamingUpdate`` and an ``add_requests`` that removes a live request before
+    re-adding it (its source calls ``_remove_request``), read off the code."""
+    import importlib
+
+    try:
+        has_update = hasattr(importlib.import_module("vllm.v1.request"), "StreamingUpdate")
+        source = inspect.getsource(runner_cls.add_requests)
+    except (ImportError, OSError, TypeError, AttributeError):
+        return False
+    return has_update and "self._remove_request(" in source
 
 
 def filled(shape: ApiShape, cls_name: str) -> dict[str, Any]:

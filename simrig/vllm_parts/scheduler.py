@@ -142,6 +142,7 @@ class RealScheduler:
 
         v = self._v = _vllm()
         self.setup = setup
+        self._live: set[str] = set()  # ids the runner holds (streaming updates re-send one)
         config = copy.deepcopy(engine_config(setup))  # the scheduler mutates cache_config
         torch = v["torch"]
         layers = [f"model.layers.{i}.self_attn.attn" for i in range(_TINY_LLAMA["num_hidden_layers"])]
@@ -172,19 +173,22 @@ class RealScheduler:
 
     # ------------------------------------------------------------------ driving
     def add(self, req_id: str, prompt_token_ids: list[int], max_tokens: int,
-            arrival_s: float = 0.0, lora_id: int | None = None) -> None:
+            arrival_s: float = 0.0, lora_id: int | None = None, resumable: bool = False) -> None:
+        """A request; ``resumable``: a streaming-input session (adding the same id again
+        sends its next input, vLLM's ``Scheduler.add_request`` with a live id)."""
         from simrig.vllm_parts.lora import lora_request
 
         params = self._v["SamplingParams"](max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN_ID],
                                            ignore_eos=True)
+        extra = {"resumable": True} if resumable else {}
         self.scheduler.add_request(self._v["Request"](
             request_id=req_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
             pooling_params=None, arrival_time=arrival_s, block_hasher=self.block_hasher,
-            lora_request=lora_request(lora_id)))
+            lora_request=lora_request(lora_id), **extra))
 
     def schedule(self) -> tuple[Step, Any]:
         so = self.scheduler.schedule()
-        return step_from_output(so), so
+        return step_from_output(so, live=self._live), so
 
     def progress(self, req_id: str) -> tuple[int, int] | None:
         """(num_computed_tokens, num_tokens) of a live request, else None."""
@@ -219,14 +223,21 @@ def _group0(block_ids: Any) -> list[int]:
     return list(block_ids[0])
 
 
-def step_from_output(so: Any, *, keep_token_ids: bool = True) -> Step:
+def step_from_output(so: Any, *, keep_token_ids: bool = True, live: set[str] | None = None) -> Step:
     """A vLLM SchedulerOutput as a simrig Step (lengths, ids, blocks, drafts).
+
+    ``live``: the ids the runner holds before this output, updated in place; a
+    new request whose id is still held (not finished or preempted by this
+    output) is a streaming-input update (``NewRequest.streaming``: the
+    scheduler re-sends a resumable session with its next input).
 
     Prompt token ids are kept only where they differ from synth_token (shared
     prefixes), so a replay reproduces them; ``keep_token_ids=False`` never
     writes them (the live recorder keeps user prompts out of traces).
     """
     new = []
+    if live is not None:
+        live.difference_update(so.finished_req_ids, so.preempted_req_ids or ())
     for r in so.scheduled_new_reqs:
         prompt = list(r.prompt_token_ids or [])
         prefill = r.prefill_token_ids if r.prefill_token_ids is not None else prompt
@@ -240,7 +251,10 @@ def step_from_output(so: Any, *, keep_token_ids: bool = True) -> Step:
             prefill_len=len(prefill) if len(prefill) != len(prompt) else None,
             prompt_token_ids=explicit, block_ids=_group0(r.block_ids),
             # the request's adapter (LoRARequest.lora_int_id); None: the base model
-            lora_id=r.lora_request.lora_int_id if getattr(r, "lora_request", None) else None))
+            lora_id=r.lora_request.lora_int_id if getattr(r, "lora_request", None) else None,
+            streaming=live is not None and r.req_id in live))
+    if live is not None:
+        live.update(r.req_id for r in so.scheduled_new_reqs)
     c = so.scheduled_cached_reqs
     cached = [CachedUpdate(req_id=rid, num_computed_tokens=c.num_computed_tokens[i],
                            new_block_ids=None if c.new_block_ids[i] is None
