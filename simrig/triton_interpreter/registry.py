@@ -121,10 +121,11 @@ def _snapshot(patch: Patch) -> list[tuple[Any, str, Any, bool]] | str:
     return saved
 
 
-def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]]) -> None:
+def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]], undo: bool = True) -> None:
     """Every target attribute as it was before ``install`` (an inherited one
-    shows through again); the patch's own ``undo`` first."""
-    if patch.undo is not None:
+    shows through again); the patch's own ``undo`` first, unless its install
+    refused (then it installed nothing for ``undo`` to take back)."""
+    if undo and patch.undo is not None:
         patch.undo()
     for owner, name, value, own in reversed(saved):
         if own:
@@ -172,7 +173,7 @@ def apply(patch: Patch, force: bool | None = None) -> PatchState:
         return _record(patch, FAILED, f"probe fails on Triton's own code: {type(exc).__name__}: {exc}")
     try:
         if not patch.install():
-            _put_back(patch, saved)
+            _put_back(patch, saved, undo=False)
             return _record(patch, FAILED, "its layout check refused this Triton")
         after = patch.probe()
     except Exception as exc:
