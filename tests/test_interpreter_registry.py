@@ -27,6 +27,7 @@ def fresh(monkeypatch):
     patches this process installed stay installed), and a module to patch."""
     monkeypatch.setattr(registry, "_states", {})
     monkeypatch.setattr(registry, "_installed", [])
+    monkeypatch.setattr(registry, "_answers", {})
     monkeypatch.setattr(registry, "triton_version", lambda: "1.0")
     monkeypatch.delenv(registry.SPEEDUPS_ENV, raising=False)
     monkeypatch.delenv(registry.PATCHES_ENV, raising=False)

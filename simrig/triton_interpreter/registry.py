@@ -64,6 +64,7 @@ class PatchState:
 
 _states: dict[str, PatchState] = {}
 _installed: list[tuple[Patch, list[tuple[Any, str, Any, bool]]]] = []  # in install order, with what each replaced
+_answers: dict[Callable[[], Any], Any] = {}  # probe -> its answer before the first patch it checked
 
 
 def triton_version() -> str:
@@ -168,9 +169,12 @@ def apply(patch: Patch, force: bool | None = None) -> PatchState:
     if isinstance(saved, str):
         return _record(patch, FAILED, f"target missing: {saved}")
     try:
-        before = patch.probe()
+        # the answer from the probe's first run in this process, before any patch that uses it:
+        # each later patch is held to that one, and the kernel probes run once less each
+        before = _answers[patch.probe] if patch.probe in _answers else patch.probe()
     except Exception as exc:
         return _record(patch, FAILED, f"probe fails on Triton's own code: {type(exc).__name__}: {exc}")
+    _answers.setdefault(patch.probe, before)
     try:
         if not patch.install():
             _put_back(patch, saved, undo=False)
@@ -229,3 +233,4 @@ def forget() -> None:
         patch, saved = _installed.pop()
         _put_back(patch, saved)
     _states.clear()
+    _answers.clear()
