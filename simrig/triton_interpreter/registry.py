@@ -151,9 +151,10 @@ def _record(patch: Patch, state: str, reason: str = "") -> PatchState:
 
 def apply(patch: Patch, force: bool | None = None) -> PatchState:
     """Install one patch if it may and its probe agrees; record its state.
-    A patch already installed in this process keeps its state."""
+    A patch already installed, or failed, in this process keeps its state
+    (a skipped one is looked at again: the environment may have changed)."""
     known = _states.get(patch.name)
-    if known is not None and known.state == INSTALLED:
+    if known is not None and known.state in (INSTALLED, FAILED):
         return known
     if not patch.required and not speedups_on():
         return _record(patch, SKIPPED, f"{SPEEDUPS_ENV}=0 (Triton's own plumbing)")
@@ -215,7 +216,7 @@ def install_all(patches: Sequence[Patch], startup_check: Callable[[], Any] | Non
     taken back and says why."""
     unknown = forced() and any(triton_version() not in p.known_good for p in patches)
     before = None
-    if unknown and startup_check is not None and not _installed:
+    if unknown and startup_check is not None and any(p.name not in _states for p in patches):
         before = startup_check()
     for patch in patches:
         apply(patch)
