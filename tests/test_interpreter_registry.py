@@ -27,6 +27,7 @@ def fresh(monkeypatch):
     patches this process installed stay installed), and a module to patch."""
     monkeypatch.setattr(registry, "_states", {})
     monkeypatch.setattr(registry, "_installed", [])
+    monkeypatch.setattr(registry, "_answers", {})
     monkeypatch.setattr(registry, "triton_version", lambda: "1.0")
     monkeypatch.delenv(registry.SPEEDUPS_ENV, raising=False)
     monkeypatch.delenv(registry.PATCHES_ENV, raising=False)
@@ -309,3 +310,15 @@ def test_an_unknown_triton_keeps_the_patches_off_and_a_forced_mismatch_takes_the
                for _, _, reason in fault["states"])
     assert fault["same_as_plain"] and fault["store_put_back"] and fault["launch_is_tritons"]
     assert fault["np_dtype_is_tritons"]
+
+
+def test_a_second_install_keeps_the_failures_and_runs_no_second_check(fresh, monkeypatch):
+    """apply_after_import runs twice per process (the scheduler's import and the runner's)."""
+    monkeypatch.setattr(registry, "triton_version", lambda: "9.9.9")
+    monkeypatch.setenv(registry.PATCHES_ENV, "force")
+    runs = []
+    answers = iter([1, 2])
+    check = lambda: runs.append(1) or next(answers, 3)  # noqa: E731
+    first = registry.install_all([_patch(fresh)], startup_check=check)
+    again = registry.install_all([_patch(fresh)], startup_check=check)
+    assert [s.state for s in first] == [s.state for s in again] == [FAILED] and runs == [1, 1]

@@ -64,6 +64,7 @@ class PatchState:
 
 _states: dict[str, PatchState] = {}
 _installed: list[tuple[Patch, list[tuple[Any, str, Any, bool]]]] = []  # in install order, with what each replaced
+_answers: dict[Callable[[], Any], Any] = {}  # probe -> its answer before the first patch it checked
 
 
 def triton_version() -> str:
@@ -121,10 +122,11 @@ def _snapshot(patch: Patch) -> list[tuple[Any, str, Any, bool]] | str:
     return saved
 
 
-def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]]) -> None:
+def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]], undo: bool = True) -> None:
     """Every target attribute as it was before ``install`` (an inherited one
-    shows through again); the patch's own ``undo`` first."""
-    if patch.undo is not None:
+    shows through again); the patch's own ``undo`` first, unless its install
+    refused (then it installed nothing for ``undo`` to take back)."""
+    if undo and patch.undo is not None:
         patch.undo()
     for owner, name, value, own in reversed(saved):
         if own:
@@ -149,9 +151,10 @@ def _record(patch: Patch, state: str, reason: str = "") -> PatchState:
 
 def apply(patch: Patch, force: bool | None = None) -> PatchState:
     """Install one patch if it may and its probe agrees; record its state.
-    A patch already installed in this process keeps its state."""
+    A patch already installed, or failed, in this process keeps its state
+    (a skipped one is looked at again: the environment may have changed)."""
     known = _states.get(patch.name)
-    if known is not None and known.state == INSTALLED:
+    if known is not None and known.state in (INSTALLED, FAILED):
         return known
     if not patch.required and not speedups_on():
         return _record(patch, SKIPPED, f"{SPEEDUPS_ENV}=0 (Triton's own plumbing)")
@@ -167,12 +170,15 @@ def apply(patch: Patch, force: bool | None = None) -> PatchState:
     if isinstance(saved, str):
         return _record(patch, FAILED, f"target missing: {saved}")
     try:
-        before = patch.probe()
+        # the answer from the probe's first run in this process, before any patch that uses it:
+        # each later patch is held to that one, and the kernel probes run once less each
+        before = _answers[patch.probe] if patch.probe in _answers else patch.probe()
     except Exception as exc:
         return _record(patch, FAILED, f"probe fails on Triton's own code: {type(exc).__name__}: {exc}")
+    _answers.setdefault(patch.probe, before)
     try:
         if not patch.install():
-            _put_back(patch, saved)
+            _put_back(patch, saved, undo=False)
             return _record(patch, FAILED, "its layout check refused this Triton")
         after = patch.probe()
     except Exception as exc:
@@ -210,7 +216,7 @@ def install_all(patches: Sequence[Patch], startup_check: Callable[[], Any] | Non
     taken back and says why."""
     unknown = forced() and any(triton_version() not in p.known_good for p in patches)
     before = None
-    if unknown and startup_check is not None and not _installed:
+    if unknown and startup_check is not None and any(p.name not in _states for p in patches):
         before = startup_check()
     for patch in patches:
         apply(patch)
@@ -228,3 +234,4 @@ def forget() -> None:
         patch, saved = _installed.pop()
         _put_back(patch, saved)
     _states.clear()
+    _answers.clear()
