@@ -261,8 +261,13 @@ class StageProbes:
         record = self._result.get(obs.POSTPROCESS)
         if record is not None:
             record.fields.update({"num_sampled": obs.observe_value(num_sampled),
-                                  "num_rejected": obs.observe_value(num_rejected)})
-        return call(idx_mapping, sampled, num_sampled, num_rejected, *args, **kwargs)
+                                  "num_rejected": obs.observe_value(num_rejected),
+                                  "sampled_tokens": obs.observe_value(sampled)})
+        value = call(idx_mapping, sampled, num_sampled, num_rejected, *args, **kwargs)
+        if record is not None:
+            # what postprocess wrote back into each row's request state
+            record.fields.update(_written_back(self.runner.req_states, idx_mapping))
+        return value
 
     def _probe_lora(self, call: Any, prompt_mapping: Any, token_mapping: Any, lora_requests: Any,
                     *args: Any, **kwargs: Any) -> Any:
@@ -272,3 +277,15 @@ class StageProbes:
         if record is not None:
             record.fields.update(_lora_fields(prompt_mapping, token_mapping, lora_requests))
         return call(prompt_mapping, token_mapping, lora_requests, *args, **kwargs)
+
+
+def _written_back(states: Any, idx_mapping: Any) -> dict[str, obs.FieldObs]:
+    """Each batch row's request state after postprocess_sampled: its last sampled
+    token and its computed-token count (rows masked with a negative slot: -1)."""
+    slots = idx_mapping.detach().cpu().long()
+    keep = slots >= 0
+    safe = slots.clamp(min=0)
+    last = states.last_sampled_tokens.detach().cpu().reshape(-1)[safe].masked_fill(~keep, -1)
+    computed = states.num_computed_tokens.gpu.detach().cpu()[safe].masked_fill(~keep, -1)
+    return {"post.last_sampled_tokens": obs.observe_value(last),
+            "post.num_computed_tokens": obs.observe_value(computed)}

@@ -65,6 +65,12 @@ SEPARATE_DECODE_MODES = ("FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 KV_GROUP_KINDS = ("full", "sliding_window")
 
+# The rejection sampler a spec-decode runner verifies drafts with: "" the greedy
+# stand-in (adapters/sampling.py); else vLLM's own RejectionSampler under that
+# SpeculativeConfig.rejection_sample_method ("standard": Leviathan et al.;
+# "block": block verification, Sun et al.), every release 0.30-0.33 has both.
+REJECTION_SAMPLERS = ("", "standard", "block")
+
 
 @dataclass(frozen=True)
 class KvGroup:
@@ -106,6 +112,8 @@ class RunnerConfig:
     cudagraph_specialize_lora: bool = True
     # The KV cache groups, in group order (default: one full-attention group).
     kv_groups: tuple[KvGroup, ...] = (KvGroup(),)
+    # See REJECTION_SAMPLERS; only with num_speculative_tokens > 0.
+    rejection_sampler: str = ""
 
     def group_block_size(self, group: int) -> int:
         """Tokens per block of KV cache group ``group``."""
@@ -184,6 +192,11 @@ class RunnerConfig:
                              f"({', '.join(SEPARATE_DECODE_MODES)}), got {self.cudagraph_mode}")
         if not isinstance(self.max_loras, int) or isinstance(self.max_loras, bool) or self.max_loras < 0:
             raise ValueError(f"max_loras: must be >= 0 (0: no LoRA), got {self.max_loras!r}")
+        if self.rejection_sampler not in REJECTION_SAMPLERS:
+            raise ValueError(f"rejection_sampler: must be one of {', '.join(map(repr, REJECTION_SAMPLERS))}, "
+                             f"got {self.rejection_sampler!r}")
+        if self.rejection_sampler and nst == 0:
+            raise ValueError("rejection_sampler: needs num_speculative_tokens > 0")
 
     def _validate_kv_groups(self) -> None:
         if not isinstance(self.kv_groups, tuple) or not self.kv_groups:

@@ -75,6 +75,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    specialize_lora: st.SearchStrategy[bool] = st.booleans(),
                    multi_kv_groups: st.SearchStrategy[bool] = st.booleans(),
                    kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
+                   rejection_samplers: st.SearchStrategy[str] = st.sampled_from(("", "", "standard", "block")),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -99,7 +100,9 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     The KV cache groups are one full-attention group unless
     ``multi_kv_groups`` draws True (then ``kv_group_lists()``, without
     sliding-window groups under PCP or DCP: vLLM's sliding-window manager
-    supports neither) or ``kv_groups`` draws them.
+    supports neither) or ``kv_groups`` draws them. With drafts, ``rejection_samplers``
+    draws last which rejection sampler verifies them (``simrig.step.REJECTION_SAMPLERS``:
+    the greedy stand-in, or vLLM's own with standard or block verification).
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
@@ -107,7 +110,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                 shard_decode_requests=shard_decode_requests, block_size=block_size,
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
                 dcp_without_pcp=dcp_without_pcp, max_loras=max_loras,
-                specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups)
+                specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups,
+                rejection_samplers=rejection_samplers)
     for name, value in args.items():
         check_strategy(name, value)
     if kv_groups is not None:
@@ -149,6 +153,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
         if loras:
             config = replace(config, max_loras=loras, specialize_active_lora=draw(specialize_lora),
                              cudagraph_specialize_lora=draw(specialize_lora))
+        if config.num_speculative_tokens:
+            config = replace(config, rejection_sampler=draw(rejection_samplers))
         config.validate()  # a strategy argument produced an impossible value
         return config
 

@@ -158,6 +158,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
             return
         prompt_len = data.draw(prompt_lengths(max_model_len=cfg.max_model_len), label="prompt_len")
         hit = data.draw(prefix_cache_hits(prompt_len, block_size=tokens_per_block(cfg)), label="prefix_hit")
+        if cfg.num_speculative_tokens and prompt_len > 1 and data.draw(st.integers(0, 3), label="pd") == 0:
+            hit = prompt_len - 1  # P/D: every prompt token's KV but the last loaded remotely
         max_tokens = data.draw(st.integers(1, self.machine_settings.max_new_tokens), label="max_tokens")
         lora_id = data.draw(lora_ids(cfg.max_loras), label="lora_id") if cfg.max_loras else None
         self.model.arrive(prompt_len, max_tokens, hit, lora_id)

@@ -24,6 +24,8 @@ and the model turns one scheduling decision (a ``Plan``) into one
     cached num_computed_tokens(k+1) == num_computed(k) + scheduled(k) - rejected(k)
     a request samples only once its prefill is done (then num_tokens grows)
     drafts only past prefill, drafts <= num_speculative_tokens, scheduled = 1 + drafts
+      (but placeholder drafts: a request sent as new with one token left to compute may
+      carry drafts no drafter proposed, every one rejected)
     sum(scheduled) <= max_num_batched_tokens, held requests <= max_num_reqs
     num_computed + scheduled <= max_model_len; a decode also leaves room for the token it
       samples: num_computed + scheduled + 1 <= max_model_len (vLLM's scheduler caps a running
@@ -234,6 +236,20 @@ class SchedulerModel:
                      req.max_tokens - req.num_outputs - 1)
         return 1 + max(drafts, 0), max(drafts, 0)
 
+    def placeholder_drafts(self, req: Request, budget: int) -> int:
+        """Placeholder drafts a request sent as new may carry (0: none): with one
+        token left to compute (a P/D remote KV load, or a resume whose prefix hit
+        leaves one), the scheduler pads the step with drafts no drafter proposed.
+        vLLM's rejection sampler rejects every one ("Draft rows of requests that
+        have not yet sampled past their prefill are set to -1 so that the
+        rejection kernels reject them", gather_draft_sampled), so such a row has
+        rejected == drafts."""
+        if req.state != WAITING or req.num_tokens - req.prefix_hit != 1:
+            return 0
+        room = self.config.max_model_len - req.num_tokens - 1
+        return max(0, min(self.config.num_speculative_tokens, budget - 1, room,
+                          req.max_tokens - req.num_outputs - 1))
+
     def can_schedule(self, req: Request) -> bool:
         if req.state == WAITING:
             return True
@@ -256,8 +272,9 @@ class SchedulerModel:
         for row in plan.rows:
             req = self.reqs[row.req_id]
             assert row.req_id not in step.num_scheduled_tokens, f"{row.req_id} scheduled twice"
+            placeholder = self.placeholder_drafts(req, cfg.max_num_batched_tokens - total)
             if req.state == WAITING:
-                assert row.drafts == 0
+                assert row.drafts == 0 or (row.drafts <= placeholder and row.rejected == row.drafts)
                 assert len(self.held()) + len(self.sessions()) < cfg.max_num_reqs, "no free request slot"
                 req.state, req.num_computed, req.prefill_len = RUNNING, req.prefix_hit, req.num_tokens
                 kv_tokens = req.num_computed + row.num_tokens
@@ -286,7 +303,8 @@ class SchedulerModel:
                                                 new_block_ids=new_blocks if any(block_groups(new_blocks))
                                                 else None))
             limit, max_drafts = self.max_rows(req, cfg.max_num_batched_tokens - total)
-            assert 1 <= row.num_tokens <= limit and 0 <= row.rejected <= row.drafts <= max_drafts
+            assert 1 <= row.num_tokens <= limit + placeholder
+            assert 0 <= row.rejected <= row.drafts <= max(max_drafts, placeholder)
             if row.drafts:
                 assert row.num_tokens == 1 + row.drafts
                 step.spec_tokens[row.req_id] = row.drafts

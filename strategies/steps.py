@@ -10,7 +10,9 @@ One step's plan, in the scheduler's order (running first, then waiting):
 
     running r0: prefilling  -> chunk 1..remaining        (full chunk is the simplest)
     running r1: decoding    -> 1 + k drafts, k <= num_speculative_tokens, rejected <= k
-    waiting r2: new/resumed -> chunk 1..remaining - prefix hit
+    waiting r2: new/resumed -> chunk 1..remaining - prefix hit; with one token left
+                               (a P/D remote KV load), maybe 1 + k placeholder drafts,
+                               all rejected
     ... until the token budget or the request slots run out
 """
 
@@ -62,6 +64,11 @@ def draw_plan(draw: Draw, model: SchedulerModel) -> Plan | None:
             drafts = draw(st.integers(0, max_drafts)) if max_drafts else 0
             rejected = draw(st.integers(0, drafts)) if drafts else 0
             row = Row(req.req_id, 1 + drafts, drafts, rejected)
+        elif is_new and model.placeholder_drafts(req, budget) and draw(st.booleans()):
+            # the first step after a P/D remote KV load: the last prompt token and
+            # placeholder drafts, all rejected
+            drafts = draw(st.integers(1, model.placeholder_drafts(req, budget)))
+            row = Row(req.req_id, 1 + drafts, drafts, drafts)
         else:
             chunked = draw(st.booleans())
             row = Row(req.req_id, draw(st.integers(1, limit)) if chunked and limit > 1 else limit)
@@ -118,6 +125,8 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
     if kind == "arrive" or not model.reqs:
         prompt_len = draw(prompt_lengths(max_model_len=cfg.max_model_len))
         hit = draw(prefix_cache_hits(prompt_len, block_size=tokens_per_block(cfg)))
+        if cfg.num_speculative_tokens and prompt_len > 1 and draw(st.integers(0, 3)) == 0:
+            hit = prompt_len - 1  # P/D: every prompt token's KV but the last loaded remotely
         max_tokens = draw(st.integers(1, max_new_tokens))
         model.arrive(prompt_len, max_tokens, hit,
                      draw(lora_ids(cfg.max_loras)) if cfg.max_loras else None)

@@ -48,7 +48,9 @@ def _independent_contract(config: RunnerConfig, steps) -> None:
             nc = computed[req_id]
             assert nc + n <= config.max_model_len
             if k:
-                assert nc >= prefill[req_id], "drafts only past prefill"
+                if nc < prefill[req_id]:  # placeholder drafts (P/D): one prompt token left, all rejected
+                    assert nc == prefill[req_id] - 1 and step.rejected.get(req_id, 0) == k, \
+                        "drafts only past prefill, or placeholders over the last prompt token"
                 assert n == 1 + k and k <= config.num_speculative_tokens
             if nc >= prefill[req_id]:
                 assert n == 1 + k, "a decode row is 1 + drafts"
@@ -180,6 +182,13 @@ def _corners(steps) -> set[str]:
                 seen.add("resume_with_outputs")
             computed[req.req_id], prefill[req.req_id] = req.num_computed_tokens, req.num_prefill_tokens
         drafted = {r for r, n in step.spec_tokens.items() if n > 0}
+        for r in drafted:
+            if computed.get(r, 0) < prefill.get(r, 0):
+                seen.add("placeholder_drafts")
+            elif step.spec_tokens[r] < max(step.spec_tokens.values()) and any(
+                    computed.get(q, 0) + n >= prefill.get(q, 0) > computed.get(q, 0)
+                    for q, n in step.num_scheduled_tokens.items()):
+                seen.add("fewer_drafts_beside_final_chunk")
         for r in step.num_scheduled_tokens:
             computed[r] = computed.get(r, 0) + step.num_accepted(r)
             last_step[r] = k
@@ -187,7 +196,8 @@ def _corners(steps) -> set[str]:
 
 
 @pytest.mark.parametrize("corner", ["preempt_mid_prefill", "preempt_mid_spec",
-                                    "abort_right_after_schedule", "resume_with_outputs"])
+                                    "abort_right_after_schedule", "resume_with_outputs",
+                                    "placeholder_drafts", "fewer_drafts_beside_final_chunk"])
 def test_each_lifecycle_corner_is_drawn(corner):
     from hypothesis import find
 

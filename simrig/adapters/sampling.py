@@ -156,6 +156,29 @@ class GreedyVerifier:
         return _sampler_output(torch.from_numpy(sampled).to(device), num_sampled, num_rejected)
 
 
+def vllm_samplers(runner: Any, method: str) -> tuple[Any, Any]:
+    """vLLM's own Sampler and RejectionSampler, built as the runner builds them
+    (``load_model``) under ``rejection_sample_method`` = ``method``. On the
+    stand-in logits (one finite entry per row) every method's outcome is the
+    trace's: a draft is kept iff it is the row's token, and any token sampled
+    from a row is that row's token, at any temperature."""
+    import copy
+    import inspect
+
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+    wanted = {"vllm_config": runner.vllm_config, "max_num_reqs": runner.max_num_reqs,
+              "vocab_size": runner.vocab_size, "device": runner.device, "req_states": runner.req_states,
+              "num_speculative_tokens": runner.decode_query_len}
+    params = inspect.signature(Sampler).parameters
+    sampler = Sampler(**{k: v for k, v in wanted.items() if k in params})
+    # the VllmConfig is shared between runners (vllm_parts.vllm_config): the method is set on a copy
+    spec_config = copy.copy(runner.vllm_config.speculative_config)
+    spec_config.rejection_sample_method = method
+    return sampler, RejectionSampler(sampler, spec_config, runner.device)
+
+
 class DrafterStandIn:
     """The speculator: one query per request, as EAGLE-style drafters take;
     ``propose`` returns the drafts already in ``req_states`` (the harness

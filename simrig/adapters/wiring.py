@@ -244,6 +244,8 @@ def _equip_sampling(runner: Any, config: RunnerConfig, device: Any) -> None:
     spec = config.num_speculative_tokens > 0
     runner.sampler = sampling.GreedySampler(runner)
     runner.rejection_sampler = sampling.GreedyVerifier(runner, config.decode_query_len) if spec else None
+    if spec and config.rejection_sampler:
+        runner.sampler, runner.rejection_sampler = sampling.vllm_samplers(runner, config.rejection_sampler)
     runner.speculator = sampling.DrafterStandIn(runner) if spec else None
     runner.batch_sharder = None
     runner.structured_outputs_worker = None

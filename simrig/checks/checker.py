@@ -38,6 +38,7 @@ from simrig.checks.lifecycle import (
     SchedulerContract,
 )
 from simrig.checks.parity import check_parity, desc_key
+from simrig.checks.spec_outcomes import check_spec_outcomes
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.findings.known import KnownFindings, installed_vllm_version, load_known_findings
@@ -260,6 +261,7 @@ class Checker:
         out.extend(self._block_checks(index, obs, config, order, batch))
         pred = self.reference.predict(step, order)
         out.extend(check_model_fields(index, config, step, obs, pred, skip))
+        out.extend(check_spec_outcomes(index, config, step, obs, pred, skip))
         if pred is not None:
             # rows that run as decodes: decodes, and (without PCP, which partitions
             # prefill rows) prefills of one new token over context (fields.runs_as_decode)

@@ -80,6 +80,11 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("dispatch", "num_active_loras"): "lora_dispatch: the capture case of the batch's distinct adapters",
     ("postprocess", "num_sampled"): _FIELDS,
     ("postprocess", "num_rejected"): _FIELDS,
+    ("postprocess", "sampled_tokens"): "spec_outcomes (model prediction, spec_outcomes.py): each row's "
+                                       "accepted drafts, then the target's or the bonus token",
+    ("postprocess", "post.last_sampled_tokens"): "spec_outcomes: the last token sampled (rows that "
+                                                 "sampled one)",
+    ("postprocess", "post.num_computed_tokens"): "spec_outcomes: computed + scheduled - rejected",
     ("postprocess", "output.req_ids"): _FIELDS + ": the batch's requests in batch order",
     ("postprocess", "output.num_sampled_tokens"): _FIELDS + ": exactly the tokens sampled",
     ("postprocess", "output.sampled_token_ids"): _FIELDS + ": the trace's token after each "

@@ -326,6 +326,20 @@ STREAMING: tuple[Mutant, ...] = (
            "it: the old slot is never freed (and its model, LoRA and encoder state stay behind)"),
 )
 
+# The spec-decode outcome: a request that carries fewer drafts than the widest row of
+# its batch and keeps them all loses its bonus token (vLLM 0.30-0.32 found a request's
+# bonus logit as local position >= num_speculative_tokens, right only for K drafts).
+SPEC_OUTCOMES: tuple[Mutant, ...] = (
+    Mutant("bonus-row-lost-under-k", _IB, "get_num_sampled_and_rejected",
+           "num_reqs = idx_mapping.shape[0]\n",
+           "num_reqs = idx_mapping.shape[0]\n"
+           "    widths = cu_num_logits[1 : num_reqs + 1] - cu_num_logits[:num_reqs]\n"
+           "    num_sampled = torch.where((widths > 1) & (widths < widths.max()) & (num_sampled == widths),\n"
+           "                              num_sampled - 1, num_sampled)\n",
+           "a request with fewer drafts than the batch's widest row, every draft kept, loses its "
+           "bonus token: one sampled token short, one more counted rejected"),
+)
+
 # Faults that kill the process: a crash is a finding (simrig.supervision), never the end of a run.
 CRASHES: tuple[Mutant, ...] = (
     Mutant("add-requests-segfault-half-way", _MR, "GPUModelRunner.add_requests",
@@ -346,6 +360,6 @@ LORA: tuple[Mutant, ...] = (
            "request's adapter: its prompt and token LoRA mappings carry the stale id"),
 )
 
-CATALOGUE = CATALOGUE + WIRING + STREAMING + CRASHES + LORA
+CATALOGUE = CATALOGUE + WIRING + STREAMING + SPEC_OUTCOMES + CRASHES + LORA
 
 BY_NAME = {m.name: m for m in CATALOGUE}

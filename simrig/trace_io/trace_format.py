@@ -227,6 +227,8 @@ _STEP_KEYS = {"step", "new_requests", "cached_requests", "num_scheduled_tokens",
 _GRAPH_DEFAULTS = {"cudagraph_mode": "NONE", "capture_sizes": [], "varlen_decode": False}
 # LoRA fields likewise: traces without adapters read and write as before.
 _LORA_DEFAULTS = {"max_loras": 0, "specialize_active_lora": False, "cudagraph_specialize_lora": True}
+# The rejection sampler likewise: written only when vLLM's own runs.
+_SAMPLER_DEFAULTS = {"rejection_sampler": ""}
 _BOOL_CONFIG_KEYS = ("shard_decode_requests", "varlen_decode", "specialize_active_lora",
                      "cudagraph_specialize_lora")
 
@@ -237,7 +239,7 @@ def config_to_json(config: RunnerConfig) -> dict[str, Any]:
     out["kv_groups"] = [_kv_group_to_json(g) for g in config.kv_groups]
     if config.kv_groups == (KvGroup(),):  # one full group: traces read as before
         del out["kv_groups"]
-    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS}
+    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS, **_SAMPLER_DEFAULTS}
     return {k: v for k, v in out.items() if omitted.get(k, ...) != v}
 
 
@@ -285,7 +287,7 @@ def parse_header(obj: Any, path: str) -> TraceHeader:
             if not isinstance(value, bool):
                 raise ln.fail(f"config.{key}", f"must be true or false, got {value!r}")
             values[key] = value
-        elif key == "cudagraph_mode":
+        elif key in ("cudagraph_mode", "rejection_sampler"):
             if not isinstance(value, str):
                 raise ln.fail(f"config.{key}", f"must be a mode name, got {value!r}")
             values[key] = value
