@@ -43,7 +43,7 @@ from typing import Any
 
 from simrig import observe as obs
 from simrig.vllm_runtime import platform
-from simrig.adapters import sampling
+from simrig.adapters import pipeline, sampling
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.runner import VllmApi, load
@@ -76,6 +76,10 @@ class Harness(StageProbes, DummyPaths):
         self._build_s = time.perf_counter() - built
         self.runner, self.dispatcher, self.dummy_buffers = parts.runner, parts.dispatcher, parts.dummy_buffers
         self.pcp_managers, self.dcp_peers = parts.pcp_managers, parts.dcp_peers
+        # pp_size > 1: the non-last PP rank, stepped after this (the last) rank
+        self.pp_mailbox = parts.pp_mailbox
+        self.pp_rank = (pipeline.NonLastRank(parts.pp_peer, parts.pp_mailbox)
+                        if parts.pp_peer is not None else None)
         self.num_steps = 0
         # the first step at which vLLM raised on this runner: every later step reports it,
         # and the runner pool never resets such a runner for another example
@@ -140,6 +144,8 @@ class Harness(StageProbes, DummyPaths):
                     and not result.step_failed():
                 self._other_ranks(step, batch, desc, result)
                 self._sample_tokens(step, batch, result)
+                if self.pp_rank is not None:
+                    self._timed_stage(result, self.pp_rank.step, so, self.runner, batch, step)
         finally:
             self.runner.execute_model_state = None
         self._dummy_run(step, result, desc)
@@ -162,7 +168,8 @@ class Harness(StageProbes, DummyPaths):
             self._startup_state = RunnerState(self._state_roots())
 
     def _state_roots(self) -> list[Any]:
-        return [self.runner, self.pcp_managers, self.dcp_peers, self.dispatcher, self.dummy_buffers]
+        peer = [self.pp_rank.runner, self.pp_mailbox] if self.pp_rank is not None else []
+        return [self.runner, self.pcp_managers, self.dcp_peers, self.dispatcher, self.dummy_buffers, *peer]
 
     @property
     def resettable(self) -> bool:
@@ -207,7 +214,8 @@ class Harness(StageProbes, DummyPaths):
         self.runner.model.target_tokens = sampling.target_tokens(batch)
         start = time.perf_counter()
         try:
-            with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)):
+            with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)), \
+                    pipeline.collectives(self.pp_mailbox):
                 output = self.runner.sample_tokens(None)
                 if output is not None and hasattr(output, "get_output"):
                     output = output.get_output()
@@ -223,6 +231,13 @@ class Harness(StageProbes, DummyPaths):
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
+
+    def _timed_stage(self, result: obs.StepObs, fn: Any, *args: Any) -> None:
+        """A call that returns its own stage record (the non-last PP rank's step)."""
+        start = time.perf_counter()
+        record = fn(*args)
+        record.duration_s = time.perf_counter() - start
+        result.stages.append(record)
 
     def _timed(self, result: obs.StepObs, stage: str, rank: int | None, step: Step,
                fn: Any, *args: Any, observe: bool = True, extra: Any = None) -> Any:
