@@ -146,6 +146,9 @@ class Harness(StageProbes, DummyPaths):
                 self._sample_tokens(step, batch, result)
                 if self.pp_rank is not None:
                     self._timed_stage(result, self.pp_rank.step, so, self.runner, batch, step)
+            elif self.pp_rank is not None and not step.num_scheduled_tokens and not result.step_failed():
+                # a step with no forward still advances the non-last rank's broadcast ring
+                self._timed_stage(result, self.pp_rank.step, so, self.runner, None, step)
         finally:
             self.runner.execute_model_state = None
         self._dummy_run(step, result, desc)

@@ -75,6 +75,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    specialize_lora: st.SearchStrategy[bool] = st.booleans(),
                    multi_kv_groups: st.SearchStrategy[bool] = st.booleans(),
                    kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
+                   pp_sizes: st.SearchStrategy[int] = st.sampled_from((1, 1, 2)),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -95,7 +96,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     come from the same choices with or without it; with LoRA on,
     ``specialize_lora`` draws vLLM's two graph-specialization switches
     (``LoRAConfig.specialize_active_lora``,
-    ``CompilationConfig.cudagraph_specialize_lora``).
+    ``CompilationConfig.cudagraph_specialize_lora``). ``pp_sizes`` draws the
+    pipeline-parallel world last (a third of the draws PP 2 by default).
     The KV cache groups are one full-attention group unless
     ``multi_kv_groups`` draws True (then ``kv_group_lists()``, without
     sliding-window groups under PCP or DCP: vLLM's sliding-window manager
@@ -107,7 +109,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                 shard_decode_requests=shard_decode_requests, block_size=block_size,
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
                 dcp_without_pcp=dcp_without_pcp, max_loras=max_loras,
-                specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups)
+                specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups, pp_sizes=pp_sizes)
     for name, value in args.items():
         check_strategy(name, value)
     if kv_groups is not None:
@@ -149,6 +151,9 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
         if loras:
             config = replace(config, max_loras=loras, specialize_active_lora=draw(specialize_lora),
                              cudagraph_specialize_lora=draw(specialize_lora))
+        pp = draw(pp_sizes)
+        if pp > 1:
+            config = replace(config, pp_size=pp)
         config.validate()  # a strategy argument produced an impossible value
         return config
 

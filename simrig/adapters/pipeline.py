@@ -145,8 +145,9 @@ class NonLastRank:
             record.fields.update(_row_state(last_runner, last_batch, "last."))
         try:
             self.runner.execute_model(scheduler_output)
-            with collectives(self.mailbox):
-                self.runner.sample_tokens(None)
+            if last_batch is not None:  # a step with no forward samples nothing
+                with collectives(self.mailbox):
+                    self.runner.sample_tokens(None)
         except Exception as exc:  # vLLM's exceptions (and the ranks disagreeing) are observations
             record.error = error_obs(exc, step)
         finally:
