@@ -120,6 +120,10 @@ class Harness(StageProbes, DummyPaths):
         result = obs.StepObs(index=self.num_steps)
         self.num_steps += 1
         so = self.api.scheduler_output(step, self.config.num_kv_groups)
+        if self.pp_rank is not None and hasattr(so, "num_spec_tokens_to_schedule"):
+            # the drafts the last rank proposes are what the other PP ranks embed: K, as
+            # vLLM's Scheduler sets it ("num_spec_tokens_to_schedule = self.num_spec_tokens")
+            so.num_spec_tokens_to_schedule = self.config.num_speculative_tokens
         self._step, self._result, self._global_batch, self._desc = step, result, None, None
         self._probe_rig_s = 0.0
         start = time.perf_counter()
@@ -164,6 +168,9 @@ class Harness(StageProbes, DummyPaths):
         the runner's state right after them is kept for ``reset``."""
         first = len(result.stages)
         self._capture_at_startup(result)
+        failed = self.pp_rank.start_up(self._step) if self.pp_rank is not None else None
+        if failed is not None:
+            result.stages.append(failed)
         self._startup_stages = list(result.stages[first:])
         if self.keep_startup_state:
             from simrig.adapters.reuse import RunnerState

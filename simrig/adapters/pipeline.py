@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import Any
 
 from simrig.adapters import standins
+from simrig.vllm_runtime import platform
 from simrig.vllm_parts.pipeline import (  # noqa: F401 -- the harness reaches them here
     BroadcastMailbox,
     PipelineBroadcastError,
@@ -78,6 +79,10 @@ def make_pipeline_rank(runner: Any, rank: int, world_size: int, mailbox: Broadca
     runner.is_first_pp_rank = True  # see the module docstring
     runner.pp_handler = pp_handler(rank, world_size, mailbox, max_num_reqs=runner.max_num_reqs,
                                    num_speculative_steps=num_speculative_steps, device=device)
+    # the cudagraph manager reads the rank in its __init__ too (get_pp_group().is_last_rank):
+    # a non-last rank's graphs keep intermediate tensors, not hidden states
+    if hasattr(runner.cudagraph_manager, "is_last_pp_rank"):
+        runner.cudagraph_manager.is_last_pp_rank = last
     if not last:
         runner.model = StageOutputStandIn(torch, device, runner.vocab_size)
     return runner
@@ -96,6 +101,7 @@ class NonLastRank:
         num_computed_tokens     this rank's req_states after its sample_tokens, per row
         last.num_computed_tokens  the last rank's, per row, after its sample_tokens
         last.draft_tokens       the drafts the last rank proposed (what broadcast_drafts sends)
+        broadcasts.sent         the last rank's broadcasts this step (tokens, counts, drafts)
         broadcasts.unreceived   broadcasts of this step no receive took
     """
 
@@ -113,6 +119,26 @@ class NonLastRank:
         if runner.pcp_manager is not None:
             wrap(runner.pcp_manager, "partition_batch", self._on_partition)
         wrap(runner.pp_handler, "receive", self._on_receive)
+
+    def start_up(self, step: Any) -> Any:
+        """This rank's ``capture_model``, as every rank captures at start-up (a
+        FULL step replays this rank's own graph); None, or the ``pipeline``
+        stage record of its exception (that rank would not start)."""
+        from simrig import observe as obs
+        from simrig.adapters.probes import error_obs
+
+        manager = self.runner.cudagraph_manager
+        if not manager.needs_capture():
+            return None
+        manager._graphs_captured = False
+        try:
+            with platform.graph_capture_without_cuda():
+                self.runner.capture_model()
+        except Exception as exc:  # a failed capture is an observation
+            return obs.StageObs(stage=obs.PIPELINE, rank=0, error=error_obs(exc, step))
+        finally:
+            platform.unlock_workspace()
+        return None
 
     def _on_prepare(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         batch = call(*args, **kwargs)
@@ -152,6 +178,7 @@ class NonLastRank:
             record.error = error_obs(exc, step)
         finally:
             self.runner.execute_model_state = None
+            record.fields["broadcasts.sent"] = obs.observe_value(self.mailbox.sent)
             record.fields["broadcasts.unreceived"] = obs.observe_value(self.mailbox.clear())
         if self._batch is not None and record.error is None:
             record.fields.update(_batch_fields(self._batch, "batch."))

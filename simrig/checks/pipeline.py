@@ -138,6 +138,9 @@ class PipelineTracker:
     def _advance(self, index: int, step: Step, computed: dict[str, int], fields: dict) -> None:
         last_ids = list(fields["last.req_ids"].values) if "last.req_ids" in fields else []
         drafts = fields.get("last.draft_tokens")
+        sent = fields.get("broadcasts.sent")
+        if sent is None or sent.values < 3:  # tokens and counts only: no drafts were broadcast
+            drafts = None
         for req_id in step.req_ids:
             req = self.reqs.get(req_id)
             if req is None or req_id not in computed:
