@@ -317,6 +317,21 @@ WIRING: tuple[Mutant, ...] = (
            "batch misses its FULL graph"),
 )
 
+# The non-last pipeline-parallel rank's path (PP 2 configs; checks/pipeline.py).
+_PP = "vllm.v1.worker.gpu.pp_utils"
+PIPELINE: tuple[Mutant, ...] = (
+    Mutant("pp-mask-drops-continuing-prefill", _PP, "compute_need_sampled_mask",
+           "finished_prefill = prefill_len + 1 >= input_batch.max_seq_len_np",
+           "finished_prefill = prefill_len + 1 < input_batch.max_seq_len_np",
+           "the need-sampled mask drops a final prefill chunk whose request goes on decoding: no "
+           "rank broadcasts its first token, and the non-last PP ranks decode a stale one"),
+    Mutant("pp-non-last-skips-optimistic-update", _MR, "GPUModelRunner.sample_tokens",
+           "        self.postprocess_num_computed_tokens(input_batch)\n        if not all_decode_next:",
+           "        if not all_decode_next:",
+           "a non-last PP rank no longer advances num_computed_tokens after its step: its "
+           "request state falls behind the last rank's"),
+)
+
 # Faults that kill the process: a crash is a finding (simrig.supervision), never the end of a run.
 CRASHES: tuple[Mutant, ...] = (
     Mutant("add-requests-segfault-half-way", _MR, "GPUModelRunner.add_requests",
@@ -328,6 +343,6 @@ CRASHES: tuple[Mutant, ...] = (
            "requests before it added and the rest not: the process running it is gone"),
 )
 
-CATALOGUE = CATALOGUE + WIRING + CRASHES
+CATALOGUE = CATALOGUE + WIRING + PIPELINE + CRASHES
 
 BY_NAME = {m.name: m for m in CATALOGUE}
