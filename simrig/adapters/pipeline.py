@@ -94,8 +94,8 @@ class NonLastRank:
     stage, rank 0; checks/pipeline.py):
 
         batch.*                 the batch this rank ran (the global batch under PCP,
-                                as sample_tokens receives on it): req_ids, idx_mapping,
-                                input_ids, positions, seq_lens, query_start_loc
+                                as sample_tokens receives on it): req_ids, input_ids,
+                                positions, seq_lens, query_start_loc
         last.*                  the same fields of the last rank's batch
         need_sampled_mask       the mask PPHandler.receive kept (None: nothing received)
         num_computed_tokens     this rank's req_states after its sample_tokens, per row
@@ -104,8 +104,6 @@ class NonLastRank:
         broadcasts.sent         the last rank's broadcasts this step (tokens, counts, drafts)
         broadcasts.unreceived   broadcasts of this step no receive took
     """
-
-    FIELDS = ("req_ids", "idx_mapping", "input_ids", "positions", "seq_lens", "query_start_loc")
 
     def __init__(self, runner: Any, mailbox: BroadcastMailbox) -> None:
         from simrig.adapters.probes import wrap
@@ -192,7 +190,7 @@ def _batch_fields(batch: Any, prefix: str) -> dict[str, Any]:
     from simrig import observe as obs
 
     num_reqs, num_tokens = int(batch.num_reqs), int(batch.num_tokens)
-    values = {"req_ids": list(batch.req_ids), "idx_mapping": batch.idx_mapping[:num_reqs],
+    values = {"req_ids": list(batch.req_ids),
               "input_ids": batch.input_ids[:num_tokens], "positions": batch.positions[:num_tokens],
               "seq_lens": batch.seq_lens[:num_reqs], "query_start_loc": batch.query_start_loc[:num_reqs + 1]}
     return {prefix + k: obs.observe_value(v) for k, v in values.items()}

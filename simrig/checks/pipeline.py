@@ -17,6 +17,7 @@ from vLLM's own words:
                                           proposed and broadcast in the request's sampling step:
                                           "Broadcast draft proposals so non-last ranks can embed
                                           real token ids" (PPHandler.broadcast_drafts)
+    last rank's num_computed_tokens       computed + scheduled - rejected (postprocess_sampled)
     num_computed_tokens after the step    computed + scheduled: "Optimistically update
                                           num_computed_tokens for entire batch here. Will be
                                           adjusted for rejections if necessary"
@@ -29,7 +30,8 @@ from vLLM's own words:
                                           min(prompt_len + max_tokens, max_model_len)) is always
                                           marked; a row whose sample ends the request may be either
     every broadcast received              what the last rank sends, the other ranks receive
-                                          (a broadcast is collective): none is left over
+                                          (a broadcast is collective): none is left over; a
+                                          step with a row that must be marked broadcasts
 
 The scheduler's side of the contract: "V2+PP+async: enforce `pp_size` steps
 between same-req decodes to match worker-side sampled-tokens broadcast slot
@@ -213,6 +215,12 @@ class _Judge:
                                   f"{name} of {req_id} on the non-last PP rank differ from the last rank's "
                                   f"(the sampled token it received, or its request state)")
             self._drafts(req_id, lo, plain, hi)
+            accepted = self.computed.get(req_id, 0) + self.step.num_accepted(req_id)
+            if self.value("last.num_computed_tokens")[i] != accepted:
+                self.mismatch("last.num_computed_tokens", (req_id,), accepted,
+                              self.value("last.num_computed_tokens")[i],
+                              f"{req_id}'s num_computed_tokens after the last PP rank's step is not "
+                              f"computed + scheduled - rejected")
             expected = self.computed.get(req_id, 0) + self.step.num_scheduled_tokens[req_id]
             actual = self.value("num_computed_tokens")[i]
             if actual != expected:
@@ -237,6 +245,7 @@ class _Judge:
             self.mismatch("need_sampled_mask", tuple(ids), f"{len(ids)} rows", f"{len(mask)} rows",
                           "need_sampled_mask does not have one entry per request")
             return
+        must = []
         for i, req_id in enumerate(ids):
             req = self.reqs.get(req_id)
             if req_id in self.skip or req is None or req_id not in self.computed:
@@ -249,7 +258,12 @@ class _Judge:
                 self.mismatch("need_sampled_mask", (req_id,), False, True,
                               f"{req_id} runs a non-final prefill chunk (samples nothing) but is marked "
                               f"as needing a sampled token")
-            elif samples and length < cap and not mask[i]:
+            if samples and length < cap:
+                must.append(req_id)
+            if samples and length < cap and not mask[i]:
                 self.mismatch("need_sampled_mask", (req_id,), True, False,
                               f"{req_id} samples this step and may run again (length {length} < {cap}) "
                               f"but is not marked: the non-last PP rank would never get its token")
+        if must and not self.value("broadcasts.sent"):
+            self.mismatch("broadcasts.sent", tuple(must), ">= 2 (tokens, counts)", 0,
+                          "requests that go on decoding sampled, but the last PP rank broadcast nothing")
