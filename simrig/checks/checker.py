@@ -104,7 +104,8 @@ class Checker:
         # the run configuration a known finding's ``when`` conditions read
         self.context = {"pcp_size": config.pcp_size, "dcp_size": config.dcp_size,
                         "num_speculative_tokens": config.num_speculative_tokens,
-                        "shard_decode_requests": int(bool(config.shard_decode_requests))}
+                        "shard_decode_requests": int(bool(config.shard_decode_requests)),
+                        "pp_size": config.pp_size}
 
     def check(self, index: int, step: Step, observation: StepObs) -> list[Finding]:
         """Every check on one step. A check that raises becomes one ``rig_error``

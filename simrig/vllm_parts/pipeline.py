@@ -73,9 +73,13 @@ class BroadcastMailbox:
                 f"the last rank never sent this step")
         sent = self.queued.popleft()
         if tuple(sent.shape) != tuple(tensor.shape) or sent.dtype != tensor.dtype:
-            raise PipelineBroadcastError(
-                f"PP rank {group.rank} receives {tuple(tensor.shape)} {tensor.dtype} where the last "
-                f"rank sent {tuple(sent.shape)} {sent.dtype}")
+            # one message for every shape (a known finding's signature); the shapes in a note
+            error = PipelineBroadcastError(
+                f"PP rank {group.rank} receives a broadcast of another shape or dtype than the last "
+                f"rank sent (the ranks broadcast for different batches)")
+            error.add_note(f"received {tuple(tensor.shape)} {tensor.dtype}, sent "
+                           f"{tuple(sent.shape)} {sent.dtype}")
+            raise error
         tensor.copy_(sent)
         self.received += 1
         return None
