@@ -153,3 +153,24 @@ def test_each_pp_mutant_is_found_on_the_fixture(tmp_path, mutant, fields):
     classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
     new = classes[(classes["verdict"] == "new") & (classes["stage"] == PIPELINE)]
     assert proc.returncode == 1 and fields <= set(new["field"]), classes.to_string()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_reused_pp_runner_observes_exactly_what_a_fresh_one_does(vllm_api):
+    """The non-last rank's runner and the broadcast mailbox are part of the state a
+    reused runner puts back (simrig.runners)."""
+    from simrig.harness import Harness
+    from simrig.runners import RunnerPool
+    from tests.test_runner_reuse import observed
+
+    header, steps = read_trace(FIXTURE)
+    pool = RunnerPool()
+    pool.prefer_reuse(header.config, api=vllm_api)
+    first = pool.acquire(header.config, api=vllm_api)
+    fresh = observed(Harness(first.config, api=vllm_api), steps)
+    observed(first, steps)
+    assert pool.release(first), pool.last_dirty
+    again = pool.acquire(header.config, api=vllm_api)
+    assert again is first
+    assert observed(again, steps) == fresh
