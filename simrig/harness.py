@@ -148,9 +148,9 @@ class Harness(StageProbes, DummyPaths):
                     and not result.step_failed():
                 self._other_ranks(step, batch, desc, result)
                 self._sample_tokens(step, batch, result)
-                if self.pp_rank is not None:
+                if self._pp_in_step():
                     self._timed_stage(result, self.pp_rank.step, so, self.runner, batch, step)
-            elif self.pp_rank is not None and not step.num_scheduled_tokens and not result.step_failed():
+            elif self._pp_in_step() and not step.num_scheduled_tokens and not result.step_failed():
                 # a step with no forward still advances the non-last rank's broadcast ring
                 self._timed_stage(result, self.pp_rank.step, so, self.runner, None, step)
         finally:
@@ -241,6 +241,11 @@ class Harness(StageProbes, DummyPaths):
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
+
+    def _pp_in_step(self) -> bool:
+        """The non-last PP rank steps with this one until vLLM raised here: after that
+        the ranks no longer hold the same requests (nothing of it is judged)."""
+        return self.pp_rank is not None and self.raised_at is None
 
     def _timed_stage(self, result: obs.StepObs, fn: Any, *args: Any) -> None:
         """A call that returns its own stage record (the non-last PP rank's step)."""
