@@ -43,7 +43,7 @@ from typing import Any
 
 from simrig import observe as obs
 from simrig.vllm_runtime import platform
-from simrig.adapters import sampling
+from simrig.adapters import pipeline, sampling
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.runner import VllmApi, load
@@ -76,6 +76,10 @@ class Harness(StageProbes, DummyPaths):
         self._build_s = time.perf_counter() - built
         self.runner, self.dispatcher, self.dummy_buffers = parts.runner, parts.dispatcher, parts.dummy_buffers
         self.pcp_managers, self.dcp_peers = parts.pcp_managers, parts.dcp_peers
+        # pp_size > 1: the non-last PP rank, stepped after this (the last) rank
+        self.pp_mailbox = parts.pp_mailbox
+        self.pp_rank = (pipeline.NonLastRank(parts.pp_peer, parts.pp_mailbox)
+                        if parts.pp_peer is not None else None)
         self.num_steps = 0
         # the first step at which vLLM raised on this runner: every later step reports it,
         # and the runner pool never resets such a runner for another example
@@ -116,6 +120,10 @@ class Harness(StageProbes, DummyPaths):
         result = obs.StepObs(index=self.num_steps)
         self.num_steps += 1
         so = self.api.scheduler_output(step, self.config.num_kv_groups)
+        if self.pp_rank is not None and hasattr(so, "num_spec_tokens_to_schedule"):
+            # the drafts the last rank proposes are what the other PP ranks embed: K, as
+            # vLLM's Scheduler sets it ("num_spec_tokens_to_schedule = self.num_spec_tokens")
+            so.num_spec_tokens_to_schedule = self.config.num_speculative_tokens
         self._step, self._result, self._global_batch, self._desc = step, result, None, None
         self._probe_rig_s = 0.0
         start = time.perf_counter()
@@ -140,6 +148,11 @@ class Harness(StageProbes, DummyPaths):
                     and not result.step_failed():
                 self._other_ranks(step, batch, desc, result)
                 self._sample_tokens(step, batch, result)
+                if self._pp_in_step():
+                    self._timed_stage(result, self.pp_rank.step, so, self.runner, batch, step)
+            elif self._pp_in_step() and not step.num_scheduled_tokens and not result.step_failed():
+                # a step with no forward still advances the non-last rank's broadcast ring
+                self._timed_stage(result, self.pp_rank.step, so, self.runner, None, step)
         finally:
             self.runner.execute_model_state = None
         self._dummy_run(step, result, desc)
@@ -155,6 +168,9 @@ class Harness(StageProbes, DummyPaths):
         the runner's state right after them is kept for ``reset``."""
         first = len(result.stages)
         self._capture_at_startup(result)
+        failed = self.pp_rank.start_up(self._step) if self.pp_rank is not None else None
+        if failed is not None:
+            result.stages.append(failed)
         self._startup_stages = list(result.stages[first:])
         if self.keep_startup_state:
             from simrig.adapters.reuse import RunnerState
@@ -162,7 +178,8 @@ class Harness(StageProbes, DummyPaths):
             self._startup_state = RunnerState(self._state_roots())
 
     def _state_roots(self) -> list[Any]:
-        return [self.runner, self.pcp_managers, self.dcp_peers, self.dispatcher, self.dummy_buffers]
+        peer = [self.pp_rank.runner, self.pp_mailbox] if self.pp_rank is not None else []
+        return [self.runner, self.pcp_managers, self.dcp_peers, self.dispatcher, self.dummy_buffers, *peer]
 
     @property
     def resettable(self) -> bool:
@@ -207,7 +224,8 @@ class Harness(StageProbes, DummyPaths):
         self.runner.model.target_tokens = sampling.target_tokens(batch)
         start = time.perf_counter()
         try:
-            with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)):
+            with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)), \
+                    pipeline.collectives(self.pp_mailbox):
                 output = self.runner.sample_tokens(None)
                 if output is not None and hasattr(output, "get_output"):
                     output = output.get_output()
@@ -223,6 +241,18 @@ class Harness(StageProbes, DummyPaths):
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
+
+    def _pp_in_step(self) -> bool:
+        """The non-last PP rank steps with this one until vLLM raised here: after that
+        the ranks no longer hold the same requests (nothing of it is judged)."""
+        return self.pp_rank is not None and self.raised_at is None
+
+    def _timed_stage(self, result: obs.StepObs, fn: Any, *args: Any) -> None:
+        """A call that returns its own stage record (the non-last PP rank's step)."""
+        start = time.perf_counter()
+        record = fn(*args)
+        record.duration_s = time.perf_counter() - start
+        result.stages.append(record)
 
     def _timed(self, result: obs.StepObs, stage: str, rank: int | None, step: Step,
                fn: Any, *args: Any, observe: bool = True, extra: Any = None) -> Any:

@@ -114,6 +114,9 @@ class RunnerConfig:
     kv_groups: tuple[KvGroup, ...] = (KvGroup(),)
     # See REJECTION_SAMPLERS; only with num_speculative_tokens > 0.
     rejection_sampler: str = ""
+    # Pipeline parallel world size (vLLM's ParallelConfig.pipeline_parallel_size):
+    # > 1 drives a non-last PP rank's runner next to the last rank's (adapters/pipeline.py).
+    pp_size: int = 1
 
     def group_block_size(self, group: int) -> int:
         """Tokens per block of KV cache group ``group``."""
@@ -162,7 +165,7 @@ class RunnerConfig:
 
     def validate(self) -> None:
         for name in ("max_num_reqs", "max_num_batched_tokens", "max_model_len",
-                     "pcp_size", "dcp_size", "block_size"):
+                     "pcp_size", "dcp_size", "block_size", "pp_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")

@@ -76,6 +76,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    multi_kv_groups: st.SearchStrategy[bool] = st.booleans(),
                    kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
                    rejection_samplers: st.SearchStrategy[str] = st.sampled_from(("", "", "standard", "block")),
+                   pp_sizes: st.SearchStrategy[int] = st.sampled_from((1, 1, 2)),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -96,7 +97,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     come from the same choices with or without it; with LoRA on,
     ``specialize_lora`` draws vLLM's two graph-specialization switches
     (``LoRAConfig.specialize_active_lora``,
-    ``CompilationConfig.cudagraph_specialize_lora``).
+    ``CompilationConfig.cudagraph_specialize_lora``). ``pp_sizes`` draws the
+    pipeline-parallel world last (a third of the draws PP 2 by default).
     The KV cache groups are one full-attention group unless
     ``multi_kv_groups`` draws True (then ``kv_group_lists()``, without
     sliding-window groups under PCP or DCP: vLLM's sliding-window manager
@@ -111,7 +113,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
                 dcp_without_pcp=dcp_without_pcp, max_loras=max_loras,
                 specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups,
-                rejection_samplers=rejection_samplers)
+                rejection_samplers=rejection_samplers, pp_sizes=pp_sizes)
     for name, value in args.items():
         check_strategy(name, value)
     if kv_groups is not None:
@@ -155,6 +157,9 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                              cudagraph_specialize_lora=draw(specialize_lora))
         if config.num_speculative_tokens:
             config = replace(config, rejection_sampler=draw(rejection_samplers))
+        pp = draw(pp_sizes)
+        if pp > 1:
+            config = replace(config, pp_size=pp)
         config.validate()  # a strategy argument produced an impossible value
         return config
 

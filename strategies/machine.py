@@ -193,6 +193,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         if not self.model.waiting() and not self.model.schedulable_running():
             self.arrive(data)  # keep the scheduler busy: most rules should send a step
         plan = draw_plan(data.draw, self.model)
+        if plan is None and self.model.cooling():
+            plan = Plan([])  # PP: every running request waits for its interval; the ring advances
         if plan is not None:
             self._send(self.model.build_step(plan), None)
 

@@ -80,6 +80,7 @@ class Request:
     queued_input: tuple[int, int] | None = None  # (tokens, max_tokens) of its next input
     token_ids: list[int] | None = None  # explicit prompt ids once a streaming input arrived
     turn: int = 0  # streaming inputs received
+    sampled_at: int | None = None  # the step index at which it last sampled (PP's interval)
 
     @property
     def prefilling(self) -> bool:
@@ -253,7 +254,21 @@ class SchedulerModel:
     def can_schedule(self, req: Request) -> bool:
         if req.state == WAITING:
             return True
+        if self._pp_waits(req):
+            return False
         return req.prefilling or req.num_tokens < self.config.max_model_len
+
+    def _pp_waits(self, req: Request) -> bool:
+        """PP: a request that sampled at step k runs again at step k + pp_size at the
+        earliest ("V2+PP+async: enforce `pp_size` steps between same-req decodes to match
+        worker-side sampled-tokens broadcast slot ring cadence", Scheduler.schedule)."""
+        return (self.config.pp_size > 1 and req.sampled_at is not None
+                and len(self.steps) - req.sampled_at < self.config.pp_size)
+
+    def cooling(self) -> list[Request]:
+        """Running requests that wait only for PP's interval: while one does, a step
+        that schedules nothing is valid (the non-last ranks' broadcast ring advances)."""
+        return [r for r in self.schedulable_running() if self._pp_waits(r)]
 
     # ------------------------------------------------------------ steps
     def build_step(self, plan: Plan) -> Step:
@@ -264,7 +279,7 @@ class SchedulerModel:
             req = self.reqs[req_id]
             if req.state == RUNNING:  # an abort between preempt and this step wins
                 req.state = PREEMPTED
-            req.num_computed, req.prefix_hit = 0, 0
+            req.num_computed, req.prefix_hit, req.sampled_at = 0, 0, None
         for req_id in (*self.pending_finished, *self.pending_preempted):
             self.pool.release(req_id)  # the runner drops them before this step's rows
         self.pending_finished, self.pending_preempted = [], []
@@ -315,13 +330,14 @@ class SchedulerModel:
             total += row.num_tokens
         # vLLM's scheduler sends a step with no tokens when it only has finished
         # or preempted requests to report
-        assert step.num_scheduled_tokens or step.finished or step.preempted, \
-            "a step schedules at least one request or reports one"
+        assert step.num_scheduled_tokens or step.finished or step.preempted or self.cooling(), \
+            "a step schedules at least one request or reports one (or PP waits for its interval)"
         for row in plan.rows:  # sampler outcome
             req = self.reqs[row.req_id]
             req.num_computed += step.num_accepted(row.req_id)
             if req.num_computed >= req.prefill_len:  # prefill done: one token (+accepted drafts)
                 req.num_tokens = req.num_computed + 1
+                req.sampled_at = len(self.steps)
                 if req.num_tokens < cfg.max_model_len and req.resumable and req.num_outputs >= req.max_tokens:
                     req.state = PAUSED  # the turn stops; the session keeps its slot and blocks
                     if req.queued_input is not None:

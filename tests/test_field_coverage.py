@@ -27,13 +27,14 @@ ORACLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "oracle.md"
 GRAPH = RunnerConfig(**BASE, cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(4, 8, 16))
 # LoRA on: _set_active_loras's mapping is observed (on the global batch, and on PCP rank 0's)
 LORA = {"lora": RunnerConfig(**BASE, max_loras=2), "lora-pcp2": RunnerConfig(**BASE, max_loras=2, pcp_size=2)}
+PP2 = RunnerConfig(**BASE, pp_size=2)  # the non-last PP rank's pipeline stage
 
 
 @pytest.fixture(scope="module")
 def observed(vllm_api) -> dict[tuple[str, str], str]:
     """(stage, field) -> the configuration that first showed it."""
     seen: dict[tuple[str, str], str] = {}
-    for name, config in {**CONFIGS, "graph": GRAPH, **LORA}.items():
+    for name, config in {**CONFIGS, "graph": GRAPH, **LORA, "pp2": PP2}.items():
         harness = Harness(config, api=vllm_api)
         for step in clean_steps():
             for stage in harness.run_step(step).stages:
@@ -45,7 +46,7 @@ def observed(vllm_api) -> dict[tuple[str, str], str]:
 @pytest.mark.vllm
 def test_every_observed_field_is_checked_or_listed(observed):
     assert {s for s, _ in observed} >= {"lifecycle", "gather", "dispatch", "prepare", "postprocess",
-                                        "partition", "dummy", "capture", "profile"}
+                                        "partition", "dummy", "capture", "profile", "pipeline"}
     neither = sorted(f"{s}.{f} (first in {cfg})" for (s, f), cfg in observed.items()
                      if lookup(VALUE_CHECKED, s, f) is None and lookup(UNCHECKED, s, f) is None)
     both = sorted(f"{s}.{f}" for (s, f) in observed

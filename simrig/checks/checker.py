@@ -39,6 +39,7 @@ from simrig.checks.lifecycle import (
 )
 from simrig.checks.parity import check_parity, desc_key
 from simrig.checks.spec_outcomes import check_spec_outcomes
+from simrig.checks.pipeline import PipelineTracker
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.findings.known import KnownFindings, installed_vllm_version, load_known_findings
@@ -92,6 +93,7 @@ class Checker:
         self.reference = ReferenceModel(config)
         self.blocks = BlockTracker(config.num_kv_groups)
         self.adapters = AdapterTracker()  # each live request's LoRA adapter
+        self.pipeline = PipelineTracker(config)  # the non-last PP rank (pp_size > 1)
         # the capture dummy of every captured descriptor (observed before step 0)
         self.captured: dict[tuple, Any] = {}
         self.drift = DriftTracker()
@@ -105,7 +107,8 @@ class Checker:
         # the run configuration a known finding's ``when`` conditions read
         self.context = {"pcp_size": config.pcp_size, "dcp_size": config.dcp_size,
                         "num_speculative_tokens": config.num_speculative_tokens,
-                        "shard_decode_requests": int(bool(config.shard_decode_requests))}
+                        "shard_decode_requests": int(bool(config.shard_decode_requests)),
+                        "pp_size": config.pp_size}
 
     def check(self, index: int, step: Step, observation: StepObs) -> list[Finding]:
         """Every check on one step. A check that raises becomes one ``rig_error``
@@ -145,6 +148,10 @@ class Checker:
                 semantic = [f for f in semantic if f.kind == fk.RIG_ERROR
                             or (f.req_ids and not set(f.req_ids) & touched)]
             findings.extend(semantic)
+        piped = self._guard(findings, index, "pipeline", self.pipeline.check, index, step, observation)
+        undefined = (touched or set()) | self.broken
+        findings.extend(f for f in piped or [] if f.kind == fk.CONTRACT_VIOLATION_INPUT
+                        or not set(f.req_ids) & undefined)
         self._guard(findings, index, "reference", self.reference.advance, step)
         if life is not None and not life.violations and self._guard(
                 findings, index, "runner_state", StepObs.step_failed, observation):
@@ -199,7 +206,7 @@ class Checker:
         fields of features never enabled. Built from sizes alone: always defined."""
         config = self.driven(observation)
         for stage in observation.stages:
-            findings.extend(check_placeholder_fields(index, stage))
+            findings.extend(check_placeholder_fields(index, stage, pp=config.pp_size > 1))
         for profile in observation.all(PROFILE):
             findings.extend(check_batch_semantics(index, profile) + check_profile(index, config, profile))
         dummy = observation.get(DUMMY)

@@ -22,7 +22,7 @@ signature (every optional key below that the entry gives):
                                   ("below_window_kept:window=*": every window)
     "when": {"pcp_size": ">=2"}   the run configurations it holds for (numeric
                                   clauses on pcp_size, dcp_size, num_speculative_tokens,
-                                  shard_decode_requests 0/1)
+                                  shard_decode_requests 0/1, pp_size)
 
 A matching finding is marked ``known=True`` and ``known_by`` names the file
 and entry that explained it (``known-findings.json#0``): still reported, but
@@ -55,7 +55,8 @@ BASELINE_DIR = Path(os.environ.get("SIMRIG_BASELINES",
 KNOWN_ENV = "SIMRIG_KNOWN"  # set by --known FILE
 KEY_FIELDS = ("kind", "stage", "field", "check")
 SIGNATURE_FIELDS = ("expected", "actual", "pattern")  # optional, exact strings
-WHEN_KEYS = ("pcp_size", "dcp_size", "num_speculative_tokens", "shard_decode_requests")  # 0/1  # run-config conditions
+WHEN_KEYS = ("pcp_size", "dcp_size", "num_speculative_tokens", "shard_decode_requests",  # 0/1
+             "pp_size")  # run-config conditions
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\d+(?:\.\d+){0,2})\s*$")
 _NUM_CLAUSE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\d+)\s*$")
 _OPS = {">=": int.__ge__, "<=": int.__le__, "==": int.__eq__, ">": int.__gt__, "<": int.__lt__}

@@ -50,6 +50,10 @@ PATHS: tuple[DecisionPath, ...] = (
                  "the same with drafts scheduled: the values drafts change", _DRAFT_FIELDS),
     DecisionPath("PCP rank", ("partition",),
                  "each PCP rank's (and DCP peer's) rank-local batch, partitioned from the global one"),
+    DecisionPath("non-last PP rank", ("pipeline",),
+                 "with pp_size > 1: a non-last pipeline rank's execute_model and sample_tokens on the "
+                 "same scheduler output (the broadcast it receives, its request state), beside the last "
+                 "rank's"),
     DecisionPath("idle DP dummy", ("dummy",),
                  "_dummy_run after each step at its token count (unless the step says idle_dummy "
                  "false): what an idle data-parallel rank runs"),
@@ -80,6 +84,8 @@ def consumer(stage: str, name: str) -> str:
         return "the runner's request state"
     if stage == "postprocess":
         return "the scheduler (ModelRunnerOutput)"
+    if stage == "pipeline":
+        return "the non-last PP rank's request state (its next steps' inputs)"
     if name == "is_padding":
         return "the forward context (MoE routing)"
     if name.startswith(("pcp.", "manager.")) or name == "pcp":

@@ -20,6 +20,7 @@ _SEM = "semantics (relation among the batch's own fields, every batch)"
 _FIELDS = "fields (model prediction, fields.py)"
 _DUMMY = "dummy_batches"
 _OFF = _DUMMY + ": its feature is never enabled, so its documented off value"
+_PP = "pipeline (the non-last PP rank, pp_size > 1)"
 
 VALUE_CHECKED: dict[tuple[str, str], str] = {
     # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
@@ -161,6 +162,20 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     **{("*", f): _OFF for f in ("prompt_lens", "max_seq_len_np", "fast_prefill",
                                 "num_admitted_draft_tokens", "has_structured_output_reqs")},
     ("gather", "max_seq_len_np"): _OFF,
+    # -- the non-last PP rank against the last rank and the trace (checks/pipeline.py) --
+    **{("pipeline", f"{side}.{f}"): _PP + ": both ranks' batches equal row by row (draft positions: the "
+                                      "drafts the last rank broadcast)"
+       for side in ("batch", "last") for f in ("req_ids", "input_ids", "positions", "seq_lens",
+                                               "query_start_loc")},
+    ("pipeline", "need_sampled_mask"): _PP + ": never a non-final prefill chunk; always a row that "
+                                       "samples and may run again",
+    ("pipeline", "num_computed_tokens"): _PP + ": computed + scheduled (the optimistic update)",
+    ("pipeline", "last.num_computed_tokens"): _PP + ": computed + scheduled - rejected",
+    ("pipeline", "last.draft_tokens"): _PP + ": what a later step's draft positions hold on the "
+                                       "non-last rank",
+    ("pipeline", "received"): _PP + ": the non-last rank's sample_tokens received",
+    ("pipeline", "broadcasts.sent"): _PP + ": a step with a row that must be marked broadcasts",
+    ("pipeline", "broadcasts.unreceived"): _PP + ": none (a broadcast is collective)",
 }
 
 # Every reason cites the vLLM line that makes it so (evidence.REASONS; tests/test_evidence.py

@@ -340,6 +340,21 @@ SPEC_OUTCOMES: tuple[Mutant, ...] = (
            "bonus token: one sampled token short, one more counted rejected"),
 )
 
+# The non-last pipeline-parallel rank's path (PP 2 configs; checks/pipeline.py).
+_PP = "vllm.v1.worker.gpu.pp_utils"
+PIPELINE: tuple[Mutant, ...] = (
+    Mutant("pp-mask-drops-continuing-prefill", _PP, "compute_need_sampled_mask",
+           "finished_prefill = prefill_len + 1 >= input_batch.max_seq_len_np",
+           "finished_prefill = prefill_len + 1 < input_batch.max_seq_len_np",
+           "the need-sampled mask drops a final prefill chunk whose request goes on decoding: no "
+           "rank broadcasts its first token, and the non-last PP ranks decode a stale one"),
+    Mutant("pp-non-last-skips-optimistic-update", _MR, "GPUModelRunner.sample_tokens",
+           "        self.postprocess_num_computed_tokens(input_batch)\n        if not all_decode_next:",
+           "        if not all_decode_next:",
+           "a non-last PP rank no longer advances num_computed_tokens after its step: its "
+           "request state falls behind the last rank's"),
+)
+
 # Faults that kill the process: a crash is a finding (simrig.supervision), never the end of a run.
 CRASHES: tuple[Mutant, ...] = (
     Mutant("add-requests-segfault-half-way", _MR, "GPUModelRunner.add_requests",
@@ -360,6 +375,6 @@ LORA: tuple[Mutant, ...] = (
            "request's adapter: its prompt and token LoRA mappings carry the stale id"),
 )
 
-CATALOGUE = CATALOGUE + WIRING + STREAMING + SPEC_OUTCOMES + CRASHES + LORA
+CATALOGUE = CATALOGUE + WIRING + STREAMING + SPEC_OUTCOMES + PIPELINE + CRASHES + LORA
 
 BY_NAME = {m.name: m for m in CATALOGUE}

@@ -239,7 +239,7 @@ def config_to_json(config: RunnerConfig) -> dict[str, Any]:
     out["kv_groups"] = [_kv_group_to_json(g) for g in config.kv_groups]
     if config.kv_groups == (KvGroup(),):  # one full group: traces read as before
         del out["kv_groups"]
-    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS, **_SAMPLER_DEFAULTS}
+    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS, **_SAMPLER_DEFAULTS, "pp_size": 1}  # no PP: traces read as before
     return {k: v for k, v in out.items() if omitted.get(k, ...) != v}
 
 

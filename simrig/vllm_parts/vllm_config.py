@@ -14,7 +14,8 @@ decide what the runner would run with:
     num_speculative_tokens > 0           SpeculativeConfig        uniform_decode_query_len, the
                                                                   decode sizes added to the list
     pcp_size (not dcp_size: see          ParallelConfig           PCP manager options (expert
-      _parallel_config)                                           parallelism, KV interleave)
+      _parallel_config), pp_size                                  parallelism, KV interleave),
+                                                                  pipeline_parallel_size
 
 The model is the tiny llama config the recorder uses (no weights are read).
 The first ``VllmConfig`` of a process costs about half a second, later ones a
@@ -36,7 +37,8 @@ _MAX_CACHED = 256
 def config_key(config: RunnerConfig) -> tuple:
     """The trace-config fields a VllmConfig is built from (the cache key)."""
     return (config.max_num_reqs, config.max_num_batched_tokens, config.max_model_len,
-            config.num_speculative_tokens, config.pcp_size, config.cudagraph_mode, tuple(config.capture_sizes))
+            config.num_speculative_tokens, config.pcp_size, config.cudagraph_mode, tuple(config.capture_sizes),
+            config.pp_size)
 
 
 def vllm_config_for(config: RunnerConfig) -> Any:
@@ -89,7 +91,7 @@ def _build(config: RunnerConfig) -> Any:
     scheduler = SchedulerConfig(max_num_seqs=config.max_num_reqs,
                                 max_num_batched_tokens=config.max_num_batched_tokens,
                                 max_model_len=config.max_model_len, is_encoder_decoder=False)
-    parallel = _parallel_config(ParallelConfig, config.pcp_size)
+    parallel = _parallel_config(ParallelConfig, config.pcp_size, config.pp_size)
     speculative = None
     if config.num_speculative_tokens > 0:
         # The drafter is a stand-in; the config needs a method every MRV2 release
@@ -127,8 +129,8 @@ def _resolve_as_the_runner_does(compilation: Any, config: RunnerConfig) -> None:
         max_num_reqs=config.max_num_reqs, piecewise_capture_available=True)
 
 
-def _parallel_config(cls: Any, pcp_size: int) -> Any:
-    """ParallelConfig for one TP rank with the trace's PCP size.
+def _parallel_config(cls: Any, pcp_size: int, pp_size: int = 1) -> Any:
+    """ParallelConfig for one TP rank with the trace's PCP and PP sizes.
 
     The DCP size is not given to vLLM's config: with one TP rank and the tiny
     GQA model vLLM refuses DCP > 1 ("Decode context parallelism for GQA/MQA
@@ -136,4 +138,4 @@ def _parallel_config(cls: Any, pcp_size: int) -> Any:
     number of KV heads"), and nothing simrig reads from the parallel config
     depends on it (the PCP managers and block tables take the trace's DCP size).
     """
-    return cls(prefill_context_parallel_size=pcp_size)
+    return cls(prefill_context_parallel_size=pcp_size, pipeline_parallel_size=pp_size)
