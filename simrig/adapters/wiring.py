@@ -119,7 +119,8 @@ FOR_OTHER_RELEASES: dict[str, str] = {
 def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
           pcp_manager: Any | None, tables: Any | None = None, *, request_state: Any,
           input_buffers: Any) -> Any:
-    """Give ``runner`` what its execute_model reads (see the module docstring):
+    """Give ``runner`` what its execute_model reads (docs/standins.md, 'What
+    execute_model reads, and what equip gives it'):
     every attribute the runner has is set here. ``request_state`` and
     ``input_buffers`` are the installed release's RequestState and InputBuffers
     classes, as the adapter resolved them."""

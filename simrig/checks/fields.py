@@ -36,7 +36,8 @@ def decode_graph_eligible(is_prefilling: np.ndarray, as_decode: np.ndarray | Non
 @guarded("fields")
 def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepObs, pred: Any,
                        skip: frozenset[str] = frozenset()) -> list[Finding]:
-    """Findings for the fields of the module docstring, against the model's ``pred``."""
+    """Findings for the fields of docs/oracle.md's 'Fields beyond the reference model',
+    against the model's ``pred``."""
     out: list[Finding] = []
     if pred is None:
         return out

@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def quiet_vllm_logs(verbose: bool) -> None:
-    """Before vLLM is imported: its log level ERROR unless asked for (see module docstring)."""
+    """Before vLLM is imported: its log level ERROR unless asked for (its CPU import
+    messages, ``Failed to import from vllm._C...`` and the pinned-memory note, say
+    nothing about the input path) by ``--verbose`` or an existing ``VLLM_LOGGING_LEVEL``."""
     if verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         return

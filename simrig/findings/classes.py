@@ -57,7 +57,7 @@ def standalone_property(kind: str, stage: str, fld: str) -> str | None:
 
 
 def verdict_of(finding: Finding) -> str:
-    """new / known / expected for one occurrence (see the module docstring)."""
+    """new / known / expected for one occurrence (docs/reports.md, 'Verdicts')."""
     if finding.caused_by:  # the verdict of the class it follows from (its key's last part)
         return str(finding.extra.get("cause_key", (NEW,))[-1])
     if finding.known:

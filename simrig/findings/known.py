@@ -66,7 +66,7 @@ class KnownFinding:
     evidence: str = ""
     versions: str = ""  # a range such as ">=0.30.0,<=0.33.0"; "" = the file's release
     source: str = ""  # "known-findings.json#0": the file and entry
-    expected: str | None = None  # the precise signature (module docstring); None = any
+    expected: str | None = None  # the precise signature (docs/known-findings.md); None = any
     actual: str | None = None
     pattern: str | None = None
     when: tuple[tuple[str, str, int], ...] = ()  # (config key, op, number)

@@ -84,7 +84,8 @@ def sizes_in_force(config: RunnerConfig, desc: dict[str, Any] | None) -> RunnerC
 
 @guarded("dispatch")
 def check_capture_sizes(index: int, config: RunnerConfig, sizes: list[int]) -> list[Finding]:
-    """The module docstring's SIZES rule on the sizes the runner used."""
+    """The SIZES rule (docs/cudagraph.md, 'The dispatch and padding
+    rules') on the sizes the runner used."""
     out: list[Finding] = []
 
     def add(expected: Any, message: str) -> None:
@@ -108,8 +109,8 @@ def check_capture_sizes(index: int, config: RunnerConfig, sizes: list[int]) -> l
 def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None,
                    q: np.ndarray | None, prefilling: np.ndarray | None,
                    as_decode: np.ndarray | None, req_ids: tuple[str, ...] = ()) -> list[Finding]:
-    """The module docstring's descriptor rules. ``q``, ``prefilling``: the
-    model's query lengths and prefill flags in batch order; ``as_decode``: rows
+    """The descriptor rules (docs/cudagraph.md, 'The dispatch and padding rules').
+    ``q``, ``prefilling``: the model's query lengths and prefill flags in batch order; ``as_decode``: rows
     that run as decodes (decodes, and prefills of one new token over context)."""
     out: list[Finding] = []
     if desc is None or q is None or prefilling is None or not len(q):

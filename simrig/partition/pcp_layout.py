@@ -27,7 +27,7 @@ def is_replicated(config: RunnerConfig, query_len: int, is_prefilling: bool) -> 
     """Is this request held whole (replicated, or sharded to one owner) rather than split?
 
     Decodes always are. With DCP > 1 so is a prefill whose 2P chunks are not
-    all non-empty (the module docstring's WHOLE rule).
+    all non-empty (the WHOLE rule, docs/oracle.md).
     """
     if not is_prefilling:
         return True
@@ -45,8 +45,8 @@ def chunk_owner(token: np.ndarray, query_len: int, pcp_size: int) -> tuple[np.nd
 
 
 def rank_rows(config: RunnerConfig, query_lens: np.ndarray, is_prefilling: np.ndarray) -> list[list[Row]]:
-    """Every rank's rows in its local order (the module docstring's rules); a
-    rank that holds no token gets an empty list (see IDLE RANK)."""
+    """Every rank's rows in its local order (the rules in docs/oracle.md, 'PCP: which
+    tokens each rank holds'); a rank that holds no token gets an empty list (see IDLE RANK)."""
     p = config.pcp_size
     # per rank: one record per held token, (is_prefilling, global index, offset, chunk)
     held: list[list[np.ndarray]] = [[] for _ in range(p)]

@@ -64,7 +64,8 @@ class GlobalBatch(NamedTuple):
 
 
 def batch_order(scheduled: dict[str, int], drafts: dict[str, int], decode_query_len: int) -> list[str]:
-    """The batch order the runner must use (see module docstring)."""
+    """The batch order the runner must use (the order rules in docs/oracle.md,
+    'The reference model')."""
     def bucket(ids: list[str]) -> list[str]:
         exact = [r for r in ids if scheduled[r] == decode_query_len]
         others: dict[int, list[str]] = {}
@@ -81,7 +82,8 @@ def batch_order(scheduled: dict[str, int], drafts: dict[str, int], decode_query_
 
 def order_problem(order: list[str], scheduled: dict[str, int], drafts: dict[str, int],
                   decode_query_len: int) -> str:
-    """Why ``order`` breaks the ORDER RULES (module docstring), or "" when it meets them."""
+    """Why ``order`` breaks the ORDER RULES (docs/oracle.md, 'The reference model'), or ""
+    when it meets them."""
     if len(order) != len(scheduled) or set(order) != set(scheduled):
         return "the batch is not the scheduled requests, each once"
     verifying = [drafts.get(r, 0) > 0 for r in order]

@@ -37,7 +37,7 @@ def value_pattern(values: Any) -> str:
 
 @guarded("semantics")
 def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
-    """Findings for every relation of the module docstring ``stage`` breaks."""
+    """Findings for every relation (docs/oracle.md, 'A batch's self-consistency') ``stage`` breaks."""
     out: list[Finding] = []
     if stage.error is not None or not stage.fields:
         return out
