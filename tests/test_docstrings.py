@@ -8,6 +8,8 @@ mentions must exist. Read from the source (``ast``), nothing is imported.
 from __future__ import annotations
 
 import ast
+import functools
+import importlib.util
 import re
 from pathlib import Path
 
@@ -156,6 +158,64 @@ def dotted_name_exists(name: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=1)
+def code_names() -> frozenset[str]:
+    """Every name the project's code defines or uses (never its docstrings or comments),
+    the identifier-like string constants (field names, stage names), and pyproject's words."""
+    names: set[str] = set()
+    for folder in ("simrig", "strategies", "tests", "scripts"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.resolve() == Path(__file__).resolve():
+                continue  # its own made-up names must stay unknown
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Name):
+                    names.add(node.id)
+                elif isinstance(node, ast.Attribute):
+                    names.add(node.attr)
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+                elif isinstance(node, ast.arg):
+                    names.add(node.arg)
+                elif isinstance(node, ast.keyword) and node.arg:
+                    names.add(node.arg)
+                elif isinstance(node, ast.alias):
+                    names.update((node.asname or node.name).split("."))
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                        and re.fullmatch(r"[A-Za-z_]\w*", node.value):
+                    names.add(node.value)
+        names.update(path.stem for path in (ROOT / folder).rglob("*.py"))
+    names.update(re.findall(r"\w+", (ROOT / "pyproject.toml").read_text()))
+    return frozenset(names)
+
+
+# The installed code simrig drives and patches, whose names its docstrings cite.
+DRIVEN_PACKAGES = ("vllm", "triton")
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_words() -> frozenset[str]:
+    """Every word of the installed vLLM's (and Triton's) source: its names, and the words its
+    docs cite."""
+    words: set[str] = set()
+    for package in DRIVEN_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for path in Path(list(spec.submodule_search_locations)[0]).rglob("*.py"):
+            words.update(re.findall(r"\w+", path.read_text(errors="ignore")))
+    return frozenset(words)
+
+
+# ``name``, ``module.name`` or ``name()`` in a docstring: a name the reader may look up.
+LITERAL_NAME = re.compile(r"``([A-Za-z_][\w.]*)(?:\(\))?``")
+
+
+def unknown_literal_names(text: str) -> list[str]:
+    """The ``literal`` names of ``text`` that neither the project's code nor vLLM's source has."""
+    return [n for n in LITERAL_NAME.findall(text) if not n.startswith("simrig.")  # dotted_name_exists
+            and n.split(".")[-1] not in code_names() and n.split(".")[-1] not in vllm_words()]
+
+
 def docs_headings(page: Path) -> list[str]:
     """A page's headings, and the bold lead-ins that open its paragraphs (``**What it costs.**``)."""
     lines = page.read_text().splitlines()
@@ -189,6 +249,7 @@ def test_module_docstring_names_exist(path: str) -> None:
     for name in DOTTED.findall(text):
         if not dotted_name_exists(name):
             wrong.append(f"name {name}")
+    wrong += [f"name {n}" for n in unknown_literal_names(text)]
     flat = " ".join(text.split())
     for page, section in SECTION.findall(flat):
         if not (ROOT / page).is_file():
@@ -204,3 +265,5 @@ def test_checker_catches_a_wrong_name(tmp_path: Path) -> None:
     assert not dotted_name_exists("simrig.graph_rules.no_such_module")
     assert not dotted_name_exists("simrig.lifeline.no_such_function")
     assert PATH.findall("see simrig/nowhere.py.") == ["simrig/nowhere.py"]
+    assert unknown_literal_names("``check_dispatch``, ``GPUModelRunner.execute_model``") == []
+    assert unknown_literal_names("``check_the_moon``") == ["check_the_moon"]

@@ -1,11 +1,17 @@
 """pytest plugin (entry point ``pytest11``): drive the real runner from any test suite.
 
-The session-scoped fixtures ``simrig_run`` (a run replayed through the one replay loop,
-``simrig.replay.run_steps``, failing the test on a new finding class with the run
-written as a v1 trace), ``simrig_harness`` and ``simrig_checker`` each return a factory
-that builds fresh objects per call, so they are safe across Hypothesis examples.
+The pattern, as a vLLM developer writes it (default Hypothesis settings)::
 
-See docs/pytest-plugin.md for the pattern a vLLM developer writes.
+    from hypothesis import given
+    from strategies import scheduled_runs          # (config, [Step, ...]) valid under config
+
+    @given(scheduled_runs())
+    def test_runner_accepts_valid_schedules(simrig_run, run):
+        simrig_run(run)
+
+``simrig_run`` fails the test on a new finding class, the run written as a v1 trace;
+every fixture is session-scoped and builds fresh objects per call.
+See docs/pytest-plugin.md.
 """
 
 from __future__ import annotations
