@@ -1,19 +1,11 @@
 """What a supervised worker is doing, readable after it died.
 
-A campaign runs in a forked worker (``simrig.supervision.campaign``). A native
-crash, an OOM kill or a kernel that never returns leaves no Python state
-behind, so the worker writes the little the supervisor needs into memory
-both processes map (an anonymous shared mmap, made before the fork):
+A campaign's forked worker (``simrig.supervision.campaign``) may die with no Python
+state left, so it writes its step, example and stage into memory both processes map
+(``Lifeline``; ``mark_stage``, ``mark_step``). ``wait_child`` reads how a forked child
+ended: its exit status, its signal, or a hang (no new beat for the timeout: killed).
 
-    offset  0  beats    u64   bumped at every stage the harness opens
-            8  step     i64   the example's step index (-1: between steps)
-           16  example  i64   the campaign's example number
-           24  stage    32 B  the stage running (ASCII, NUL padded)
-
-Writing it costs a few stores per stage; with no lifeline installed (every
-process but a supervised worker) ``mark_stage`` is one global lookup.
-``wait_child`` reads how a forked child ended: its exit status, its signal,
-or a hang (no new beat for the timeout: killed).
+See docs/fuzz.md, 'After a crash: the campaign goes on'.
 """
 
 from __future__ import annotations
@@ -39,7 +31,18 @@ class Reading(NamedTuple):
 
 
 class Lifeline:
-    """The shared page; the worker writes, the supervisor reads."""
+    """The shared page; the worker writes, the supervisor reads.
+
+    An anonymous shared mmap made before the fork (or a file, for Ray shards)::
+
+        offset  0  beats    u64   bumped at every stage the harness opens
+                8  step     i64   the example's step index (-1: between steps)
+               16  example  i64   the campaign's example number
+               24  stage    32 B  the stage running (ASCII, NUL padded)
+
+    Writing it costs a few stores per stage; with no lifeline installed (every
+    process but a supervised worker) ``mark_stage`` is one global lookup.
+    """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, fresh: bool = True) -> None:
         if path is None:  # anonymous and shared: a forked child writes, its parent reads

@@ -1,26 +1,11 @@
 """Built runners kept between examples and traces: one per (config, stages).
 
-A worker builds its runner, profiles and captures once, then serves request
-after request. The rig does the same: ``RunnerPool.acquire`` hands out an idle
-harness built for the same trace config (or builds one), and ``release``
-puts it back only once it is as clean as a fresh build, checked:
+``RunnerPool.acquire`` hands out an idle harness built for the same trace config (or
+builds one); ``release`` puts it back only once its state, restored, is as clean as a
+fresh build (``simrig/adapters/reuse.py``), and drops it otherwise. ``shared_pool`` is
+the process's pool.
 
-    acquire(config) ── idle one for config? ──yes──► harness (state as after start-up)
-                              │no
-                              └──► Harness(config)  (start-up at its first step;
-                                                     its state is kept: adapters/reuse.py)
-    release(harness) ─► vLLM raised in it? ─yes─► dropped (``tainted``): never reset
-                         │no
-                         └► harness.reset(): restore the kept state, then compare
-                         every object, container and buffer with it
-                           ├─ clean  ─► idle, for the next acquire of its config
-                           └─ dirty  ─► dropped (counted in ``dropped``, the first
-                                        differences kept in ``last_dirty``)
-
-A reused runner reports its start-up (the profile run's failure, the capture
-stages) on its first step again, from what start-up observed, so every
-example is judged on the same observations as with a fresh runner. The pool
-holds at most ``capacity`` idle runners, least recently used first out.
+See docs/standins.md, 'The runner pool'.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""Where coverage pays: only while vLLM's code runs, and only for the kernel
-launches that may still reach something new.
+"""Where coverage pays: only while vLLM's code runs, and only for the kernel launches
+that may still reach something new.
 
-While coverage.py's tracer is set, every line of every Python frame costs a
-call into it, measured file or not. Most of a campaign's Python is not
-vLLM's MRV2 folder: Hypothesis drawing steps, the rig's probes and checks,
-and Triton's interpreter, which runs each kernel body once per program with
-a stack of numpy-backed frames per op. So a gated collector traces only the
-regions that can reach MRV2 code::
+A gated collector traces only the regions that can reach MRV2 code: ``vllm_calls``
+(the harness's builds and steps) minus ``rig_work`` (a probe's own bookkeeping), and
+a kernel launch only when its ``LaunchSampler`` says so. Both regions nest; the
+switches cost two C calls, made only where the wanted state changes.
 
-    campaign / replay loop            untraced (Hypothesis, checks, tallies, report)
-      Harness build, Harness.run_step traced   (vllm_calls)
-        a probe's own bookkeeping     untraced (rig_work)
-        a kernel launch               traced when its LaunchSampler says so
-
-Both regions nest; a collector that is not gated (``Collector(gated=False)``)
-traces everything between ``start`` and ``stop``, as coverage.py alone does.
-The switches cost two C calls (the tracer's ``stop``/``start``), made only
-where the wanted state changes.
+See docs/coverage.md, 'What it costs' for the regions and the measured cost.
 """
 
 from __future__ import annotations

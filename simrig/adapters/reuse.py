@@ -1,27 +1,11 @@
 """A runner's state after start-up, kept and put back: one runner for many examples.
 
-A fresh runner for every example pays for vLLM's config code, the runner's
-buffers, ``profile_run`` and ``capture_model`` each time. A worker does those
-once at start; so can the rig, as long as the runner each example meets is
-exactly the one a fresh build would give it. ``RunnerState`` takes that state
-once, right after start-up, and puts it back between examples:
+``RunnerState`` takes the whole object graph a runner reaches right after
+``profile_run`` and ``capture_model``, puts it back in place between examples and
+reports any ``differences()``: a runner that is not exactly what a fresh build would
+give is dropped, never reused.
 
-    build ─► profile_run ─► capture_model ─► RunnerState.take ──► example 1 steps
-                                                   ▲                    │
-                                                   └── restore + check ◄┘ ──► example 2 ...
-
-What it holds is the whole object graph the runner reaches (and the other
-ranks' PCP managers): every object of vLLM's or simrig's own classes, every
-list, dict, set and tuple, every torch tensor and numpy array. Objects keep
-their identity; their attributes and container contents are put back, and
-every tensor's and array's bytes are copied back in place, so views and
-aliases between buffers stay what they were. Configuration objects
-(``vllm.config``) are read-only to the runner and are skipped.
-
-``differences()`` compares the live graph with what was taken: after
-``restore`` it must be empty, and the harness checks that it is before the
-runner is handed to the next example (a runner that is not clean is
-dropped, never reused).
+See docs/standins.md, 'One runner for many examples'.
 """
 
 from __future__ import annotations

@@ -1,31 +1,12 @@
 """The sampling stand-ins: logits that name the trace's tokens, greedy samplers, a drafter.
 
-``GPUModelRunner.sample_tokens`` runs for real after each ``execute_model``:
-the PCP restore for sampling, ``sample``'s wiring (which rows are logits, the
-sampler or the rejection sampler), the async output, ``postprocess_sampled``
-and the draft-token hand-off are vLLM's own. What needs a model or costs a
-GPU kernel per vocabulary block is stood in:
+``GPUModelRunner.sample_tokens`` runs for real; ``trace_logits`` (the model's
+``compute_logits``), ``GreedySampler``, ``GreedyVerifier`` (the rejection sampler) and
+``DrafterStandIn`` (the speculator) stand in for what needs a model or costs a GPU
+kernel per vocabulary block. The logits name the trace's tokens (``synth_token`` and
+``draft_token`` in ``simrig/step.py``).
 
-    stand-in            replaces                 what it does
-    ────────            ────────                 ────────────
-    trace_logits        model.compute_logits     one row per logit index: 0 at the
-                                                 trace's token, -inf elsewhere
-    GreedySampler       Sampler                  the row's argmax (what any sampler
-                                                 picks from such a row); counts via
-                                                 vLLM's get_num_sampled_and_rejected
-    GreedyVerifier      RejectionSampler         strict verification: drafts are kept
-                                                 while each equals the target's argmax
-    DrafterStandIn      the speculator           proposes the drafts already in
-                                                 req_states (the harness writes the
-                                                 trace's drafts when they are scheduled)
-
-The real ``Sampler`` runs on CPU too, but its Gumbel kernel costs about a
-second per step in Triton's interpreter; ``tests/test_sampling.py`` runs it
-on one trace and checks it picks the same tokens as ``GreedySampler``.
-
-Token rule (``simrig.step``): the logit row that ends at sequence position p
-of request r names ``synth_token(r, p + 1)``; drafts the trace says the
-sampler accepts are those tokens, rejected ones differ (``draft_token``).
+See docs/standins.md, 'Sampling stand-ins and the token rule'.
 """
 
 from __future__ import annotations

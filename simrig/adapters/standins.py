@@ -1,27 +1,13 @@
 """Stand-ins for the runner's collaborators that need a model or a GPU.
 
-``GPUModelRunner.execute_model`` runs for real; these objects take the place
-of what it calls that has no CPU form without a loaded model. Each is listed
-in the README's stand-ins table with its reason. None of them computes an
-argument for vLLM: they accept what the real code hands them and return
-correctly shaped outputs.
+``GPUModelRunner.execute_model`` runs for real; ``ModelStandIn`` (the model forward),
+``ModelStateStandIn`` (attention metadata builders), ``LoraManagerStandIn`` (the
+worker's LoRA manager) and ``FullGraphReplay`` (``CudaGraphManager.run_fullgraph``)
+take the place of what has no CPU form without a loaded model. None computes an
+argument for vLLM: they accept what the real code hands them and return correctly
+shaped outputs.
 
-    stand-in               replaces                          why
-    ────────               ────────                          ───
-    ModelStandIn           the model forward (and FULL       needs weights and a GPU attention
-                           graph replay's output)            backend; returns zero hidden states
-    ModelStateStandIn      model_state (attention metadata   the metadata builders call GPU
-                           builders, M-RoPE, Mamba)          libraries and need the model's layers;
-                                                             records the batch it is handed
-    LoraManagerStandIn     the worker's LoRA model manager   loads adapter weights into the model's
-                           (LRUCacheWorkerLoRAManager)       layers; records the adapters and token
-                                                             mapping vLLM sets active
-    (sampling.py)          compute_logits, the sampler, the  need a model; the sampler's kernels
-                           rejection sampler, the drafter    cost a second a step in Triton's
-                                                             interpreter (see sampling.py)
-    FullGraphReplay        CudaGraphManager.run_fullgraph    graph replay needs CUDA; returns the
-                                                             hidden states a replay of that
-                                                             descriptor's graph would
+See docs/standins.md for each stand-in and its reason.
 """
 
 from __future__ import annotations

@@ -1,47 +1,13 @@
 """Equip a model-less GPUModelRunner so that its own ``execute_model`` runs.
 
-The runner is created with ``__new__`` (its ``__init__`` needs CUDA streams,
-process groups and a model) and given the attributes ``execute_model`` reads.
-Everything on the input path is vLLM's own object: request state, input
-buffers, ``BlockTables`` built from a KV cache config, the PCP manager, the
-cudagraph manager, the no-op KV connector, the EPLB controller, the step
-timer. Only collaborators that need a model or a GPU are stand-ins
-(``simrig.adapters.standins``); the README lists each with its reason.
+The runner is created with ``__new__`` and ``equip`` gives it every attribute
+``execute_model`` reads: vLLM's own objects on the input path (``block_tables``,
+``kv_cache_config``), stand-ins (``simrig/adapters/standins.py``) only for what needs a
+model or a GPU. What ``GPUModelRunner.__init__`` sets and equip does not is listed in
+``NOT_NEEDED`` with its reason; ``tests/test_equip_attributes.py`` holds both to each
+release's source.
 
-    execute_model reads             given
-    ───────────────────             ─────
-    req_states, input_buffers       vLLM's RequestState and InputBuffers
-    device, max_num_reqs,           the trace config (vocab: the synthetic
-    decode_query_len, vocab_size,   token ids' SYNTH_VOCAB_SIZE)
-    max_model_len, max_num_tokens,
-    num_speculative_steps
-    use_pp, pp_handler, pooling_    off (False or None): one pipeline stage, no
-    runner, encoder_cache, ...      pooling, encoder, multimodal or ubatch path
-    block_tables, kv_cache_config   real BlockTables, one group per trace kv_groups
-                                    entry (full attention or sliding window, each
-                                    with its block size)
-    pcp_manager                     PCP rank 0's real PCPManager (block tables set
-                                    where the release has set_block_tables)
-    cudagraph_manager               vLLM's CudaGraphManager (vllm_parts/cudagraph.py);
-                                    FULL replay is FullGraphReplay
-    kv_connector, ec_connector      vLLM's no-op connectors
-    eplb, step_timing               vLLM's EPLBController, StepTimingCollector
-    vllm_config                     the trace config as vLLM's VllmConfig
-                                    (vllm_parts/vllm_config.py; set_forward_context)
-    model, model_state              ModelStandIn (forward, compute_logits),
-                                    ModelStateStandIn
-    sampler, rejection_sampler,     GreedySampler, GreedyVerifier, DrafterStandIn
-    speculator                      (adapters/sampling.py); the two verifiers only
-                                    with speculative decoding, as vLLM builds them
-    prompt_logprobs_worker,         vLLM's own PromptLogprobsWorker and
-    draft_tokens_handler            DraftTokensHandler
-    main_stream, output_copy_stream platform.StreamStandIn on CPU
-    lora_config, lora_state         vLLM's LoRAConfig (None when the trace has no
-                                    LoRA) and LoraState (vllm_parts/lora.py)
-    lora_manager                    LoraManagerStandIn when LoRA is on
-
-What ``GPUModelRunner.__init__`` sets and equip does not is listed in ``NOT_NEEDED`` with
-its reason; ``tests/test_equip_attributes.py`` holds both lists to each release's source.
+See docs/standins.md, 'What execute_model reads, and what equip gives it'.
 """
 
 from __future__ import annotations
@@ -153,7 +119,8 @@ FOR_OTHER_RELEASES: dict[str, str] = {
 def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
           pcp_manager: Any | None, tables: Any | None = None, *, request_state: Any,
           input_buffers: Any) -> Any:
-    """Give ``runner`` what its execute_model reads (see the module docstring):
+    """Give ``runner`` what its execute_model reads (docs/standins.md, 'What
+    execute_model reads, and what equip gives it'):
     every attribute the runner has is set here. ``request_state`` and
     ``input_buffers`` are the installed release's RequestState and InputBuffers
     classes, as the adapter resolved them."""

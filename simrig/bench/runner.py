@@ -1,27 +1,11 @@
 """Benchmark runs: run the pytest-benchmark suites, load saved runs, compare sets of saves.
 
-    simrig bench            python -m pytest tests/bench --benchmark-enable ...
-         |                      -> STORAGE/<machine>/NNNN_NAME.json  (--save NAME)
-         v
-    load_run(path)          one row per benchmark: name, group, min, median,
-         |                  mean, stddev, rounds, extra_info   (seconds)
-         v
-    compare(As, Bs, pct)    simrig.bench.saves: B/A per benchmark over two sets
-         |                  of saves; the interval comes from the spread between
-         |                  saves, a verdict (faster / slower / within noise) only
-         |                  with 2+ saves per side, else "cannot tell"
-    interleave(A, B, N)     the suites under two interpreters (two vLLMs) in rounds
-         |                  A, B, A, B ...; per benchmark the paired bootstrap of the
-         |                  per-round medians (simrig.bench.stats)
-         v
-    simrig.bench.render: markdown (terminal), CSV and HTML (bar chart of
-                            median ratios with their intervals) under --out
+``run_suites`` runs ``tests/bench`` under pytest-benchmark (saved runs under the storage
+folder), ``load_run`` reads one run as a table, ``resolve_run`` and ``resolve_side`` turn
+a name, a number, a list or a pattern into saved runs, and ``interleave`` runs the
+suites under two interpreters in alternating rounds.
 
-A run is named by a file path, or by a saved run in the storage folder: its
-name (``0003_base.json`` is ``base``; the highest number wins when a name was
-saved more than once), its number (``3`` or ``0003``) or its full stem. A side
-of a comparison is one run, a comma-separated list of runs, or a pattern
-(``*``, ``?``, ``[...]``) matched against saved stems and names: every match.
+See docs/benchmarks.md, 'How simrig bench runs and compares'.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """``simrig bench --compare``: saved benchmark runs compared as two sets of
 saves, B/A per benchmark, with a verdict only where the saves support one.
 
-Two runs of identical code saved one after the other can differ by 2x on a
-shared machine, and the rounds inside one run say nothing about that: they
-share the run's load. So the noise is measured *between saves*: each side is a
-set of saves, and per benchmark
+Two saves of identical code can differ by 2x on a shared machine, so ``compare``
+measures the noise *between saves* (``between_saves``: a t interval on the log
+medians, family-wise 95 % over the table) and calls a row slower or faster only
+beyond ``MIN_EFFECT``.
 
-    x_i = log(median of save i)          one number per save
-    ratio   = exp(mean x_B - mean x_A)   B/A of the geometric means of the medians
-    s^2     = pooled variance of x over both sides, df = n_A + n_B - 2
-    interval = exp((mean x_B - mean x_A) +- t(df) * s * sqrt(1/n_A + 1/n_B))
-
-The intervals are family-wise 95 %: with m benchmarks judged, each row's
-interval is at level 1 - 0.05/m (Bonferroni), so an A/A comparison of the
-whole table calls any row slower or faster at most 5 % of the time.
-
-    verdict  "slower"        interval above 1 + MIN_EFFECT (5 %)
-             "faster"        interval below 1 / (1 + MIN_EFFECT) (about 0.952)
-             "within noise"  otherwise
-             "cannot tell"   fewer than 2 saves on a side: no between-save spread
+See docs/benchmarks.md, 'Benchmarks' for the rule and an A/A check.
 """
 
 from __future__ import annotations
@@ -81,7 +69,22 @@ def t_quantile(level: float, df: int) -> float:
 # ------------------------------------------------------------ one benchmark
 def between_saves(medians_a: Sequence[float], medians_b: Sequence[float], *, level: float,
                   min_effect: float = MIN_EFFECT) -> tuple[float, float, float, str]:
-    """(ratio, low, high, verdict) of B/A from per-save medians (see module doc)."""
+    """(ratio, low, high, verdict) of B/A from per-save medians.
+
+    The noise is measured *between saves* (the rounds inside one run share its load)::
+
+        x_i = log(median of save i)          one number per save
+        ratio   = exp(mean x_B - mean x_A)   B/A of the geometric means of the medians
+        s^2     = pooled variance of x over both sides, df = n_A + n_B - 2
+        interval = exp((mean x_B - mean x_A) +- t(df) * s * sqrt(1/n_A + 1/n_B))
+
+        verdict  "slower"        interval above 1 + min_effect (5 %)
+                 "faster"        interval below 1 / (1 + min_effect) (about 0.952)
+                 "within noise"  otherwise
+                 "cannot tell"   fewer than 2 saves on a side: no between-save spread
+
+    ``level`` is the family-wise level per row (``compare`` passes 1 - 0.05/m, Bonferroni).
+    """
     xa, xb = np.log(np.asarray(medians_a, float)), np.log(np.asarray(medians_b, float))
     diff = float(xb.mean() - xa.mean())
     na, nb = len(xa), len(xb)

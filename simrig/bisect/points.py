@@ -1,23 +1,12 @@
 """The points of a bisection, and how one is judged: a child replay in the right vLLM.
 
-    release point   a release with a side venv (``simrig env create``) or the installed
-                    vLLM: its own interpreter runs the reproducer
-    commit point    a commit of a vLLM checkout: the commit's files under the overlaid
-                    paths (default ``vllm/v1/worker/gpu``) laid over the closest release
-                    that is installed (``--base``, else the newest vX.Y.Z tag at or
-                    before the commit that has a venv, else the installed vLLM), through
-                    ``simrig.vllm_runtime.overlay``; nothing is built
+A point is a release (``release_points``: a side venv or the installed vLLM) or a
+commit of a vLLM checkout laid over the closest installed release through
+``simrig.vllm_runtime.overlay`` (``commit_points``, ``base_for``). ``Judge`` replays the
+reproducer in a child process per point and reads its ``classes.csv`` (bad, good or
+skip), caching each verdict.
 
-Each judgement is one child process,
-
-    PYTHON -m simrig.vllm_runtime.overlay replay TRACE --json --quiet --out DIR --stages S
-
-(history off), whose ``classes.csv`` says whether the class shows (any verdict:
-new, known or expected). No report, a ``rig_error`` class without the class,
-the class's stage unavailable on that release, or (commits) no module served
-from the overlay: ``skip``. Verdicts are cached under ``CACHE/verdicts/`` by
-interpreter, overlay content, trace, class and stages, so commits with the same
-MRV2 files are judged once, and a re-run costs nothing (``--no-cache``).
+See docs/bisect.md, 'From finding to fix' for the points, skips and the cache.
 """
 
 from __future__ import annotations
@@ -139,7 +128,7 @@ def commit_points(repo: Path, old: str, new: str, paths: tuple[str, ...], base: 
 
 
 class Judge:
-    """Judges points by child replays (see the module docstring)."""
+    """Judges points by child replays (docs/bisect.md)."""
 
     def __init__(self, trace: Path, key: ClassKey, *, stages: str | None, cache: Path,
                  use_cache: bool = True, repo: Path | None = None,

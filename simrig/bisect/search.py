@@ -1,27 +1,11 @@
 """Bisection of a finding class over vLLM releases or commits: the search itself.
 
-A *point* is one vLLM (a release's side venv, or a commit laid over a
-release, see ``bisect_points``); testing it replays the reproducer there and
-gives one verdict:
+Each point gets one ``Verdict``: bad (the class, ``ClassKey``, shows), good, or skip
+(it cannot be judged). A leg is an ordered list of points whose two ends differ:
+``introduced`` (find the first bad point) or ``fixed`` (the first good one).
+``search`` binary-searches one leg into a ``LegResult``.
 
-    bad    the finding class shows
-    good   it does not
-    skip   the point cannot be judged: vLLM or its MRV2 modules do not import,
-           the adapter does not know the API, simrig's own code raised, the
-           class's stage is unavailable there (as ``git bisect skip``)
-
-A *leg* is an ordered list of points, oldest first, whose two ends have
-different verdicts:
-
-    introduced   --good is older than --bad: find the first bad point
-    fixed        --bad is older than --good: find the first good point
-
-``search`` binary-searches one leg: the two ends are tested first (an end with
-the wrong verdict, or one that cannot be judged, is an error: the range says
-nothing), then the middle of the open range; a skipped middle is replaced by
-the nearest untested point inside the range (the later one on a tie). When
-only skipped points are left between the last old and the first new point,
-the answer is ambiguous: the change is one of them or the first new point.
+See docs/bisect.md, 'From finding to fix'.
 """
 
 from __future__ import annotations
@@ -148,8 +132,15 @@ class LegResult:
 
 def search(labels: list[str], test: Callable[[int], Verdict], direction: str,
            end_flags: tuple[str, str] = ("old end", "new end")) -> LegResult:
-    """Binary search of one leg (see the module docstring). ``test(i)`` judges point i;
-    ``end_flags`` name the two ends in errors (e.g. ``--good 0.30.0``)."""
+    """Binary search of one leg. ``test(i)`` judges point i; ``end_flags`` name the two
+    ends in errors (e.g. ``--good 0.30.0``).
+
+    The two ends are tested first (an end with the wrong verdict, or one that cannot be
+    judged, is an error: the range says nothing), then the middle of the open range; a
+    skipped middle is replaced by the nearest untested point inside the range (the later
+    one on a tie). When only skipped points are left between the last old and the first
+    new point, the answer is ambiguous: the change is one of them or the first new point.
+    """
     if len(labels) < 2:
         raise UsageError("bisect: the range needs two different points")
     old = GOOD if direction == INTRODUCED else BAD

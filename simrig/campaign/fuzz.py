@@ -1,28 +1,13 @@
 """Fuzz campaigns: the stateful scheduler machine against the real runner.
 
-    1. replay traces/regressions/*  (every shrunk failure found so far)
-    2. loop until --max-examples or the budget is spent:      one Hypothesis run ("chunk")
-         SchedulerContractMachine examples ──► findings ──► new finding class? ─► fail the example
-                                                                                  │ Hypothesis shrinks it;
-                                                                                  │ every failing run is a
-                                                                                  ▼ candidate, smallest kept
-                                                         class tolerated from the next chunk on
-    3. each class: its smallest failing run ─► --out/shrunk/*.jsonl (v1 trace), replayed to confirm
-    4. report, junit.xml (one testcase per class): simrig.campaign.report
+``Campaign`` replays the regression traces, then runs Hypothesis chunks of
+``SchedulerContractMachine`` examples until ``--max-examples`` or the budget is spent; a
+new finding class fails its example, which Hypothesis shrinks, and the class is
+tolerated from the next chunk on. Exit status 1 means a class whose verdict is new
+(``simrig.findings.classes.fails_run``). Its other parts live beside it: stopping.py,
+corpus.py, steering.py and report.py in ``simrig/campaign/``.
 
-A finding class is (kind, stage, field, exception type) plus whether it was a
-loud rejection of an adversarial violation (the expected reaction) and its
-verdict. Exit status 1 means a class whose verdict is new
-(``simrig.findings.classes.fails_run``, the one rule of every report).
-
-Repeatable: with ``max_examples`` and no time budget the run stops on an
-example count, never on the clock, so the same seed (without an example
-database) gives the same examples, steps and classes on any machine or load.
-A run the budget or a signal cut short says in its summary that it is not.
-
-The campaign's other parts live beside it: when it stops (``stopping.py``),
-the traces it replays before its examples (``corpus.py``), coverage and
-steering (``steering.py``), its report (``report.py``).
+See docs/fuzz.md, 'How a campaign runs'.
 """
 
 from __future__ import annotations

@@ -9,30 +9,9 @@ The pattern, as a vLLM developer writes it (default Hypothesis settings)::
     def test_runner_accepts_valid_schedules(simrig_run, run):
         simrig_run(run)
 
-``simrig_run(run)`` replays the run through a fresh Harness + Checker (the
-one replay loop, ``simrig.replay.run_steps``) and, when a finding class is
-*new* (neither a known finding of this vLLM nor expected), fails the test
-with one line per new class and the failing run written as a v1 trace (the
-last failing example: after Hypothesis shrinks, the minimal one)::
-
-    simrig: 1 new finding class in a 2-step run (max_num_reqs=3, ..., pcp_size=1)
-      [NEW] x1 dtype_drift · gather · idx_mapping_np: first at pytest step 0
-            dtype_drift at step 0 gather: idx_mapping_np: expected int64, got int32
-    reproducer (v1 trace): .simrig/failures/test_x.jsonl
-      simrig replay .simrig/failures/test_x.jsonl --stages gather,dummy
-
-The lower-level factories stay available::
-
-    def test_by_hand(simrig_harness, simrig_checker):
-        config = RunnerConfig(max_num_reqs=4)
-        harness, checker = simrig_harness(config), simrig_checker(config)
-
-Every fixture is session-scoped and returns a factory that builds fresh
-objects per call, so it is safe across Hypothesis examples (no
-``function_scoped_fixture`` health check). vLLM is imported on first use.
-By default ``simrig_run`` runs the cheap stages (gather and dummy: request
-identity and the dtype contract, sub-millisecond per step) so the default
-200 ms Hypothesis deadline holds; pass ``stages=`` for prepare/partition.
+``simrig_run`` fails the test on a new finding class, the run written as a v1 trace;
+every fixture is session-scoped and builds fresh objects per call.
+See docs/pytest-plugin.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """The one report writer of fuzz campaigns, one-process and sharded alike.
 
-    campaign (classes, tally, stats; report_tables(), summary(), findings_frame())
-      │
-      ├─ each campaign class with a failing run ─► staging/shrunk/<class>.jsonl
-      │                                            (replayed to confirm, when asked)
-      ├─ simrig.report.writer.write_report ──────► staging/report/ (tables, summary.json, HTML)
-      ├─ junit.xml (one testcase per class)
-      └─ swap_into_place(staging/report, OUT) ─► OUT complete, or the earlier report
-         then, and only then, --save-regressions copies failing traces to the regressions folder
+``write_campaign_report`` writes the shrunk traces, the report and ``junit.xml`` into a
+staging folder of this run's own and swaps it into OUT, so two campaigns finishing
+into the same OUT never touch each other's files. The campaign is duck-typed
+(``simrig.campaign.fuzz.Campaign`` or the sharded driver's merged campaign).
 
-The staging folder is unique to this run (``staging_dir``), so two campaigns
-finishing into the same OUT never touch each other's files: the later swap wins.
-The campaign object is duck-typed (``simrig.campaign.fuzz.Campaign`` or the
-sharded driver's merged campaign), so this module imports neither.
+See docs/commands.md, 'Errors, Ctrl-C and concurrent runs'.
 """
 
 from __future__ import annotations
@@ -45,7 +38,19 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
     """Shrunk traces, report, junit.xml into OUT in one swap; returns summary.json
     (plus ``report``) and sets ``campaign.report_summary`` and ``campaign.class_table``.
     ``confirm``: replay each shrunk trace to check it reproduces its class (a
-    sharded driver's shards already did)."""
+    sharded driver's shards already did)::
+
+        campaign (classes, tally, stats; report_tables(), summary(), findings_frame())
+          │
+          ├─ each campaign class with a failing run ─► staging/shrunk/<class>.jsonl
+          │                                            (replayed to confirm, when asked)
+          ├─ simrig.report.writer.write_report ──────► staging/report/ (tables, summary.json, HTML)
+          ├─ junit.xml (one testcase per class)
+          └─ swap_into_place(staging/report, OUT) ─► OUT complete, or the earlier report
+             then, and only then, --save-regressions copies failing traces to the regressions folder
+
+    The staging folder is unique to this run (``staging_dir``): the later swap wins.
+    """
     from simrig.findings.classes import class_frame
     from simrig.report.timing import time_share
     from simrig.report.writer import staging_dir, swap_into_place, write_report

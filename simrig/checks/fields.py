@@ -1,35 +1,11 @@
 """Value expectations for the fields the reference model leaves out, each from its documented meaning.
 
-The reference model (reference.py) predicts the token- and row-shaped fields
-of gather and prepare. This module adds the fields whose meaning vLLM states
-in a comment but that were checked only against each other (or not at all),
-with the same model prediction (``BatchPrediction``, rows in the batch's
-observed order) and never vLLM's code:
+``check_model_fields`` holds fields vLLM documents but the reference model does not
+predict (``prefill_runs_as_decode_np``, ``decode_graph_eligible``, draft counts, the
+sampled and rejected counts) to the same prediction; ``check_runner_state`` holds the
+runner's live requests and free slots to the scheduler's.
 
-    field (stage)                        expectation                        source (vLLM 0.33.0)
-    ─────────────                        ───────────                        ────────────────────
-    prefill_runs_as_decode_np            row is prefilling and schedules    InputBatch.prefill_runs_as_decode_np:
-      (gather, prepare; PCP 1)           exactly one new prompt token       "prefilling rows that schedule one new
-                                         (drafts excluded) over existing    prompt token (excluding drafts) over
-                                         context (num_computed > 0); None   existing context and so compute exactly
-                                         iff no row is prefilling           like decodes. None if there are no prefills."
-    decode_graph_eligible                no prefill row, or only rows that  InputBatch.decode_graph_eligible: "No
-      (gather, prepare)                  run as decodes; under PCP no       prefills, or only prefill rows that run
-                                         prefill row runs as a decode       as decodes."; gather_batch_req_state:
-                                                                            "PCP partitions prefill rows."
-    num_tokens (gather)                  sum of scheduled tokens            BatchReqState.num_tokens: "May be less
-                                         (simrig never enables adaptive     than ... total_num_scheduled_tokens:
-                                         verification)                      adaptive verification trims ..."
-    num_draft_tokens_per_req (prepare)   the drafts scheduled for each      "[num_reqs] number of draft tokens
-                                         row, when any are                  scheduled for each request, if any."
-    num_draft_tokens (prepare)           their sum                          "Sum of draft tokens scheduled across
-                                                                            requests."
-    num_sampled / num_rejected           a row still in chunked prefill     no docstring: the rule chosen is the
-      (postprocess, per row)             after this step (num_computed + q  sampler's meaning: a chunk that ends
-                                         < prefill_len) samples and         before the prompt's end has no token to
-                                         rejects nothing; any other row     sample; otherwise 1 + k logits, of which
-                                         samples 1 + k - rejected and       the trace's rejected drafts are rejected
-                                         rejects the trace's rejected
+See docs/oracle.md, 'Fields beyond the reference model' for each field and its source.
 """
 
 from __future__ import annotations
@@ -60,7 +36,8 @@ def decode_graph_eligible(is_prefilling: np.ndarray, as_decode: np.ndarray | Non
 @guarded("fields")
 def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepObs, pred: Any,
                        skip: frozenset[str] = frozenset()) -> list[Finding]:
-    """Findings for the fields of the module docstring, against the model's ``pred``."""
+    """Findings for the fields of docs/oracle.md's 'Fields beyond the reference model',
+    against the model's ``pred``."""
     out: list[Finding] = []
     if pred is None:
         return out

@@ -1,22 +1,12 @@
 """One ``simrig`` command line: parsed, dispatched to its subcommand, ended with an exit status.
 
-``simrig.cli`` (the console entry point) starts it; ``simrig demo`` runs its
-replay, fuzz and history command lines through it too.
+``simrig.cli`` starts ``main``; ``simrig demo`` runs its command lines through it too.
+Every command ends with 0 (clean), 1 (findings), 2 (one line naming what was wrong, no
+traceback), 3 (simrig's own code raised: ``simrig.errors.EXIT_RIG_ERROR``) or 130
+(Ctrl-C, ``simrig.interrupt``). ``quiet_vllm_logs`` keeps vLLM's CPU import messages
+out of the way unless ``--verbose`` or ``VLLM_LOGGING_LEVEL`` says otherwise.
 
-Every command ends in one of four ways: exit 0 (clean), 1 (findings), 2
-with one line on stderr naming what was wrong (usage, bad input, a file that
-cannot be read or written, unusable vLLM) and no traceback, or 3 when
-simrig's own code raised: in replay, fuzz and selftest each such exception is
-a ``rig_error`` finding with its traceback in the report, which is still
-written (``simrig.errors.EXIT_RIG_ERROR``); anywhere else it is one line
-naming the file its traceback was saved to. Ctrl-C ends a command that
-writes no report with 130; replay, fuzz and selftest stop and write what
-they found (``simrig.interrupt``).
-
-vLLM's own import messages on CPU (``Failed to import from vllm._C…``, the
-pinned-memory note) say nothing about the runner's input path; they are kept
-out of the way (vLLM's log level ERROR) unless ``--verbose`` is given or
-``VLLM_LOGGING_LEVEL`` is already set.
+See docs/commands.md, 'Errors, Ctrl-C and concurrent runs'.
 """
 
 from __future__ import annotations
@@ -75,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def quiet_vllm_logs(verbose: bool) -> None:
-    """Before vLLM is imported: its log level ERROR unless asked for (see module docstring)."""
+    """Before vLLM is imported: its log level ERROR unless asked for (its CPU import
+    messages, ``Failed to import from vllm._C...`` and the pinned-memory note, say
+    nothing about the input path) by ``--verbose`` or an existing ``VLLM_LOGGING_LEVEL``."""
     if verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         return

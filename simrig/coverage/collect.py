@@ -1,20 +1,11 @@
 """Collecting line and branch coverage of the installed vLLM's MRV2 code.
 
-The tracer is coverage.py's C tracer (``CTracer``), chosen by measurement
-(docs/coverage.md): it sees the Triton kernels' bodies, which the
-interpreter runs as Python. A tracer costs on every line of every frame,
-measured or not, so a gated collector traces only vLLM's own calls and
-samples repeated kernel launches (``simrig.trace_gate``): about 1.1x the
-time per campaign step.
+coverage.py's C tracer, over one folder of the installed vLLM (``SCOPE``,
+``vllm/v1/worker/gpu``, located without importing vLLM); a gated collector traces only
+vLLM's own calls and samples repeated kernel launches (``simrig.trace_gate``). A run's
+data leave it as ``CoverageData``: arcs per file, merged by set union.
 
-What is measured is one folder of the installed vLLM, ``vllm/v1/worker/gpu/``
-(the runner, input batch, request states, PCP manager, block tables,
-cudagraph dispatch, DP/CP utilities), located with ``importlib.util.find_spec``
-so vLLM is never imported from here. Data leave a run as ``CoverageData``: a
-plain mapping ``{path relative to the vllm package's parent: set of arcs}``
-(an arc ``(a, b)`` is a jump from line a to b; coverage.py's convention,
-negative numbers for entry and exit), which pickles, merges by set union and
-does not depend on where vLLM is installed on a shard's machine.
+See docs/coverage.md, 'What it costs' for the tracer's choice and its cost.
 """
 
 from __future__ import annotations
@@ -28,7 +19,9 @@ from simrig import trace_gate as gate
 
 SCOPE = "vllm/v1/worker/gpu"
 
-Arc = tuple[int, int]
+Arc = tuple[int, int]  # a jump from line a to b; coverage.py's convention: negative for entry and exit
+# {path relative to the vllm package's parent: set of arcs}: pickles, merges by set union and
+# does not depend on where vLLM is installed on a shard's machine
 CoverageData = dict[str, set[Arc]]
 
 

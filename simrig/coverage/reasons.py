@@ -1,24 +1,11 @@
 """The one reviewed list of why a line of a driven function is never reached.
 
-``simrig/coverage/unreached.toml`` (``SIMRIG_UNREACHED`` points elsewhere)
-holds one ``[[reason]]`` table per explained place::
+``load_reasons`` reads ``simrig/coverage/unreached.toml`` (``SIMRIG_UNREACHED`` points
+elsewhere): one ``[[reason]]`` per explained place, matched by source text (``match``:
+that line and its block) rather than line numbers, so the list stays valid across
+releases; ``Reasons`` answers which unreached lines an entry explains.
 
-    [[reason]]
-    file = "vllm/v1/worker/gpu/model_runner.py"
-    function = "GPUModelRunner.prepare_inputs"   # qualname, as the coverage tables print it
-    match = "if self.use_pp"                     # optional: a line whose source contains this
-    category = "feature-off"                      # needs-gpu, feature-off, trace-cannot-state,
-                                                  # dead-in-release, error-path, stand-in,
-                                                  # not-on-this-path, not-drawn
-    reason = "pipeline parallel: the harness runs one PP rank"
-
-An entry with ``match`` explains the first matching line of the function
-and, when that line opens a block, every line of the block (deeper
-indentation, up to the next line at the same or a lower indentation): a
-whole ``if`` body is one entry. Without ``match`` it explains every
-unreached line of the function. Matching by source text, not line numbers,
-keeps the list valid across vLLM releases that move code around; an entry
-that matches no line of the installed release explains nothing.
+See docs/coverage.md, 'Every never-reached line explained'.
 """
 
 from __future__ import annotations
@@ -100,7 +87,17 @@ def _block(source: list[str], line: int) -> list[int]:
 
 
 def load_reasons(path: str | Path | None = None) -> Reasons:
-    """Parse the list; a malformed one is a UsageError naming file and entry."""
+    """Parse the list; a malformed one is a UsageError naming file and entry.
+
+    One ``[[reason]]`` table per explained place::
+
+        [[reason]]
+        file = "vllm/v1/worker/gpu/model_runner.py"
+        function = "GPUModelRunner.prepare_inputs"   # qualname, as the coverage tables print it
+        match = "if self.use_pp"                     # optional: a line whose source contains this
+        category = "feature-off"                      # see docs/coverage.md for the categories
+        reason = "pipeline parallel: the harness runs one PP rank"
+    """
     path = Path(path or os.environ.get("SIMRIG_UNREACHED") or DEFAULT_FILE)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -1,18 +1,11 @@
 """Connecting to Ray: a local cluster on this machine's cores, or an existing one.
 
-    --ray ADDRESS   join that cluster ("auto": the one `ray start` runs here)
-    RAY_ADDRESS     the same, from the environment
-    neither         start a private local Ray with one CPU per worker
+``ray_session`` joins the cluster ``--ray ADDRESS`` (or ``RAY_ADDRESS``) names, else
+starts a private local Ray with one CPU per worker. Every way this can fail is a
+``UsageError`` (one line, exit 2) before any report directory exists: an address is
+probed first (``check_reachable``, within ``SIMRIG_RAY_TIMEOUT`` seconds).
 
-Every way this can fail (Ray not installed, nothing listening at the address,
-something listening that is not Ray) is a ``UsageError``: one line, exit 2,
-before any report directory exists. ``ray.init`` itself retries an address
-that does not answer as a Ray GCS for ever, so an address is probed first,
-within SIMRIG_RAY_TIMEOUT seconds (default 30) all told:
-
-    TCP connect ──► HTTP/2 preface (Ray's GCS speaks gRPC; a web server, e.g. the
-                    dashboard port, answers HTTP/1 and is refused at once) ──►
-                    Ray's own GCS client in a child process (killed at the deadline)
+See docs/ray.md.
 """
 
 from __future__ import annotations
@@ -133,7 +126,13 @@ def probe_timeout() -> float:
 
 def check_reachable(address: str) -> None:
     """The address must answer as a Ray cluster's GCS within ``probe_timeout()``
-    (see the module docstring); ``ray.init`` itself would retry for ever."""
+    (``SIMRIG_RAY_TIMEOUT``, default 30 s all told); ``ray.init`` itself would retry an
+    address that does not answer as a GCS for ever::
+
+        TCP connect ──► HTTP/2 preface (Ray's GCS speaks gRPC; a web server, e.g. the
+                        dashboard port, answers HTTP/1 and is refused at once) ──►
+                        Ray's own GCS client in a child process (killed at the deadline)
+    """
     import socket
 
     if "://" in address or address in _answered:

@@ -1,19 +1,11 @@
 """``simrig fuzz --workers N``: one campaign as N shards on Ray, one merged report.
 
-    plan_shards: shard i = (seed + i, mode, PCP slice i mod k), k = min(N, #PCP sizes)
-                 shard 0 alone replays traces/regressions first
-    driver ──run_shard.remote(spec)──► worker: ShardCampaign (simrig.distributed.shard),
-      │                                  streaming classes and heartbeats to the Collector
-      │  ray.wait loop: progress lines; a lost worker -> its shard marked "lost",
-      │                 the budget it had left reassigned to a replacement shard
-      └─ Collector.snapshot + shard results ──► MergedCampaign: classes (shortest run each,
-                                counts summed), class tallies merged, per-shard rows ──►
-                                the one-process report writer (simrig.campaign.report)
+``ShardedCampaign`` plans the shards (seed, mode, PCP slice), waits on them, reassigns
+a lost worker's budget, and merges what every shard reported (``MergedCampaign``) for
+the one-process report writer (``simrig.campaign.report``). A worker that dies loses
+only what it had not yet reported.
 
-A worker that dies loses only what it had not yet reported: its classes (with
-their smallest run so far) and its last heartbeat's counts stay in the report.
-The first SIGINT/SIGTERM stops every shard at its next heartbeat, a second
-stops waiting for them; any signal while the report is written is ignored.
+See docs/ray.md, 'Fuzz shards'.
 """
 
 from __future__ import annotations

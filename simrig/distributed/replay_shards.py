@@ -1,20 +1,11 @@
 """``simrig replay --workers N``: trace x PCP size x segment units on Ray, one merged result.
 
-    units: every (trace, PCP size); a trace longer than the segment length is cut
-           into segments [start, stop) of its steps (adversarial traces stay whole)
+``plan_units`` cuts long traces into segments, ``replay_unit`` replays one through the
+one replay loop (the steps before it parsed only, then a resync step), and
+``merge_units`` merges the results in trace / PCP / segment order, so the tables equal
+a one-process replay's. ``replay_sharded`` is the driver.
 
-    segment [start, stop) on a worker, through the one replay loop (run_steps):
-      steps 0 .. start-1  parsed only: RunnerMirror + BatchTracker follow them
-      resync step         every request the runner holds, re-sent (as the live
-                          recorder's parts begin); replayed, never recorded
-      steps start..stop-1 replayed and recorded with their original step numbers
-
-    driver: units largest first on Ray; merged in trace / PCP / segment order, so
-            tables, contract counts, class table and the first findings equal a
-            one-process replay's (ReplayRecorder.result builds the result of both);
-            known rows re-capped per (trace, PCP size, signature) across segments
-            (KNOWN_ROWS_PER_SIGNATURE), the rest counted. ``stop()`` true (Ctrl-C):
-            units not yet back are cancelled, the result holds those that are.
+See docs/ray.md, 'Replay segments'.
 """
 
 from __future__ import annotations

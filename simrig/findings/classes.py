@@ -1,26 +1,11 @@
 """Finding classes: one row per class, the headline of every report.
 
-A replay or a campaign produces *occurrences* (one Finding per step, stage and
-rank). People triage *classes*: what broke, is it new, how do I reproduce it.
+Occurrences (one Finding per step, stage and rank) are tallied into classes
+(``ClassTally``, ``ClassStats``; ``merge_tallies`` for shards), each with its verdict
+(``verdict_of``: new, known or expected), the one vocabulary of every report, banner
+and exit status.
 
-    Finding ──verdict_of──► new | known | expected
-       │
-       └─ ClassTally.add(finding, where) ──► one ClassStats per (kind, stage, field,
-                                            exception type, verdict): occurrences,
-                                            first / last (trace, step, rank, PCP size,
-                                            elapsed s, example), request ids, checks,
-                                            the shortest trace it shows in
-    ClassTally.frame() ──► the class table (report.html top, classes.parquet/.csv)
-
-Verdicts, the one vocabulary of every report, banner and exit status:
-
-    new       neither documented nor declared: fails the run (exit 1)
-    known     documented discrepancy of this vLLM version (findings/known.py)
-    expected  the trace (header ``expect``) or the campaign (a loud rejection
-              of a contract violation) says this must happen
-
-Any finding kind is accepted (kinds are strings; a kind added later, such as
-a rig error, simply forms its own class).
+See docs/reports.md, 'Classes and occurrences' and 'Verdicts'.
 """
 
 from __future__ import annotations
@@ -72,7 +57,7 @@ def standalone_property(kind: str, stage: str, fld: str) -> str | None:
 
 
 def verdict_of(finding: Finding) -> str:
-    """new / known / expected for one occurrence (see the module docstring)."""
+    """new / known / expected for one occurrence (docs/reports.md, 'Verdicts')."""
     if finding.caused_by:  # the verdict of the class it follows from (its key's last part)
         return str(finding.extra.get("cause_key", (NEW,))[-1])
     if finding.known:

@@ -1,41 +1,11 @@
 """Known findings: documented discrepancies of vLLM, each for a range of releases.
 
-Committed JSON files ``reports/baselines/known-findings*.json``:
+Reads ``reports/baselines/known-findings*.json`` (or the file or folder ``--known``
+names through ``SIMRIG_KNOWN``; ``SIMRIG_BASELINES`` moves the default folder) and
+matches each finding to an entry by its precise signature (``KnownFindings``);
+``validate_known_findings`` names a malformed file before anything runs.
 
-    {"vllm_version": "0.33.0",                       # the release the file was written on
-     "findings": [{"kind": "dtype_drift", "stage": "dummy", "field": "logits_indices",
-                   "check": "parity",
-                   "vllm": ">=0.30.0,<=0.33.0",      # the releases it applies to
-                   "explanation": "one line", "evidence": "file, function"}]}
-
-An entry without ``vllm`` applies to its file's ``vllm_version`` only. A
-finding matches an entry applying to the installed release when its (kind,
-stage, field, check) equal the entry's **and** it has the entry's precise
-signature (every optional key below that the entry gives):
-
-    "expected": "torch int64"     the finding's expected value, exactly
-    "actual":   "torch int32"     the finding's observed value, exactly (a dtype
-                                  drift to int16 in the same field is new)
-    "pattern":  "all_zero"        the value pattern the check named
-                                  (``finding.extra["pattern"]``, see semantics.py);
-                                  a trailing ``*`` matches any rest of the pattern
-                                  ("below_window_kept:window=*": every window)
-    "when": {"pcp_size": ">=2"}   the run configurations it holds for (numeric
-                                  clauses on pcp_size, dcp_size, num_speculative_tokens,
-                                  shard_decode_requests 0/1, pp_size)
-
-A matching finding is marked ``known=True`` and ``known_by`` names the file
-and entry that explained it (``known-findings.json#0``): still reported, but
-separated from new regressions. So a finding explained on 0.33.0 is not new
-on 0.32.0 when the entry's range covers 0.32.0, and a *different* bug in the
-same field (another dtype, another wrong value, another configuration) is new.
-
-Which files are read: ``--known FILE`` (every command that judges findings;
-it sets ``SIMRIG_KNOWN``, so child processes and Ray workers read the same
-file) names one file, or a folder of ``known-findings*.json``; without it,
-the committed ``reports/baselines/`` (or the folder ``SIMRIG_BASELINES``
-names). ``validate_known_findings`` reads them up front, so a malformed file
-is named before anything runs.
+See docs/known-findings.md, 'The files' format' for the keys and the matching rules.
 """
 
 from __future__ import annotations
@@ -97,7 +67,7 @@ class KnownFinding:
     evidence: str = ""
     versions: str = ""  # a range such as ">=0.30.0,<=0.33.0"; "" = the file's release
     source: str = ""  # "known-findings.json#0": the file and entry
-    expected: str | None = None  # the precise signature (module docstring); None = any
+    expected: str | None = None  # the precise signature (docs/known-findings.md); None = any
     actual: str | None = None
     pattern: str | None = None
     when: tuple[tuple[str, str, int], ...] = ()  # (config key, op, number)

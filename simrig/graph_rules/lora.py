@@ -1,37 +1,11 @@
 """LoRA dispatch, from what adapter counts and LoRA capture cases mean.
 
-A trace gives each request its adapter (``NewRequest.lora_id``); the oracle
-counts adapters itself and holds the descriptor vLLM's dispatcher returns
-(``BatchExecutionDescriptor.num_active_loras``: the LoRA case the batch's graph
-was captured for) to these rules, never to vLLM's own functions:
+The oracle counts each batch's distinct adapters itself (``AdapterTracker``) and holds the
+descriptor's ``num_active_loras`` to the smallest capture case that serves them
+(``capture_cases``, ``dispatch_case``, ``check_lora_dispatch``); a graph mode captures
+each case and no other (``check_lora_captures``).
 
-    rule                                        source (vLLM 0.33.0)
-    ────                                        ────────────────────
-    ACTIVE COUNT: a batch's active adapters     lora_utils.get_num_active_loras_for_dispatch:
-      are the distinct adapters among its        "Compute num_active_loras for cudagraph dispatch"
-      scheduled requests; 0 without LoRA         over the batch's req_ids; LoraState keeps
-                                                 "req_id -> lora_request"; LoRAConfig.max_loras:
-                                                 "Max number of LoRAs in a single batch"
-    CAPTURE CASES: LoRA off: {0}. On: the       CompilationConfig.cudagraph_specialize_lora: "Whether
-      LoRA-enabled case max_loras + 1; with      to create separate cuda graphs for cases with and
-      cudagraph_specialize_lora also 0 (no       without active LoRA adapters. When set to False, the
-      adapter), and with specialize_active_lora  LoRA-enabled cuda graph will be used for all cases";
-      too every power of 2 up to max_loras       LoRAConfig.specialize_active_lora: "separate cuda
-                                                 graphs ... for different counts of active LoRAs
-                                                 (powers of 2 up to max_loras) ... Only takes effect
-                                                 when cudagraph_specialize_lora is True";
-                                                 lora.utils.get_captured_lora_counts: "When
-                                                 specialize=False: just [max_loras + 1]"
-    DISPATCH CASE: the descriptor's case is     CudaGraphManager._build_lora_dispatch_map: "every
-      the smallest capture case >= the count,    possible active-LoRA count is mapped ahead of time
-      the largest case above them all            to the smallest captured case that can serve it";
-                                                 _resolve_effective_loras: "Counts above the largest
-                                                 captured case clamp to it"
-    CAPTURED: a graph mode captures each        the same: a case the dispatcher maps to is "captured"
-      capture case, and no other
-
-The ``lora_free_graph_unspecialized`` pattern marks a no-adapter batch (or a
-capture) on a LoRA-free graph although cudagraph_specialize_lora is False.
+See docs/cudagraph.md, 'The LoRA dispatch rules' for each rule and its vLLM source.
 """
 
 from __future__ import annotations

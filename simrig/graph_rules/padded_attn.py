@@ -1,45 +1,12 @@
 """Padding on every path: what rows and tokens past the real batch must hold.
 
-The real step's padded values (query_start_loc, seq_lens, positions, is_padding; block-table
-rows and slot mappings past the batch) are judged by the reference model and blocks.py. This
-module fills what those leave out, each rule from the meaning vLLM documents (``evidence.RULES``
-holds every cited line; tests/test_evidence.py re-reads them):
+The reference model and ``simrig/reference/blocks.py`` judge the real step's padded
+values; this module adds the rest: the padded shapes of the attention tables
+(``check_padded_shapes``), every dummy's block tables and slot mappings
+(``check_dummy_attn``) and a uniform dummy's tokens (``check_dummy_shape``), each rule
+from the meaning vLLM documents (``simrig/ledger/evidence.py`` holds the cited lines).
 
-    rule                                      source (vLLM 0.33.0)
-    ────                                      ────────────────────
-    PADDED SHAPES (real step, every PCP       GPUModelRunner.prepare_attn: "Block tables:
-      rank 0): one block-table row per         num_kv_cache_groups x [num_reqs_padded,
-      padded request (num_reqs_after_          max_num_blocks]"; "Slot mappings: [num_kv_cache_
-      padding); without PCP one slot per       groups, num_tokens_padded]. Kernel pads beyond
-      padded token (num_tokens_after_padding)  num_tokens with PAD_SLOT_ID" (a FULL graph replays
-                                               the padded shape: a missing row or slot is read
-                                               from whatever the shared buffer held)
-    DUMMY NULL ROWS (idle dummy, capture      BlockTables.get_dummy_block_tables: "Zero the rows
-      dummies): a dummy row owns no blocks:    so dummy runs write mamba state to the reserved null
-      every entry the null block 0, also       block rather than through the previous real step's
-      right after a real step filled the       (stale) block ids"; set_dummy_context: "Give each
-      shared tables; a row given context       dummy request context_len of context, for profiling
-      (num_computed_tokens > 0) is not judged  step cost and for DCP FULL cudagraph capture"
-    ROWS PAST (idle dummy, capture dummies):  BlockTables.__init__: "Block tables used for model's
-      rows of the shared table past the        forward pass"; gather_block_tables (0.33): "Also
-      dummy's hold only the null block, as     clear rows left by a larger batch in the shared
-      past a real batch's (blocks.py)          buffer" (one meaning for every release)
-    DUMMY PAD SLOTS: every slot of a dummy    BlockTables.get_dummy_slot_mappings: "Fill the entire
-      is PAD_SLOT_ID (its tokens are all       slot_mappings tensor, not just the first `num_tokens`
-      padding), at least one per token         entries"; _compute_slot_mappings_kernel: "idx_mapping
-                                               == -1 marks a dummy (or CUDA-graph padding) request
-                                               that owns no blocks ... emit PAD for its tokens"
-    UNIFORM DUMMY (idle dummy): a descriptor  BatchExecutionDescriptor: "Describes the shape of the
-      with uniform_token_count u runs u        batch ... to make shape matches between the capture
-      tokens in every dummy request            and runtime" (capture dummies: padding.check_capture)
-    MIXED FULL BOUND (capture dummies): the   prepare_inputs_to_capture: "Mixed graphs can replay a
-      dummy of a FULL graph with neither a     single prefill spanning the entire batch, even when
-      uniform count nor a query bound          the dummy batch distributes one token to each
-      promises max_query_len >= its token      request"; InputBatch.max_query_len: "Set when a
-      count; None promises the dummy's own     cudagraph descriptor promises a query length this
-      longest query                            batch's own split does not reach"
-
-One meaning for every release: a release that keeps stale ids in a dummy is judged by it.
+See docs/cudagraph.md, 'Padding on every path' for the rules and their vLLM sources.
 """
 
 from __future__ import annotations

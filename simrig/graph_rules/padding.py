@@ -1,71 +1,13 @@
 """CUDA-graph dispatch and padding, from what the descriptor and the modes mean.
 
-Each step's ``BatchExecutionDescriptor`` comes from vLLM's own dispatcher (the
-dispatch stage). It is held to the meaning of its fields and of the cudagraph
-modes, never to vLLM's candidate lists:
+Each step's ``BatchExecutionDescriptor`` comes from vLLM's own dispatcher; it must hold
+the batch, be a mode the config captures, not run eager when a captured graph fits and
+be the smallest captured size that holds the batch (``check_dispatch``). Which graphs a
+config captures (``captured_graphs``) comes from the documented meaning of the capture
+sizes, never from vLLM's candidate lists; ``check_capture_sizes`` and ``check_capture``
+judge the sizes in force and every capture dummy.
 
-    rule                                        source (vLLM 0.33.0)
-    ────                                        ────────────────────
-    COMPATIBLE: num_tokens >= the batch's       BatchExecutionDescriptor: "Describes the shape
-      (largest rank-local under PCP);            of the batch ... to make shape matches between
-      num_reqs None or >= the requests;          the capture and runtime"; "num_reqs None means
-      uniform_token_count u: every query has     no request padding is needed (PIECEWISE graphs)";
-      u tokens and every row runs as a decode;   "max_query_len: Upper bound on per-request query
-      max_query_len: no prefill, none longer     length ... the runner passes None for any batch
-                                                 with a prefill"
-    MODE: a mode the config captures;           CompilationConfig.cudagraph_mode: "FULL_DECODE_ONLY:
-      FULL_DECODE_ONLY/FULL_AND_PIECEWISE run    Capture full cudagraph for decode batches only.
-      FULL graphs for decodes only               Mixed prefill-decode batches are run without
-                                                 cudagraphs"; "FULL_AND_PIECEWISE: full cudagraph
-                                                 for decode batches and piecewise cudagraph for
-                                                 prefill and mixed prefill-decode batches"
-    NO NEEDLESS EAGER: a batch that fits a      the same: every batch up to the largest capture
-      captured graph replays one                 size has a graph (mixed modes), every decode
-                                                 batch a FULL one (separate-routine modes)
-    DECODES RUN FULL: under FULL_DECODE_ONLY /  "FULL_AND_PIECEWISE: full cudagraph for decode
-      FULL_AND_PIECEWISE a decode batch (PCP     batches and piecewise cudagraph for prefill and
-      too: its largest rank-local batch) that    mixed prefill-decode batches": a decode batch
-      fits a FULL decode graph is not sent to    that fits a FULL graph is never PIECEWISE
-      PIECEWISE
-    SMALLEST FIT: padded to the smallest        CudaGraphManager.dispatch: "Find matching
-      captured size of its kind that holds it    cudagraph descriptor from priority-ordered
-      (uniform decode graphs: sizes rounded up   candidates" (padding beyond it is wasted work);
-      to u, u tokens per request)                uniform decode graphs hold num_tokens / u requests
-    PCP TOKEN COUNT: the batch a PCP step       get_num_tokens_for_dispatch: "Return the largest
-      dispatches is its largest rank-local       real rank-local batch before graph padding"; the
-      batch, counted on the oracle's own         rank-local batches are pcp_layout's, never
-      DualChunkSwap layout (pcp_layout)          PCPManager's
-
-Which graphs the config captures (``captured_graphs``) is derived from the
-capture sizes' and descriptors' documented meaning, never from vLLM's
-candidate lists or ``_init_candidates``; its docstring cites each rule and says
-where vLLM documents nothing. The capture sizes are the ones the runner used,
-as the dispatch stage recorded them (``sizes_in_force``), never re-derived;
-``check_capture_sizes`` holds them to their documented properties:
-
-    SIZES: ascending, distinct, each in     VllmConfig._set_cudagraph_sizes: "will be the
-      [1, max_num_batched_tokens]; the       final sizes to capture cudagraph (in ascending
-      trace's own when it names some         order)"; "The list is then filtered based on
-                                             max_num_batched_tokens"; "If users explicitly
-                                             specify cudagraph capture sizes in the compilation
-                                             config, those will override this default logic"
-
-Padded batches (prepare_inputs, partition_batch, make_dummy) are judged by the
-reference model, the PCP check and ``check_capture``; the attention tables' padded
-shapes and every dummy's block tables and slot mappings by ``padded_attn``:
-
-    num_tokens_after_padding = max(num_tokens, desc.num_tokens)
-    num_reqs_after_padding   = desc.num_reqs or num_reqs
-    query_start_loc[num_reqs + 1:] = num_tokens    "Pad for full CUDA graph mode. Some attention
-                                                   backends like FA3 require query_start_loc to
-                                                   be non-decreasing."
-    seq_lens[num_reqs:] = 0                        prepare_pos_seq_lens: "pad unused seq_lens as 0
-                                                   for full CUDA graphs"
-    seq_lens_cpu_upper_bound[num_reqs:] = 0        "padded entries left at zero"
-    input_ids / positions of padded tokens         unspecified on the global batch (the graph
-                                                   never writes their KV); in range
-    max_query_len None, or >= every query          InputBatch.max_query_len: "Longest query the
-                                                   batch may contain"
+See docs/cudagraph.md, 'The dispatch and padding rules' for each rule and its vLLM source.
 """
 
 from __future__ import annotations
@@ -142,7 +84,8 @@ def sizes_in_force(config: RunnerConfig, desc: dict[str, Any] | None) -> RunnerC
 
 @guarded("dispatch")
 def check_capture_sizes(index: int, config: RunnerConfig, sizes: list[int]) -> list[Finding]:
-    """The module docstring's SIZES rule on the sizes the runner used."""
+    """The SIZES rule (docs/cudagraph.md, 'The dispatch and padding
+    rules') on the sizes the runner used."""
     out: list[Finding] = []
 
     def add(expected: Any, message: str) -> None:
@@ -166,8 +109,8 @@ def check_capture_sizes(index: int, config: RunnerConfig, sizes: list[int]) -> l
 def check_dispatch(index: int, config: RunnerConfig, desc: dict[str, Any] | None,
                    q: np.ndarray | None, prefilling: np.ndarray | None,
                    as_decode: np.ndarray | None, req_ids: tuple[str, ...] = ()) -> list[Finding]:
-    """The module docstring's descriptor rules. ``q``, ``prefilling``: the
-    model's query lengths and prefill flags in batch order; ``as_decode``: rows
+    """The descriptor rules (docs/cudagraph.md, 'The dispatch and padding rules').
+    ``q``, ``prefilling``: the model's query lengths and prefill flags in batch order; ``as_decode``: rows
     that run as decodes (decodes, and prefills of one new token over context)."""
     out: list[Finding] = []
     if desc is None or q is None or prefilling is None or not len(q):

@@ -1,20 +1,11 @@
 """What changed since the previous run of the same suite, read from the history store.
 
-    history store ──(latest run of this suite: its row, its classes file)──┐
-    this run's summary + class table (not yet recorded) ───────────────────┴─► since_previous()
+``since_previous`` compares this run's summary and class table with the latest
+recorded run of its suite: classes appeared, gone (fixed, or not reached), verdicts
+changed, metrics. Every report writes it into summary.json as ``since_previous``; the
+words for it are ``simrig.views.changes``'s.
 
-    {"status": "compared", "previous_run": id, "previous_created_utc": ..., "previous_vllm": ...,
-     "appeared": [{"signature", "verdict"}],          classes this run shows and the previous did not
-     "gone":     [{"signature", "verdict", "why"}],   why: "fixed" (this run replays all the previous
-                                                      one did: store.replays_all_of) or "not reached"
-     "verdict_changed": [{"signature", "before", "now"}],
-     "metrics":  [{"name", "before", "now", "change"}]}   rates, coverage, class counts
-    {"status": "first"}  no earlier run of the suite;  {"status": "off"}  recording off;
-    {"status": "unreadable", "why": ...}  the store could not be read (the run goes on)
-
-Every report writes it into summary.json as ``since_previous``; the HTML page, the
-Markdown summary (``--summary-md``) and the history row read it from there, in the words
-of ``simrig.views.changes``.
+See docs/history.md, 'What changed since the previous run'.
 """
 
 from __future__ import annotations

@@ -1,34 +1,12 @@
 """Nightly history: every replay / fuzz / selftest run, and its finding classes.
 
-A parquet dataset in the reports folder (``SIMRIG_HISTORY``, default
-``reports/history``; ``none`` turns recording off), one file per run per
-table, so appends never rewrite earlier nights and two runs never collide:
+A parquet dataset (``SIMRIG_HISTORY``, default ``reports/history``; ``none`` turns it
+off), one file per run per table, so appends never rewrite earlier nights
+(``append_run``) and readers skip what is not a complete run (``load_history``).
+``class_timeline`` gives each class its first and last sighting, its bisect results
+(``bisect_results``) and "fixed since" or "not seen since" (``replays_all_of``).
 
-    reports/history/
-      runs/<run_id>.parquet      one row: command, time, vLLM version, exit status,
-                                 steps/s, examples/s, mutants detected, class counts
-      classes/<run_id>.parquet   one row per finding class of that run
-
-In a notebook: ``pd.read_parquet("reports/history/runs")`` and
-``pd.read_parquet("reports/history/classes")``.
-
-A run's *suite* is what it ran (``replay traces/samples``, ``fuzz valid``,
-``selftest``): runs of one suite are comparable night to night.
-``class_timeline`` turns the rows into one line per class and suite: first
-seen, last seen, the vLLM versions it was seen on, where ``simrig bisect``
-found it introduced and fixed (``bisect_results``: a bisect run's summary), and
-
-- ``fixed since`` R: R is a later *replay* of the same traces (same suite) that
-  ran to the end, covered the stages and PCP sizes of the run that last showed
-  the class, and did not show it: the same input no longer produces it;
-- ``not seen since`` R: R is only the first later run of the suite without it
-  (fuzz and selftest draw new examples every run, so not hitting a class proves
-  nothing; nor does a replay that ran less).
-
-Readers skip what is not a complete run: dot-files (``.tmp-*.parquet``, an
-append in progress or one killed mid-write), files that do not read as a
-history table (one warning line on stderr each) and classes files with no run
-row (an interrupted append). Nothing of that makes the store unreadable.
+See docs/history.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The arguments vLLM's own call sites hand on, read off the installed source.
 
-The decisions table (``decisions.py``) lists what the harness observes; this module lists
-what vLLM *passes*: every argument that ``execute_model``, ``sample_tokens``, ``_dummy_run``,
-``profile_run`` and capture hand to the model, the attention builders, the sampler, the
-rejection sampler, ``_set_active_loras``, the graph dispatch and replay, the pipeline ranks
-and the scheduler. ``call_site_arguments(root)`` parses the vllm package at ``root`` (text
-only, never an import) and returns one ``Argument`` per argument of each ``CallSite``; every
-one must be a row of ``call_rows.ROWS`` (judged by named decisions, or a reason with cited
-vLLM lines), or ``tests/test_call_sites.py`` fails::
+The decisions table (``simrig/ledger/decisions.py``) lists what the harness observes;
+this module lists what vLLM *passes* at each ``CallSite`` in ``SITES`` (the model, the
+attention builders, the sampler, ``_set_active_loras``, graph dispatch and replay, the
+scheduler). ``call_site_arguments`` parses the vllm package as text, never importing
+it; every ``Argument`` must be a row of ``simrig/ledger/call_rows.py``, or
+``tests/test_call_sites.py`` fails.
 
-    execute_model                                  ROWS[("the sampler", "input_batch")]
-      self.sampler(logits, input_batch)   ──────►  judged by: prepare.logits_indices, ...
-                   ^^^^^^  ^^^^^^^^^^^
-                   one Argument each
+See docs/decisions.md, 'Every argument at vLLM's call sites'.
 """
 
 from __future__ import annotations
@@ -158,7 +153,17 @@ def site_arguments(site: CallSite, source: str) -> list[Argument] | None:
 
 
 def call_site_arguments(root: Path) -> tuple[list[Argument], list[CallSite]]:
-    """(every argument of every site, the sites not found) in the vllm package at ``root``."""
+    """(every argument of every site, the sites not found) in the vllm package at ``root``.
+
+    Text only, never an import. Every argument of each site is one ``Argument``, which must
+    be a row of ``call_rows.ROWS`` (judged by named decisions, or a reason with cited vLLM
+    lines)::
+
+        execute_model                                  ROWS[("the sampler", "input_batch")]
+          self.sampler(logits, input_batch)   ──────►  judged by: prepare.logits_indices, ...
+                       ^^^^^^  ^^^^^^^^^^^
+                       one Argument each
+    """
     arguments: list[Argument] = []
     missing: list[CallSite] = []
     sources: dict[str, str] = {}

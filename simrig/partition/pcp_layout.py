@@ -1,47 +1,12 @@
 """Which tokens of the global batch each PCP rank holds, from what DualChunkSwap means.
 
-Written token by token from vLLM 0.33.0's documentation, never from
-PCPManager's code (``_iter_rank_chunks``, ``replicated_requests``,
-``_reorder_segments``, ``get_num_tokens_for_dispatch`` are what it judges):
+Written from vLLM's documentation, never from ``PCPManager``'s code: the chunk each
+prefill token lies in and its owner (``chunk_owner``), the requests held whole
+(``is_replicated``), each rank's rows (``rank_rows``) and token counts, and the batch a
+PCP step dispatches (``dispatch_token_count``). Where vLLM documents nothing the rule
+chosen is said there.
 
-    rule (P = PCP world size)                   source
-    ─────────────────────────                   ──────
-    SPLIT: token t of a prefill of q tokens     PCPManager._iter_rank_chunks docstring: "PCP=4
-      lies in chunk t // ceil(q / 2P); chunk     partitions each prefill into eight chunks" and its
-      c belongs to rank min(c, 2P-1-c)           picture (rank r holds chunks r and 2P-1-r). The
-                                                 chunk size is not documented: we take ceil(q / 2P),
-                                                 so the last chunks are the short or empty ones
-                                                 ("prefills too short to fill all eight")
-    WHOLE: decodes are held whole; so are       the same docstring: "Decodes, and prefills too short
-      prefills that leave one of the 2P chunks   to fill all eight, are replicated instead". vLLM's
-      empty, but only with DCP > 1               "# DCP requires decode queries on every
-                                                 participating rank" and pcp_shard_decode_requests
-                                                 ("DCP shards the KV cache and therefore requires
-                                                 every decode request to run on every participating
-                                                 DCP rank") give the reason; without DCP the KV
-                                                 cache is replicated and a short prefill simply
-                                                 leaves some ranks without a chunk. The docstring's
-                                                 wording omits the DCP condition: we state it
-    REPLICATED or SHARDED: a whole request is   ParallelConfig.pcp_shard_decode_requests: "PCP-only
-      on every rank, or (shard_decode_requests)  execution replicates the KV cache, so each decode
-      on one owner: the n-th decode of the       request can have a single PCP owner"; "Use a
-      batch (batch order, decodes only) is       compact decode-only ordinal to keep each step
-      owned by rank n mod P                      exactly balanced even when prefills and zero-token
-                                                 rows are present". Which rank ordinal n maps to is
-                                                 not documented: we choose round robin from rank 0
-    ROWS: one row per (request, chunk) a rank   PCPBatchMetadata.global_query_lens_np: "aligned with
-      holds, so a request may repeat             local request segments; requests may repeat"; the
-                                                 picture draws rank P-1's adjacent chunks P-1 and P
-                                                 apart
-    ORDER: decodes first, then prefills; each   _reorder_segments: "Order this rank's rows
-      group in the global batch's token order    decodes-first, then prefills, canonically". What
-                                                 "canonically" means is not documented: we read it
-                                                 as the global batch's order
-    WIDTH: every rank is padded to the largest  get_num_tokens_for_dispatch: "Return the largest
-      rank's token count (or the graph's)        real rank-local batch before graph padding"; the
-                                                 "padded gathered: [A B G _ | C D E F]" example
-    IDLE RANK: a rank that holds no token       not documented: we require one row with no tokens
-      keeps one empty row                        naming a request of this step's batch (check_pcp)
+See docs/oracle.md, 'PCP: which tokens each rank holds' for each rule and its source.
 """
 
 from __future__ import annotations
@@ -62,7 +27,7 @@ def is_replicated(config: RunnerConfig, query_len: int, is_prefilling: bool) -> 
     """Is this request held whole (replicated, or sharded to one owner) rather than split?
 
     Decodes always are. With DCP > 1 so is a prefill whose 2P chunks are not
-    all non-empty (the module docstring's WHOLE rule).
+    all non-empty (the WHOLE rule, docs/oracle.md).
     """
     if not is_prefilling:
         return True
@@ -80,8 +45,8 @@ def chunk_owner(token: np.ndarray, query_len: int, pcp_size: int) -> tuple[np.nd
 
 
 def rank_rows(config: RunnerConfig, query_lens: np.ndarray, is_prefilling: np.ndarray) -> list[list[Row]]:
-    """Every rank's rows in its local order (the module docstring's rules); a
-    rank that holds no token gets an empty list (see IDLE RANK)."""
+    """Every rank's rows in its local order (the rules in docs/oracle.md, 'PCP: which
+    tokens each rank holds'); a rank that holds no token gets an empty list (see IDLE RANK)."""
     p = config.pcp_size
     # per rank: one record per held token, (is_prefilling, global index, offset, chunk)
     held: list[list[np.ndarray]] = [[] for _ in range(p)]

@@ -1,69 +1,11 @@
 """Block tables and slot mappings, judged from what they mean (never from vLLM's kernels).
 
 ``BlockTracker`` follows each live request's block ids from the Steps alone;
-``check_attn_blocks`` holds the prepare stage's ``attn.block_tables.<g>``,
-``attn.slot_mappings`` and ``dcp_local_seq_lens`` to these rules (vLLM 0.33.0):
+``check_attn_blocks`` holds the prepare stage's block tables, slot mappings and
+``dcp_local_seq_lens`` to their documented meaning (``expected_slot``,
+``dcp_local_seq_len``, ``below_window``), on every release alike.
 
-    rule                                       source
-    ────                                       ──────
-    TRACK: a new request's block_ids are its   NewRequestData.block_ids; CachedRequestData: "For
-      list; a cached update appends its new      request ids not in resumed_req_ids, new_block_ids
-      ones, a resumed one replaces the list;     will be appended ... For those in the set,
-      finished / preempted requests drop it      new_block_ids will be used as the request's block
-                                                 IDs instead of appending"
-    ROWS: row i of group g starts with the     BlockTables.gather_block_tables: "Gather the batch's
-      blocks of the batch's i-th request         block-table rows into the forward-pass tables"
-    BELOW WINDOW: in a sliding-window group    BlockTables.gather_block_tables (0.33): "sliding-
-      (window W, block size B), row i's first    window groups get every entry wholly below the
-      max(0, c_i - (W - 1)) // B entries, c_i    window of the request's first scheduled token
-      = request i's computed tokens, are the     replaced by the null block. Those blocks may
-      null block, on every release (one          already have been freed by the sliding-window
-      meaning: a release that keeps them         manager and reused, while attention kernels can
-      is judged by it, and its known finding     still load them as part of a KV tile that
-      names the form: pattern                    straddles the window start: masked-out NaN in
-      below_window_kept:window=W)                such a tile propagates into the output" (reach =
-                                                 SlidingWindowSpec.num_retained_tokens, W - 1)
-    PAST n_i: entries past a request's block   nothing documents them (attention reads only the
-      count are not judged                       blocks that cover seq_len); rule chosen: free
-    PADDED ROWS: rows past the batch's         gather kernel: "Zero out padded rows";
-      requests hold only the null block 0        gather_block_tables: "Also clear rows left by a
-                                                 larger batch"; utils.NULL_BLOCK_ID = 0
-    ROWS PAST: rows of the shared table past  BlockTables.__init__: "Block tables used for model's
-      the rows handed to attention hold only    forward pass. num_kv_cache_groups x [max_num_reqs,
-      the null block (attn.filled_rows_past.    max_num_blocks]": one persistent buffer, whose rows
-      <g> lists those that do not): nothing     past this batch a later padded batch or graph
-      a larger earlier batch left stays         replay reads; gather_block_tables (0.33): "Also
-                                                clear rows left by a larger batch in the shared
-                                                buffer" (one meaning for every release)
-    SLOT: per group g (B = its block size),    utils.PAD_SLOT_ID = -1; a scheduler block spans
-      token at position p, without DCP:          B * dcp tokens (kv_cache_utils.
-      blocks_g[p // B] * B + p % B               resolve_dcp_kv_block_size: "the token span of a
-      with DCP (size D, rank d, interleave I):   cache block under DCP"); cp_kv_cache_interleave_
-      the token lives on rank (p // I) % D;      size: "Store interleave_size tokens on dcp_rank i,
-      elsewhere PAD_SLOT_ID; on its rank the     then store next interleave_size tokens on dcp_rank
-      slot is blocks[p // (B*D)] * B + k,        i+1" and "Tokens are then stored in (rank i+1,
-      k = how many of that virtual block's       block j) only after (rank i, block j) is fully
-      tokens before p the rank also holds        occupied": rank d fills its block j in token order
-    PADDED TOKENS: slots past the batch's      compute_slot_mappings kernel: "Pad remaining slots
-      tokens are PAD_SLOT_ID                     to -1 ... Start from actual token count (not
-                                                 padded)"; prepare_attn: "Kernel pads beyond
-                                                 num_tokens with PAD_SLOT_ID"
-    PCP GATHERED: the gathered mapping writes  PCPManager._build_batch_layout: "Replicated rows
-      each global token's slot exactly once,     contain identical KV, so rank 0 is the canonical
-      every other entry PAD_SLOT_ID (the         writer. A sharded decode has exactly one owner";
-      layout is pcp.py's to judge: here the      padding in "padded gathered: [A B G _ | C D E F]"
-      multiset only)
-    DCP LOCAL SEQ LENS: rank d holds the       the interleave docstring above; padded rows hold
-      tokens t < seq_len with (t // I) % D == d  0 (seq_lens: "pad unused seq_lens as 0")
-
-In a sliding-window group every scheduled token's slot is judged: a token at
-p >= c_i lies past the skipped tokens (SlidingWindowManager.get_num_skipped_tokens:
-"the tokens that are prior to the current sliding window", c_i - W + 1 <= p), so
-its block is one the scheduler still holds for the request.
-
-A request whose trace gave fewer blocks than its positions need (traces from
-before block ids were recorded carry none) breaks the scheduler's side of the
-contract: its slots are not judged.
+See docs/oracle.md, 'Block tables and slot mappings' for each rule and its vLLM source.
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """The dtype contract of the MRV2 input path, and step-to-step dtype drift.
 
-The table below declares, per stage, the (kind, dtype) every output field of
-the boundary promises. It was filled from the installed 0.33.0 source
-(``input_batch.py``, ``model_runner.py``, ``pcp_manager.py``): index arrays
-are ``np.intp`` / ``torch.int64``, lengths and offsets int32, masks bool.
+``CONTRACT`` declares, per stage, the (kind, dtype) each output field promises, filled
+from the installed 0.33.0 source (``GATHER_CONTRACT``, ``BATCH_CONTRACT``,
+``PARTITION_CONTRACT``); ``check_contract`` judges one stage, where ``None`` is allowed
+only under the condition vLLM documents (``FieldContract.none_when``, one of
+``NONE_WHEN``). ``DriftTracker`` flags a field whose dtype changes between steps.
 
-    stage       object observed                 table
-    ─────       ───────────────                 ─────
-    gather      BatchReqState                   GATHER_CONTRACT
-    prepare     InputBatch (global)             BATCH_CONTRACT
-    dummy       InputBatch.make_dummy           BATCH_CONTRACT (same promise)
-    capture     make_dummy per capture desc     BATCH_CONTRACT (same promise)
-    partition   rank-local InputBatch + the     BATCH_CONTRACT + PCP/manager
-                manager's index arrays           arrays
-
-A field absent from the table is not checked (it is still listed by
-``simrig contract snapshot``). A declared field missing from the observation
-is a ``missing_field`` finding. ``None`` is a finding too, unless the field's
-docstring/comment in vLLM names the condition under which it is ``None``
-(``FieldContract.none_when``, one of NONE_WHEN below), and the stage meets it:
-
-    none_when      None is the documented value when …       vLLM source (0.33.0)
-    ─────────      ─────────────────────────────────         ────────────────────
-    no_drafts      the step schedules no draft tokens        BatchReqState.num_draft_tokens_np
-                                                             "None if no drafts"; InputBatch.
-                                                             num_draft_tokens_per_req "if any"
-    no_prefill     the batch holds no prefill                InputBatch.prefill_runs_as_decode_np
-                   (has_prefill is False)                    "None if there are no prefills"
-    feature_off    a feature simrig never turns on: R-SWA    InputBatch.prompt_lens "only populated
-                   (prompt_lens), pipeline parallel          for R-SWA"; max_seq_len_np "only
-                   (max_seq_len_np), DCP (dcp_local_*)       populated for non-dummy pipeline-
-                                                             parallel batches"; dcp_local_seq_lens
+See docs/oracle.md, 'The dtype contract' for the stages and the documented ``None`` cases.
 """
 
 from __future__ import annotations

@@ -1,43 +1,12 @@
 """An independent reference model of the MRV2 input path, built from the Steps alone.
 
-It follows each request's lifecycle (prefill tokens, the scheduler's
-num_computed_tokens) and predicts, from semantics rather than from vLLM's
-code, what gather_batch_req_state and prepare_inputs must produce:
+``ReferenceModel`` follows each request's lifecycle and predicts, from semantics and
+never from vLLM's code, what ``gather_batch_req_state`` and ``prepare_inputs`` must
+produce (``BatchPrediction``); ``batch_order`` and ``order_problem`` hold the batch
+order to vLLM's documented ordering rules. Slot numbers are learnt, then held to
+their meaning.
 
-    batch order   any order that meets the documented rules (ORDER RULES below);
-                  the observed order is checked against them and, when it is a
-                  permutation of the scheduled requests, the predictions below are
-                  made row by row in that order (ties are not predicted: vLLM
-                  promises nothing about them)
-    per request   q = scheduled tokens, nc = num_computed (scheduler), k = drafts
-                  seq_len = nc + q, positions nc .. nc+q-1
-                  logits rows = the last 1+k tokens of the query
-                  is_prefilling = nc < prefill_len
-    per token     input id at position p = draft_token(req, p, rejected)  (last k of the query:
-                                           the drafter's proposal; a rejected one differs)
-                                         = prefill token p       (p < prefill_len)
-                                         = synth_token(req, p)   (sampled)
-
-      query_start_loc  0 ─ q0 ─ q0+q1 ─ …        logits_indices: [qsl[i+1]-1-k_i .. qsl[i+1]-1]
-
-Slot numbers are not predicted (the allocation policy is vLLM's to choose);
-the model learns a request's slot when the request first appears in a batch
-and then holds it to its meaning: distinct slots in [0, max_num_reqs) among
-live requests, the same in gather, prepare and every PCP rank, stable for a
-request while it lives, free again once it finished or was preempted.
-expanded_idx_mapping is the model's slots repeated once per logit row
-(InputBatch: "Identical to idx_mapping except for spec decoding").
-
-ORDER RULES, from vLLM's own words (never from its sort function):
-
-    1. verification rows (requests with drafts) lead     model_runner.sort_batch_req_ids:
-                                                         "Order verification/decode ->
-                                                          short_extend -> prefill"
-    2. within each group, decodes (query ==              attention/backends/utils.py
-       decode_query_len) first, then the other queries   split_decodes_and_prefills: "The
-       by non-decreasing length, so any threshold        batch is expected to be ordered as:
-       splits the batch once                             decode -> short_extend ->
-                                                          long_extend -> prefill"
+See docs/oracle.md, 'The reference model' for the predictions and the order rules.
 """
 
 from __future__ import annotations
@@ -95,7 +64,8 @@ class GlobalBatch(NamedTuple):
 
 
 def batch_order(scheduled: dict[str, int], drafts: dict[str, int], decode_query_len: int) -> list[str]:
-    """The batch order the runner must use (see module docstring)."""
+    """The batch order the runner must use (the order rules in docs/oracle.md,
+    'The reference model')."""
     def bucket(ids: list[str]) -> list[str]:
         exact = [r for r in ids if scheduled[r] == decode_query_len]
         others: dict[int, list[str]] = {}
@@ -112,7 +82,8 @@ def batch_order(scheduled: dict[str, int], drafts: dict[str, int], decode_query_
 
 def order_problem(order: list[str], scheduled: dict[str, int], drafts: dict[str, int],
                   decode_query_len: int) -> str:
-    """Why ``order`` breaks the ORDER RULES (module docstring), or "" when it meets them."""
+    """Why ``order`` breaks the ORDER RULES (docs/oracle.md, 'The reference model'), or ""
+    when it meets them."""
     if len(order) != len(scheduled) or set(order) != set(scheduled):
         return "the batch is not the scheduled requests, each once"
     verifying = [drafts.get(r, 0) > 0 for r in order]

@@ -1,27 +1,10 @@
 """Self-consistency of one InputBatch, real or dummy, from the meaning of its fields.
 
-The reference model predicts a real batch from the Steps; a dummy batch
-(``InputBatch.make_dummy``, what cudagraph capture and profiling run) has no
-Steps behind it, so both are also held to the relations their fields'
-comments in ``vllm/v1/worker/gpu/input_batch.py`` state:
+A dummy batch (``InputBatch.make_dummy``) has no Steps behind it, so every batch is
+also held to the relations its fields' comments in vLLM's ``input_batch.py`` state
+(``check_batch_semantics``); ``value_pattern`` names what a wrong value looks like.
 
-    rule                                              source (InputBatch field comment)
-    ────                                              ─────────────────────────────────
-    query_start_loc = [0, cumsum(num_scheduled)]      "[num_reqs + 1]" offsets of each query
-    query_start_loc_np == query_start_loc             host copy of the same offsets
-    seq_lens = num_computed + num_scheduled           "[num_reqs]" seq_lens; num_computed_tokens_np
-    positions of row i = num_computed_i + 0..q_i-1    "[num_tokens_after_padding]" positions
-    is_prefilling = computed_prefill < prefill_len    "CPU bool array == (num_computed_prefill_
-                                                       tokens_np < prefill_len_np)"
-    has_prefill = any(is_prefilling)                  "== np.any(is_prefilling_np)"
-    decode_graph_eligible = every row a decode or     "No prefills, or only prefill rows that
-      a prefill row that runs as a decode               run as decodes."
-    expanded_idx_mapping == idx_mapping w/o drafts    "Identical to idx_mapping except for spec
-                                                       decoding."
-    logits_indices: cu_num_logits[-1] rows, each      "[total_num_logits]" rows of hidden states
-      inside the batch's tokens
-
-Rows past ``num_reqs`` / tokens past ``num_tokens`` (padding) are not judged here.
+See docs/oracle.md, 'A batch's self-consistency' for the rules and their sources.
 """
 
 from __future__ import annotations
@@ -54,7 +37,7 @@ def value_pattern(values: Any) -> str:
 
 @guarded("semantics")
 def check_batch_semantics(index: int, stage: StageObs) -> list[Finding]:
-    """Findings for every relation of the module docstring ``stage`` breaks."""
+    """Findings for every relation (docs/oracle.md, 'A batch's self-consistency') ``stage`` breaks."""
     out: list[Finding] = []
     if stage.error is not None or not stage.fields:
         return out

@@ -1,20 +1,11 @@
 """Side venvs: another vLLM next to the project's own, under ``.venvs/``.
 
-    --vllm SPEC                      side venv                   vLLM installed from
-    ───────────                      ─────────                   ───────────────────
-    0.31.0 (a release)               .venvs/vllm-0.31.0          the package index (pip cache,
-                                                                 SIMRIG_WHEELS as --find-links)
-    path/to/vllm-X-*.whl             .venvs/vllm-<wheel stem>    the wheel
-    path/to/vllm checkout            .venvs/vllm-src-<dir name>  the checkout (--no-deps)
-    path/to/venv (has bin/python)    that venv                   already there
-    installed                        the running interpreter     (the project's .venv)
+``resolve_spec`` turns ``--vllm SPEC`` (a release, a wheel, a checkout, a venv or
+``installed``) into a ``SideSpec``; ``create`` builds it with the bootstrap's CPU recipe
+and this checkout's simrig, editable (``--layered``: only vLLM and xgrammar), and
+``doctor`` says whether it is usable (its own ``simrig doctor`` exits 0).
 
-Each side venv gets the same CPU recipe as scripts/bootstrap.sh (torch
-CPU, vLLM and xgrammar with --no-deps, requirements/vllm-cpu.txt) and simrig
-itself, editable, so ``VENV/bin/simrig`` runs this checkout's code against
-that vLLM; ``--layered`` installs only vLLM and xgrammar and reads the rest
-from the project's venv. A side is usable when its own ``simrig doctor``
-exits 0.
+See docs/releases.md, 'Many vLLMs'.
 """
 
 from __future__ import annotations
@@ -59,7 +50,17 @@ def _release_tuple(text: str) -> tuple[int, ...]:
 
 
 def resolve_spec(spec: str) -> SideSpec:
-    """``--vllm SPEC`` -> a SideSpec; UsageError (one line) for anything else."""
+    """``--vllm SPEC`` -> a SideSpec; UsageError (one line) for anything else::
+
+        --vllm SPEC                      side venv                   vLLM installed from
+        ───────────                      ─────────                   ───────────────────
+        0.31.0 (a release)               .venvs/vllm-0.31.0          the package index (pip cache,
+                                                                     SIMRIG_WHEELS as --find-links)
+        path/to/vllm-X-*.whl             .venvs/vllm-<wheel stem>    the wheel
+        path/to/vllm checkout            .venvs/vllm-src-<dir name>  the checkout (--no-deps)
+        path/to/venv (has bin/python)    that venv                   already there
+        installed                        the running interpreter     (the project's .venv)
+    """
     text = spec.strip()
     if text == INSTALLED:
         return SideSpec(text, "installed", None)

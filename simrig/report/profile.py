@@ -1,27 +1,12 @@
 """Where a run's time goes, by sampling: vLLM's own calls, Hypothesis, or the rig.
 
-``simrig fuzz --profile`` (and ``replay --profile``) start a ``StackSampler``:
-a daemon thread that reads the main thread's Python stack every few
-milliseconds (``sys._current_frames``) and files each sample under one owner,
-decided by the innermost frame that belongs to one of them:
+``simrig fuzz --profile`` (and ``replay --profile``) start a ``StackSampler``, a thread
+that reads the main thread's stack every few milliseconds and files each sample under
+one of ``OWNERS``; no tracer is installed, so the numbers are an ordinary run's. It
+writes ``profile/summary.json``, ``profile/profile.txt`` and ``profile/stacks.collapsed``
+(for flamegraph.pl and speedscope) next to the report.
 
-    leaf ─► ... ─► first frame in vllm/        ─► "vllm"        (torch, triton and
-                                                                 numpy below it too)
-                   first frame in simrig/,     ─► "rig"         (harness, probes,
-                   strategies/                                   stand-ins, checks)
-                   first frame in hypothesis/  ─► "hypothesis"  (generation, shrinking)
-                   none of them                ─► "other"       (interpreter start-up)
-
-A probe that vLLM calls back is the rig's; a kernel that vLLM launches is
-vLLM's (the coverage sampler's pass-through around each launch is skipped). The one-off vLLM import is "startup" and is left out of the shares.
-No tracer is installed, so the profile costs about one stack walk per sample
-(well under a percent at the default 5 ms), and the numbers are those of an
-ordinary run.
-
-Written next to the report: ``profile/summary.json`` (the split and the top
-functions of each owner), ``profile/profile.txt`` (the same, for a reader) and
-``profile/stacks.collapsed`` (one line per distinct stack with its sample
-count: the format flamegraph.pl and speedscope read).
+See docs/benchmarks.md, 'Performance: where a campaign's time goes'.
 """
 
 from __future__ import annotations
@@ -63,7 +48,24 @@ def _owner_of_file(filename: str) -> str | None:
 
 
 class StackSampler:
-    """Samples the thread that created it (or ``thread_id``) until ``stop``."""
+    """Samples the thread that created it (or ``thread_id``) until ``stop``.
+
+    A daemon thread reads the sampled thread's Python stack every ``interval_s``
+    (``sys._current_frames``) and files each sample under the owner of its innermost
+    frame that belongs to one::
+
+        leaf ─► ... ─► first frame in vllm/        ─► "vllm"        (torch, triton and
+                                                                     numpy below it too)
+                       first frame in simrig/,     ─► "rig"         (harness, probes,
+                       strategies/                                   stand-ins, checks)
+                       first frame in hypothesis/  ─► "hypothesis"  (generation, shrinking)
+                       none of them                ─► "other"       (interpreter start-up)
+
+    A probe that vLLM calls back is the rig's; a kernel that vLLM launches is vLLM's (the
+    coverage sampler's pass-through around each launch is skipped). The one-off vLLM
+    import is "startup" and is left out of the shares. No tracer is installed: about one
+    stack walk per sample.
+    """
 
     def __init__(self, interval_s: float = 0.005, thread_id: int | None = None):
         if not interval_s > 0:

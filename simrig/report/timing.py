@@ -1,21 +1,11 @@
 """Where the time goes: wall time inside real vLLM calls vs the rig.
 
-Every stage row of the steps table carries ``duration_ms``: the time of one
-real vLLM call (finish/add/update, gather, prepare, postprocess, a PCP rank's
-partition, make_dummy), measured around that call only. What remains of the
-wall time is the rig: trace parsing or example generation, checks, the
-reference model, bookkeeping.
+Every stage row of the steps table carries ``duration_ms``, the time of one real vLLM
+call; ``time_share`` splits a run's wall time into vLLM's (per stage, plus the
+``UNSTAGED`` rest of vLLM's own time) and the rig's, and ``time_share_line`` says it in
+one line.
 
-    wall_s ─┬─ vllm_s ─┬─ per stage: lifecycle, gather, prepare, postprocess, partition, dummy
-            │          └─ unstaged: vLLM's own time outside the probed calls (prepare_attn's
-            │             block-table and slot kernels, staged writes, execute_model's glue,
-            │             sample_tokens past postprocess, a runner's build (vLLM's
-            │             constructors), profile run and capture)
-            └─ rig_s  ── generation, checks, bookkeeping (wall - vllm)
-
-``vllm_s`` is the harness's own measure of every vLLM call (``StepObs.vllm_s``)
-when it is known; before it was measured, only the stage rows were summed, which
-left the unstaged part on the rig's side.
+See docs/benchmarks.md, 'Performance: where a campaign's time goes'.
 """
 
 from __future__ import annotations
@@ -34,7 +24,18 @@ def time_share(steps: pd.DataFrame, wall_s: float, vllm_s: float | None = None) 
     """{"wall_s", "vllm_s", "rig_s", "vllm_share", "rig_share", "stages": {stage: {"s", "share"}}}.
 
     ``vllm_s``: the measured time inside vLLM's calls (``StepObs.vllm_s`` summed);
-    what it holds beyond the stage rows is the ``unstaged`` entry."""
+    what it holds beyond the stage rows is the ``unstaged`` entry::
+
+        wall_s ─┬─ vllm_s ─┬─ per stage: lifecycle, gather, prepare, postprocess, partition, dummy
+                │          └─ unstaged: vLLM's own time outside the probed calls (prepare_attn's
+                │             block-table and slot kernels, staged writes, execute_model's glue,
+                │             sample_tokens past postprocess, a runner's build (vLLM's
+                │             constructors), profile run and capture)
+                └─ rig_s  ── generation, checks, bookkeeping (wall - vllm)
+
+    Without ``vllm_s`` only the stage rows are summed, which leaves the unstaged part on
+    the rig's side.
+    """
     wall = float(wall_s) if wall_s and wall_s > 0 else 0.0
     per_stage: dict[str, float] = {}
     if not steps.empty and {"stage", "duration_ms"} <= set(steps.columns):

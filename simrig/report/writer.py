@@ -1,21 +1,12 @@
 """Reports: pandas tables to parquet + CSV, summary.json, one self-contained HTML.
 
-    OUT/
-      steps.parquet     steps.csv       one row per step x stage x rank
-      findings.parquet  findings.csv    Finding.row() + pcp_size
-      contract.parquet  contract.csv    (stage, field, kind, dtype) -> count
-      classes.parquet   classes.csv     one row per finding class (report.classes)
-      <extra>.parquet   <extra>.csv     campaign tables (write_report(extra_tables=...))
-      summary.json                      counts, versions, device, timings
-      report.html                       verdict, finding classes, time share, plots, contract
+``write_report`` writes the report folder under a temporary name next to OUT and
+swaps it into place (``staging_dir``, ``swap_into_place``), so an interrupted run never
+leaves a half-written report; ``write_coverage_dir`` writes the coverage-only folder of
+the pytest plugin's ``--simrig-coverage DIR``. Rows come sorted by the caller
+(``simrig.replay.sort_rows``).
 
-``write_coverage_dir`` writes a coverage-only folder (tables, summary.json,
-coverage.html) for the pytest plugin's ``--simrig-coverage DIR``.
-
-The whole directory is written under a temporary name next to OUT and renamed
-into place, so an interrupted run never leaves a half-written report. Rows are
-sorted by the caller (simrig.replay.sort_rows): the same input gives the same
-files apart from timing columns.
+See docs/replay.md for the files and their columns.
 """
 
 from __future__ import annotations
@@ -115,7 +106,17 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
                  title: str = "simrig replay report", classes: pd.DataFrame | None = None,
                  occurrences: pd.DataFrame | None = None,
                  headline: str = "", page_dir: str | Path | None = None) -> Path:
-    """Write the report directory atomically; returns its path.
+    """Write the report directory atomically; returns its path::
+
+        OUT/
+          steps.parquet     steps.csv       one row per step x stage x rank
+          findings.parquet  findings.csv    Finding.row() + pcp_size
+          contract.parquet  contract.csv    (stage, field, kind, dtype) -> count
+          classes.parquet   classes.csv     one row per finding class (report.classes)
+          <extra>.parquet   <extra>.csv     campaign tables (extra_tables)
+          summary.json                      counts, versions, device, timings
+          report.html                       verdict, finding classes, time share, plots, contract
+
 
     ``classes`` (report.classes.class_frame) heads the page; ``occurrences``
     (default: ``findings``) are shown collapsed under their class. The banner

@@ -1,20 +1,12 @@
 """What a vLLM user sees of each upstream finding, and the title tag it earns.
 
-An ``ISSUE.md`` written by ``simrig repro --upstream`` has an ``## Impact`` section whose
-first line is machine-readable:
+An ``ISSUE.md`` written by ``simrig repro --upstream`` has an Impact section whose first
+line (``FIRST_LINE``) says whether a user sees anything; ``tag`` turns that into the
+title's ``[Bug]`` or ``[Misc]``. Each class's ``Impact`` is written here, next to its
+entry in ``simrig/repro/upstream.py``; ``tests/test_upstream_impact.py`` holds every
+folder to it.
 
-    **Visible to users: yes — <what a user sees>**
-    **Visible to users: no — <why nothing is visible>**
-
-and the title's tag follows from it: ``[Bug]`` where a user sees a consequence (wrong
-output, memory mis-sized, a slower graph, a setting without its documented effect),
-``[Misc]`` otherwise (an inconsistency or a latent hazard). The rest of the section says
-how: shown by the reproducer, or cited from vLLM's code (file:line, function, the line's
-text, vLLM 0.33.0). ``tests/test_upstream_impact.py`` holds every folder to this.
-
-The author writes a class's impact here, next to its ``FINDINGS`` entry in
-``upstream.py``: ``--upstream`` refuses a class without one, so it never writes a folder
-whose Impact section is missing or a placeholder.
+See docs/bisect.md, 'From finding to fix'.
 """
 
 from __future__ import annotations

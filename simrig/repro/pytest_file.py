@@ -1,18 +1,12 @@
 """``simrig repro``: a finding class as one standalone pytest file for vLLM's own tests.
 
-    CLASS_OR_TRACE ──► (trace, class) ──► STEPS, CONFIG, CLASS literals ──► repro_template ──► OUT.py
+``resolve_input`` finds the trace and class (a trace, or a class key with ``--trace`` or
+``--report``); ``render`` turns them into literals in the file's template, which drives
+the steps through the real ``execute_model`` and asserts the property the class
+violates (``property_of``; which classes have one is
+``simrig.findings.classes.standalone_property``). ``run_pytest`` runs it.
 
-Input: a trace (a shrunk or regression trace; the class from ``--class`` or the
-header's ``expect`` / ``source.signature``), or a class key ``kind:stage:field``
-with ``--trace FILE`` or ``--report DIR`` (the class's reproducer in that
-report's ``classes.csv``).
-
-The file drives the trace's steps through the real runner's ``execute_model``
-(and the dummy paths where the class lives) and asserts the property the class
-violates, in vLLM's words; which classes have a property is
-``simrig.findings.classes.standalone_property`` (the table in docs/bisect.md),
-so it fails on a release that shows the class and passes where it is fixed.
-Other classes are refused with one line.
+See docs/bisect.md, 'From finding to fix'.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """``simrig repro --upstream``: a finding ready for vLLM, as one folder.
 
-    reports/upstream/<name>/
-        trace.jsonl     the minimal schedule (simrig trace format)
-        test_<name>.py  the standalone reproducer (pytest_file.render)
-        ISSUE.md        what, where (file:line on the release), evidence, the impact (what a
-                        user sees, ``impact.py``; it sets the title's [Bug] or [Misc]), the
-                        schedule as a table, the reproducer, a suggested fix
-        verdict.json    the expected verdict per release, from the known findings' version
-                        ranges (fails where an entry covers the release, passes elsewhere),
-                        and the verdicts ``--check`` measured
+``write_folder`` writes the trace, the standalone reproducer, ``ISSUE.md`` and
+``verdict.json``; ``FINDINGS`` holds what a reviewer needs that the trace does not say
+(the location, the vLLM line that gives the field its meaning). Expected verdicts
+never come from a run: ``expected_verdicts`` reads them off the known findings;
+``check_folder`` measures them (``--check``).
 
-``FINDINGS`` holds what a reviewer needs that the trace does not say: the
-location and the line of vLLM that gives the field its meaning. Expected
-verdicts never come from a run: they are read off ``known-findings.json``.
+See docs/bisect.md, 'From finding to fix'.
 """
 
 from __future__ import annotations
@@ -139,7 +133,18 @@ def expected_verdicts(known: tuple[int, ...], path: Path = KNOWN) -> dict[str, s
 
 
 def write_folder(folder: Path, trace: Path, key: ClassKey, text: str) -> Path:
-    """Write the folder for ``key``; the reproducer's text is ``text``. Returns the test file."""
+    """Write the folder for ``key``; the reproducer's text is ``text``. Returns the test file::
+
+        reports/upstream/<name>/
+            trace.jsonl     the minimal schedule (simrig trace format)
+            test_<name>.py  the standalone reproducer (pytest_file.render)
+            ISSUE.md        what, where (file:line on the release), evidence, the impact (what a
+                            user sees, ``impact.py``; it sets the title's [Bug] or [Misc]), the
+                            schedule as a table, the reproducer, a suggested fix
+            verdict.json    the expected verdict per release, from the known findings' version
+                            ranges (fails where an entry covers the release, passes elsewhere),
+                            and the verdicts ``--check`` measured
+    """
     info = FINDINGS.get(key.text)
     if info is None:
         raise UsageError(f"--upstream: class {key.text} has no upstream entry "

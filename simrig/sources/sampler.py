@@ -1,20 +1,11 @@
 """The synthetic sampler that closes the loop around the real scheduler.
 
-After each ``schedule()`` it decides, per scheduled request, what the model
-would have produced:
+After each ``schedule()``, ``SyntheticSampler`` decides per scheduled request what the
+model would have produced: nothing for a prefill chunk, else accepted drafts and one
+token, each possibly the stop token. Token ids follow ``synth_token`` (``simrig/step.py``)
+so a replay can predict every input id.
 
-    prompt not yet fully computed    -> nothing (a prefill chunk samples no token)
-    otherwise, with k drafts          -> accept drafts one by one with
-                                         probability acceptance_rate, stop at the
-                                         first rejection: 1 + accepted tokens,
-                                         rejected = k - accepted
-    each sampled token                -> with probability eos_prob the stop token
-                                         (the request ends), else
-                                         synth_token(req_id, position)
-
-Token ids follow ``synth_token`` so a replay can predict every input id. The
-drafter stand-in proposes ``synth_token(req_id, n + j)`` for the next k
-positions, matching the harness's drafter.
+See docs/recording.md.
 """
 
 from __future__ import annotations
@@ -32,6 +23,21 @@ class SampleResult:
 
 
 class SyntheticSampler:
+    """After each ``schedule()``, what the model would have produced per scheduled request::
+
+        prompt not yet fully computed    -> nothing (a prefill chunk samples no token)
+        otherwise, with k drafts          -> accept drafts one by one with
+                                             probability acceptance_rate, stop at the
+                                             first rejection: 1 + accepted tokens,
+                                             rejected = k - accepted
+        each sampled token                -> with probability eos_prob the stop token
+                                             (the request ends), else
+                                             synth_token(req_id, position)
+
+    The drafter stand-in proposes ``synth_token(req_id, n + j)`` for the next k
+    positions, matching the harness's drafter.
+    """
+
     def __init__(self, *, seed: int = 0, acceptance_rate: float = 0.7, eos_prob: float = 0.0,
                  stop_token_id: int = -1, num_speculative_tokens: int = 0):
         if not 0.0 <= acceptance_rate <= 1.0:

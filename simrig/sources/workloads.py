@@ -1,30 +1,12 @@
 """Workloads: who arrives when, with how many prompt and output tokens.
 
-A workload is a list of ``WorkloadRequest`` sorted by arrival time (seconds,
-first arrival at 0). It is vLLM-agnostic; ``simrig.sources.record`` feeds it to the
-real scheduler.
+A workload is a list of ``WorkloadRequest`` sorted by arrival time, vLLM-agnostic;
+``simrig.sources.record`` feeds it to the real scheduler. ``parse_spec`` reads
+``simrig record --workload SPEC`` (synthetic, or an Azure, BurstGPT or Mooncake file);
+shared-prefix tokens (``prefix_token``) are identical across the requests that share
+them, so vLLM's prefix cache hits; ``clamp`` cuts requests to the model length.
 
-SPEC grammar (``simrig record --workload SPEC``)::
-
-    synthetic:requests=200,rate=8,prompt=32-512,output=8-128,shared_prefix=0.3
-    azure:PATH        Azure LLM inference CSV   TIMESTAMP,ContextTokens,GeneratedTokens
-    burstgpt:PATH     BurstGPT CSV              Timestamp,Model,Request tokens,Response tokens,...
-    mooncake:PATH     Mooncake JSONL            {"timestamp": ms, "input_length", "output_length", "hash_ids"}
-
-Synthetic keys: requests (count), rate (Poisson arrivals per second; 0 = all
-at once), prompt / output (uniform ranges LO-HI or a single N), shared_prefix
-(fraction of requests that start with one of ``prefixes`` shared prefixes of
-``prefix_len`` tokens), prefixes, prefix_len, seed.
-
-Token ids: a request's own tokens are ``synth_token(req_id, position)``.
-Shared-prefix tokens (synthetic prefixes, Mooncake hash_ids) are
-``synth_token("#prefix:<key>", position)``, identical across the requests
-that share them, so vLLM's prefix cache hits; those requests carry explicit
-token ids (``prompt_token_ids``) into the trace.
-
-Clamping: a request longer than the model allows keeps
-``prompt <= max_model_len - 1`` and ``prompt + output <= max_model_len``
-(the prompt is cut first, at least one output token stays).
+See docs/recording.md, 'Importing public workloads'.
 """
 
 from __future__ import annotations
@@ -61,6 +43,10 @@ class WorkloadRequest:
 
 
 def prefix_token(key: str, position: int) -> int:
+    """A shared-prefix token (synthetic prefixes, Mooncake hash_ids): identical across the
+    requests that share the prefix, so vLLM's prefix cache hits; those requests carry
+    explicit token ids (``prompt_token_ids``) into the trace. A request's own tokens are
+    ``synth_token(req_id, position)``."""
     return synth_token(f"#prefix:{key}", position)
 
 
@@ -257,7 +243,19 @@ def read_file(fmt: str, path: str | Path, limit: int | None = None) -> list[Work
 
 
 def parse_spec(spec: str, *, seed: int | None = None, limit: int | None = None) -> list[WorkloadRequest]:
-    """Parse a workload SPEC (see the module docstring) into requests."""
+    """Parse a workload SPEC (``simrig record --workload SPEC``) into requests::
+
+        synthetic:requests=200,rate=8,prompt=32-512,output=8-128,shared_prefix=0.3
+        azure:PATH        Azure LLM inference CSV   TIMESTAMP,ContextTokens,GeneratedTokens
+        burstgpt:PATH     BurstGPT CSV              Timestamp,Model,Request tokens,Response tokens,...
+        mooncake:PATH     Mooncake JSONL            {"timestamp": ms, "input_length", "output_length",
+                                                     "hash_ids"}
+
+    Synthetic keys: requests (count), rate (Poisson arrivals per second; 0 = all at once),
+    prompt / output (uniform ranges LO-HI or a single N), shared_prefix (fraction of
+    requests that start with one of ``prefixes`` shared prefixes of ``prefix_len``
+    tokens), prefixes, prefix_len, seed.
+    """
     kind, sep, body = spec.partition(":")
     if not sep:
         raise UsageError(f"workload {spec!r}: expected KIND:..., KIND one of synthetic, "
@@ -273,7 +271,10 @@ def parse_spec(spec: str, *, seed: int | None = None, limit: int | None = None) 
 
 
 def clamp(reqs: list[WorkloadRequest], max_model_len: int) -> int:
-    """Cut requests to the model length in place; returns how many were cut."""
+    """Cut requests to the model length in place; returns how many were cut.
+
+    A cut request keeps ``prompt <= max_model_len - 1`` and ``prompt + output <=
+    max_model_len``: the prompt is cut first, at least one output token stays."""
     cut = 0
     for r in reqs:
         prompt = min(r.prompt_len, max_model_len - 1)

@@ -1,21 +1,11 @@
-"""A campaign that survives what it finds: a forked worker under a supervisor
-(``simrig.distributed.forked``). A native crash, an OOM kill or a hang in
-vLLM may not cost a campaign what it found:
+"""A campaign that survives what it finds: a forked worker under a supervisor.
 
-    supervisor (imports vLLM once, builds no runner: the clean snapshot)
-      │ fork ──► worker: the campaign, resumed from the last checkpoint
-      │            before each step: the example so far ──► STATE/inflight.pkl
-      │            each stage: beat, step, stage        ──► Lifeline (shared page)
-      │            a new class, or every CHECKPOINT_S    ──► STATE/checkpoint.pkl
-      │            the end: report, summary, JUnit, history, exit status
-      ◄── exit status: the campaign's; done
-      ◄── a signal, or no beat for step_timeout_s (killed): one ``crash`` finding
-          (signal, stage, step, the example's steps as its reproducer) ──► STATE/crashes.pkl;
-          fork a new worker, which resumes after the chunk that crashed
+``run_supervised`` runs the campaign (``SupervisedCampaign``) in a forked worker
+(``simrig.supervision.forked``) that checkpoints what it found; a native crash, an
+OOM kill or a hang becomes one ``crash`` finding (``crash_record``, ``apply_crash``)
+and a new worker resumes after the chunk that crashed.
 
-A crash class is new (exit 1). Its reproducer is the crashing example up to
-the step that died, confirmed by replaying it in a forked child of its own.
-After ``forked.MAX_CRASHES`` the last worker only writes the report.
+See docs/fuzz.md, 'The supervisor and its worker'.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Work that may kill its process, run in forked workers under a supervisor.
 
-vLLM is not exception-safe, and on a CPU its kernels run in Triton's
-interpreter, which writes through raw pointers: a fault in vLLM can corrupt
-the heap and kill the process (SIGSEGV, SIGABRT), exhaust memory (an OOM
-kill) or never return. ``supervise`` runs the work in a forked worker and
-starts another when one dies:
+A fault in vLLM can kill the process (a corrupted heap, an OOM kill) or never return.
+``supervise`` runs the work in a forked worker, relays its output, reads its
+lifeline, and starts another when one dies; the state the workers share lives in
+a folder (``dump`` / ``load``). ``simrig.supervision.campaign`` and
+``simrig.supervision.replay`` use it.
 
-    supervisor (vLLM imported, no runner built: every worker starts clean)
-      │ fork ──► worker: work(state_dir, last, elapsed_before) -> exit status
-      │            (stdout / stderr relayed; lifeline: step, unit, stage)
-      ◄── an exit status: done
-      ◄── a signal, or no beat for timeout_s (killed): on_crash(state_dir,
-          reading, what) records it; fork again (``last`` after max_crashes:
-          that worker only writes its report)
-
-The state the workers share lives in ``state_dir`` (``dump`` / ``load``),
-removed when the supervisor returns. ``simrig.supervision.campaign`` (the
-campaign) and ``simrig.supervision.replay`` (the replay) use it.
+See docs/fuzz.md, 'After a crash: the campaign goes on'.
 """
 
 from __future__ import annotations
@@ -44,7 +34,18 @@ def supervise(command: str, out_dir: Path, work: Callable[[Path, bool, float], i
               on_crash: Callable[[Path, lifeline_mod.Reading, str], str], *,
               timeout_s: float | None = None, max_crashes: int = MAX_CRASHES) -> int:
     """The exit status of the worker that ended the work. ``on_crash`` returns the
-    line stderr says about a crash; a worker that dies as the last one is a rig error."""
+    line stderr says about a crash; a worker that dies as the last one is a rig error::
+
+        supervisor (vLLM imported, no runner built: every worker starts clean)
+          │ fork ──► worker: work(state_dir, last, elapsed_before) -> exit status
+          │            (stdout / stderr relayed; lifeline: step, unit, stage)
+          ◄── an exit status: done
+          ◄── a signal, or no beat for timeout_s (killed): on_crash(state_dir,
+              reading, what) records it; fork again (``last`` after max_crashes:
+              that worker only writes its report)
+
+    ``state_dir`` is removed when the supervisor returns.
+    """
     from simrig.adapters.runner import load
     from simrig.errors import EXIT_RIG_ERROR
 

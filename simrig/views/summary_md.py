@@ -1,21 +1,10 @@
 """``--summary-md FILE``: a report in a few Markdown lines, for a CI job page.
 
-    ### simrig replay: 1 new finding class (5 known, 0 expected) — exit 1
-    replayed 6 steps from 1 trace(s) ... (the facts line)
+``summary_markdown`` writes the headline (alone, the status a chat message needs), the
+facts line, the new classes with how to reproduce each, what changed since the
+previous run, and the report's path. A CI job appends the file to its job page.
 
-    **New classes**
-    - `dtype_drift · prepare · idx_mapping` (6 occurrences, first at chunked_prefill.jsonl step 0):
-      dtype_drift at step 0 prepare: idx_mapping: declared torch int64, observed torch int32
-      - reproduce: `simrig replay traces/samples/chunked_prefill.jsonl`
-      - pytest file for vLLM: `simrig repro ... --pytest test_....py`
-
-    **Since the previous run** (previous run of 'replay ...': 2026-12-04 23:51 UTC ...)
-    - 4 class(es) new since the previous run, 4 of them failing
-
-    Report: `reports/nightly/report.html`
-
-The first line alone is the status a chat message needs. A CI job appends the file to its
-job page (GitHub Actions: ``cat FILE >> "$GITHUB_STEP_SUMMARY"``).
+See docs/reports.md, 'A summary for a CI job page' for an example.
 """
 
 from __future__ import annotations

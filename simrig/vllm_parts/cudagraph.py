@@ -1,30 +1,13 @@
 """vLLM's own cudagraph dispatch, without a GPU.
 
-``CudaGraphManager`` (``vllm/v1/worker/gpu/cudagraph_utils.py``) decides, per
-step, which captured graph a batch replays: its ``_init_candidates`` builds the
-priority-ordered descriptor list per token count from the cudagraph mode and
-capture sizes, and ``dispatch`` picks the first compatible descriptor (or an
-eager one). ``dp_utils.dispatch_cg_and_sync_dp`` is what
-``GPUModelRunner.execute_model`` calls around it; with one DP rank it is the
-manager's dispatch and nothing else. All of that is plain Python. The manager
-is vLLM's own ``ModelCudaGraphManager(vllm_config, ...)``, built as
-``GPUModelRunner.initialize_kv_cache`` builds it, from the VllmConfig vLLM's
-config code makes of the trace config (``simrig.vllm_parts.vllm_config``: the
-capture sizes are the trace's, else vLLM's default list); nothing is captured
-and no graph runs:
+``build_dispatcher`` and ``dispatcher_for`` build vLLM's own ``ModelCudaGraphManager``
+as ``GPUModelRunner.initialize_kv_cache`` does, from the ``VllmConfig`` vLLM makes of
+the trace config (``simrig.vllm_parts.vllm_config``); its candidate lists and
+``dispatch`` are vLLM's, only the pipeline group and graph pool are stood in and
+nothing is captured on a device. ``describe`` turns a descriptor into what the oracle
+reads.
 
-    stood in                              real
-    ────────                              ────
-    the pipeline group (one stage) and    VllmConfig: capture sizes, max capture
-      the graph pool, during __init__       size, speculative config, max_num_seqs
-    graphs marked captured                ModelCudaGraphManager.__init__,
-    (no ubatching; LoRA capture cases       _init_candidates, dispatch,
-    from get_lora_capture_cases)            _is_compatible, BatchExecutionDescriptor
-                                          dp_utils.dispatch_cg_and_sync_dp (DP 1)
-
-The harness then hands the chosen descriptor to the real ``prepare_inputs``,
-``PCPManager.partition_batch`` and ``InputBatch.make_dummy``, and records the
-sizes in force (``capture_sizes``) for the oracle.
+See docs/cudagraph.md, 'vLLM's dispatcher without a GPU'.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """LoRA on a model-less runner: vLLM's own LoRA config, capture cases and adapters.
 
-A trace states LoRA without a model: ``RunnerConfig.max_loras`` (0: off) and
-each new request's adapter id. Everything the input path branches on is
-vLLM's own; only the worker's LoRA model manager, which loads adapter weights
-into the model's layers, is a stand-in (``standins.LoraManagerStandIn``):
+A trace states LoRA without a model (``RunnerConfig.max_loras``, each new request's
+adapter id). ``lora_config``, ``lora_state``, ``capture_cases`` and ``lora_request`` give
+the runner vLLM's own objects; only the worker's LoRA model manager is a stand-in
+(``LoraManagerStandIn`` in ``simrig/adapters/standins.py``).
 
-    GPUModelRunner reads            given
-    ────────────────────            ─────
-    lora_config                     vLLM's LoRAConfig(max_loras, specialize_active_lora),
-                                    None when max_loras is 0
-    lora_state                      vLLM's LoraState (request -> adapter, plain NumPy)
-    lora_manager                    LoraManagerStandIn (records the adapters set active)
-    cudagraph_manager.              vLLM's get_lora_capture_cases for that LoRA config
-      lora_capture_cases            and CompilationConfig.cudagraph_specialize_lora
-    NewRequestData.lora_request     vLLM's LoRARequest for the trace's adapter id
-
-The mixin's own ``_set_active_loras``, ``maybe_dummy_run_with_lora`` and
-``create_lora_capture_hook`` run unchanged and call the stand-in.
+See docs/cudagraph.md, 'LoRA on a model-less runner'.
 """
 
 from __future__ import annotations

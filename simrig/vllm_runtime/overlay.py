@@ -1,25 +1,12 @@
 """Run a vLLM commit without building it: its MRV2 sources laid over an installed release.
 
-The Model Runner V2 input path (``vllm/v1/worker/gpu/``) is Python plus Triton
-kernels, so a commit of a vLLM checkout runs by serving those files from the
-commit and everything else (compiled ops, configs, the scheduler) from the
-closest installed release. ``simrig bisect`` extracts a commit's files into a
-folder (``simrig.bisect.gitrepo.materialize``) and starts every step's child as
+``python -m simrig.vllm_runtime.overlay COMMAND ...`` installs ``OverlayFinder`` before
+vLLM is imported when ``SIMRIG_OVERLAY`` names a folder of a commit's files: inside the
+overlaid paths (``SIMRIG_OVERLAY_PATHS``) the folder is authoritative, everything else
+is the installed release's. ``SIMRIG_OVERLAY_LOG`` records each module served from the
+folder. ``simrig bisect`` starts its commit points this way.
 
-    SIMRIG_OVERLAY=FOLDER [SIMRIG_OVERLAY_PATHS=vllm/v1/worker/gpu,...]
-        python -m simrig.vllm_runtime.overlay replay TRACE ...     (the simrig CLI)
-        python -m simrig.vllm_runtime.overlay -m pytest FILE ...   (any module)
-
-which installs ``OverlayFinder`` at the head of ``sys.meta_path`` before vLLM
-is imported, then runs the command. Inside an overlaid path the folder is
-authoritative: a module the commit does not have is a ModuleNotFoundError,
-never the installed release's file. Modules outside the paths are the
-installed release's own. Without ``SIMRIG_OVERLAY`` nothing is installed and
-the command runs as usual. ``SIMRIG_OVERLAY_LOG=FILE`` appends the name and
-file of every module served from the folder (proof that the overlay ran).
-
-Nothing of vLLM is copied into simrig: the folder holds the commit's files,
-taken from the user's own checkout at run time.
+See docs/bisect.md, 'The overlay: a commit without a build'.
 """
 
 from __future__ import annotations
