@@ -166,3 +166,20 @@ def test_repro_writes_a_standalone_file_that_fails_exactly_under_the_stale_adapt
     assert outcomes["clean"][0] == 0, outcomes["clean"][1]
     assert outcomes["mutant"][0] == 1, outcomes["mutant"][1]
     assert "_set_active_loras prompt_mapping [2, 0, 1]" in outcomes["mutant"][1]
+
+
+@pytest.mark.vllm
+def test_draft_tokens_map_to_their_requests_adapter(vllm_api):
+    """A spec-decode step: a request's scheduled drafts are tokens of its own adapter."""
+    config = dataclasses.replace(CONFIG, num_speculative_tokens=2)
+    steps = [Step(new_requests=[NewRequest("a", 4, lora_id=2), NewRequest("b", 3)],
+                  num_scheduled_tokens={"a": 4, "b": 3}),
+             Step(cached=[CachedUpdate("a", 4), CachedUpdate("b", 3)],
+                  num_scheduled_tokens={"a": 3, "b": 1}, spec_tokens={"a": 2})]
+    harness = Harness(config, api=vllm_api)
+    observations = [harness.run_step(s) for s in steps]
+    assert [f.one_line() for f in _new(config, steps, observations)] == []
+    fields = observations[1].get("prepare").fields
+    by_request = dict(zip(fields["req_ids"].values, fields["lora.prompt_mapping"].values))
+    assert by_request == {"a": 2, "b": 0}
+    assert sorted(fields["lora.token_mapping"].values) == [0, 2, 2, 2]  # a's token and its 2 drafts

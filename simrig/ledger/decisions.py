@@ -36,7 +36,8 @@ _DRAFT_FIELDS = frozenset({
     "expanded_local_pos", "cu_num_logits", "cu_num_logits_np", "logits_indices",
     "num_scheduled_tokens", "uniform_decode_token_count", "uniform_token_count", "max_query_len",
     "prefill_runs_as_decode_np", "decode_graph_eligible", "num_admitted_draft_tokens", "req_ids",
-    "num_sampled", "num_rejected", "output.num_sampled_tokens", "output.sampled_token_ids"})
+    "num_sampled", "num_rejected", "output.num_sampled_tokens", "output.sampled_token_ids",
+    "lora.token_mapping"})
 
 PATHS: tuple[DecisionPath, ...] = (
     DecisionPath("real step", ("lifecycle", "gather", "dispatch", "prepare", "postprocess"),
