@@ -126,3 +126,60 @@ def test_a_stale_adapter_after_slot_reuse_is_caught(tmp_path, mutant):
         assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
         assert set(lora["field"]) == {"lora.prompt_mapping", "lora.token_mapping"}
         assert set(lora["verdict"]) == {"new"}
+
+
+CONFTEST_MUTANT = """
+from simrig.adapters.runner import load
+from simrig.selftest.catalogue import BY_NAME
+from simrig.vllm_runtime import mutate
+load()
+mutate.apply(BY_NAME["lora-stale-adapter-on-slot-reuse"])
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_repro_writes_a_standalone_file_that_fails_exactly_under_the_stale_adapter(tmp_path):
+    """simrig repro states a lora_inputs class as a standalone pytest file (no simrig): it passes
+    on the installed vLLM and fails with its message once the stale-adapter mutant is applied
+    (a conftest next to the file applies it; the file itself does not know)."""
+    from simrig.cli import main
+
+    trace = tmp_path / "lora.jsonl"
+    with TraceWriter(str(trace), TraceHeader(config=CONFIG, source={"kind": "hand-written"})) as writer:
+        for step in reuse_steps():
+            writer.write(step)
+    outcomes = {}
+    for name, conftest in (("clean", None), ("mutant", CONFTEST_MUTANT)):
+        folder = tmp_path / name
+        folder.mkdir()
+        assert main(["repro", str(trace), "--class", "value_mismatch:prepare:lora.prompt_mapping",
+                     "--pytest", str(folder / "test_lora.py")]) == 0
+        assert not [line for line in (folder / "test_lora.py").read_text().splitlines()
+                    if line.lstrip().startswith(("import simrig", "from simrig"))]
+        if conftest:
+            (folder / "conftest.py").write_text(conftest)
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "-p", "no:simrig", "--rootdir", str(folder), str(folder)],
+                              capture_output=True, text=True, cwd=folder, timeout=600)
+        outcomes[name] = (proc.returncode, proc.stdout[-3000:])
+    assert outcomes["clean"][0] == 0, outcomes["clean"][1]
+    assert outcomes["mutant"][0] == 1, outcomes["mutant"][1]
+    assert "_set_active_loras prompt_mapping [2, 0, 1]" in outcomes["mutant"][1]
+
+
+@pytest.mark.vllm
+def test_draft_tokens_map_to_their_requests_adapter(vllm_api):
+    """A spec-decode step: a request's scheduled drafts are tokens of its own adapter."""
+    config = dataclasses.replace(CONFIG, num_speculative_tokens=2)
+    steps = [Step(new_requests=[NewRequest("a", 4, lora_id=2), NewRequest("b", 3)],
+                  num_scheduled_tokens={"a": 4, "b": 3}),
+             Step(cached=[CachedUpdate("a", 4), CachedUpdate("b", 3)],
+                  num_scheduled_tokens={"a": 3, "b": 1}, spec_tokens={"a": 2})]
+    harness = Harness(config, api=vllm_api)
+    observations = [harness.run_step(s) for s in steps]
+    assert [f.one_line() for f in _new(config, steps, observations)] == []
+    fields = observations[1].get("prepare").fields
+    by_request = dict(zip(fields["req_ids"].values, fields["lora.prompt_mapping"].values))
+    assert by_request == {"a": 2, "b": 0}
+    assert sorted(fields["lora.token_mapping"].values) == [0, 2, 2, 2]  # a's token and its 2 drafts

@@ -53,6 +53,8 @@ def standalone_property(kind: str, stage: str, fld: str) -> str | None:
             return "full_decode"
         if (stage, fld) in (("dispatch", "num_active_loras"), ("capture", "desc.num_active_loras")):
             return "lora"
+        if stage in ("prepare", "partition") and fld.startswith("lora."):
+            return "lora_mapping"
     return None
 
 

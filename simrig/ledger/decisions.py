@@ -40,7 +40,7 @@ _DRAFT_FIELDS = frozenset({
     "num_scheduled_tokens", "uniform_decode_token_count", "uniform_token_count", "max_query_len",
     "prefill_runs_as_decode_np", "decode_graph_eligible", "num_admitted_draft_tokens", "req_ids",
     "num_sampled", "num_rejected", "output.num_sampled_tokens", "output.sampled_token_ids",
-    "sampled_tokens", "post.last_sampled_tokens", "post.num_computed_tokens"})
+    "sampled_tokens", "post.last_sampled_tokens", "post.num_computed_tokens", "lora.token_mapping"})
 
 PATHS: tuple[DecisionPath, ...] = (
     DecisionPath("real step", ("lifecycle", "gather", "dispatch", "prepare", "postprocess"),

@@ -222,7 +222,8 @@ class Sampler:  # the sampler needs logits of a model; run_step samples in its p
 
 
 class LoraManager:  # loads adapter weights into the model's layers: nothing to load here
-    def set_active_adapters(self, requests, mapping): pass
+    def __init__(self): self.activations = []  # each set_active_adapters call: (requests, mapping)
+    def set_active_adapters(self, requests, mapping): self.activations.append((requests, mapping))
     def get_dummy_lora_warmup_rank(self, rank): return rank
     def dummy_lora_cache(self): return contextlib.nullcontext()
     def add_dummy_lora(self, request, rank): return True

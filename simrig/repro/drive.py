@@ -68,6 +68,7 @@ def run_step(runner, step):
     with without_cuda():
         runner.execute_model(scheduler_output(step))
     state, runner.execute_model_state = runner.execute_model_state, None
+    runner.forward_batch = None if state is None else state.input_batch  # the batch the forward ran
     if state is None:
         return
     batch = getattr(runner.pcp_manager, "_global_batch", None) or state.input_batch

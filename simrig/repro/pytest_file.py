@@ -42,6 +42,9 @@ MEANING = {
                    "(CUDAGraphMode FULL_AND_PIECEWISE / FULL_DECODE_ONLY: FULL graphs for decode batches)",
     "lora": "CompilationConfig.cudagraph_specialize_lora: 'When set to False, the LoRA-enabled cuda "
             "graph will be used for all cases'",
+    "lora_mapping": "LoRAMapping maps 'rows in a batch to LoRA ids' (convert_mapping) and "
+                    "'token_lora_mapping[i] is the LoRA id to use for ith token' (make_lora_inputs): "
+                    "each row and token its own request's adapter, 0 for the base model",
     "raises": "the scheduler output breaks the scheduler's contract on purpose; the runner must reject "
               "it loudly",
     "no_raise": "valid scheduler output must never make the runner raise",

@@ -233,7 +233,8 @@ class Sampler:  # the sampler needs logits of a model; run_step samples in its p
 
 
 class LoraManager:  # loads adapter weights into the model's layers: nothing to load here
-    def set_active_adapters(self, requests, mapping): pass
+    def __init__(self): self.activations = []  # each set_active_adapters call: (requests, mapping)
+    def set_active_adapters(self, requests, mapping): self.activations.append((requests, mapping))
     def get_dummy_lora_warmup_rank(self, rank): return rank
     def dummy_lora_cache(self): return contextlib.nullcontext()
     def add_dummy_lora(self, request, rank): return True
@@ -381,6 +382,7 @@ def run_step(runner, step):
     with without_cuda():
         runner.execute_model(scheduler_output(step))
     state, runner.execute_model_state = runner.execute_model_state, None
+    runner.forward_batch = None if state is None else state.input_batch  # the batch the forward ran
     if state is None:
         return
     batch = getattr(runner.pcp_manager, "_global_batch", None) or state.input_batch
@@ -510,9 +512,11 @@ def drive(runner):
     runner.cudagraph_manager._graphs_captured = True  # dispatch as after the start-up capture
     steps = []
     for index, step in enumerate(STEPS):
-        first = len(dispatched)
+        first, first_lora = len(dispatched), len(runner.lora_manager.activations)
         run_step(runner, step)
-        steps.append(SimpleNamespace(index=index, step=step, descs=dispatched[first:]))
+        steps.append(SimpleNamespace(index=index, step=step, descs=dispatched[first:],
+                                     lora=runner.lora_manager.activations[first_lora:],
+                                     batch=getattr(runner, "forward_batch", None)))
         if CLASS["stage"] == "dummy" and step["num_scheduled_tokens"] and step.get("idle_dummy", True):
             dummy_run(runner, sum(step["num_scheduled_tokens"].values()))
     return steps, captured
@@ -629,6 +633,31 @@ def check_lora(steps, captured):
                 f"{mode(desc)}) with cudagraph_specialize_lora=False: {CLASS['meaning']}")
 
 
+def check_lora_mapping(steps):
+    """What execute_model hands _set_active_loras: each batch row (prompt_mapping) and each
+    scheduled token (token_mapping) maps to its request's adapter id, 0 for none; the
+    active set is the batch's distinct adapters."""
+    name, adapter = CLASS["field"].split(".", 1)[1], {}
+    for s in steps:
+        for r in s.step["finished"] + s.step["preempted"]:
+            adapter.pop(r, None)
+        adapter.update({q["id"]: q.get("lora_id") or 0 for q in s.step["new"]})
+        if not s.lora or s.batch is None:
+            continue
+        requests, mapping = s.lora[-1]
+        rows = [adapter.get(r, 0) for r in s.batch.req_ids]
+        counts = [int(n) for n in s.batch.num_scheduled_tokens[:len(rows)]]
+        want = {"prompt_mapping": rows, "token_mapping": [a for a, n in zip(rows, counts) for _ in range(n)],
+                "active_ids": sorted({a for a in rows if a})}[name]
+        got = {"prompt_mapping": [int(a) for a in mapping.prompt_mapping],
+               "token_mapping": [int(a) for a in mapping.index_mapping],
+               "active_ids": sorted(int(r.lora_int_id) for r in requests)}[name]
+        assert got == want, (
+            f"step {s.index}: execute_model handed _set_active_loras {name} {got}; the batch's requests "
+            f"{list(s.batch.req_ids)} run adapters {rows} (0: none), so it should be {want}: "
+            f"{CLASS['meaning']}")
+
+
 def runner_sizes():
     return [int(x) for x in RUNNER_CONFIG.compilation_config.cudagraph_capture_sizes or ()]
 
@@ -660,4 +689,5 @@ def test_value_mismatch_prepare_attn_block_tables_1(tmp_path):
      "positions": lambda: check_positions(seen), "block_tables": lambda: check_block_tables(seen),
      "rows_past": lambda: check_rows_past(seen),
      "full_decode": lambda: check_full_decode(steps), "lora": lambda: check_lora(steps, captured),
+     "lora_mapping": lambda: check_lora_mapping(steps),
      "no_raise": lambda: None}[CLASS["property"]]()
