@@ -24,12 +24,12 @@ observed order) and never vLLM's code:
                                          row, when any are                  scheduled for each request, if any."
     num_draft_tokens (prepare)           their sum                          "Sum of draft tokens scheduled across
                                                                             requests."
-    num_sampled / num_rejected           a row still in chunked prefill     no docstring: the rule chosen is the
-      (postprocess, per row)             after this step (num_computed + q  sampler's meaning: a chunk that ends
-                                         < prefill_len) samples and         before the prompt's end has no token to
-                                         rejects nothing; any other row     sample; otherwise 1 + k logits, of which
-                                         samples 1 + k - rejected and       the trace's rejected drafts are rejected
-                                         rejects the trace's rejected
+    num_sampled / num_rejected           a row still in chunked prefill     Sampler.__call__: "1 sampled token per
+      (postprocess, per row)             after this step (num_computed + q  request, except chunked-prefill
+                                         < prefill_len) samples and         requests" (a chunk that ends before the
+                                         rejects nothing; any other row     prompt's end has no token to sample);
+                                         samples 1 + k - rejected and       otherwise 1 + k logits, of which the
+                                         rejects the trace's rejected       trace's rejected drafts are rejected
 """
 
 from __future__ import annotations
