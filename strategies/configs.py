@@ -6,7 +6,10 @@ request on CPU (Triton interpreter), so max_num_reqs <= 8, tokens <= 128.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from dataclasses import replace
+from pathlib import Path
 from typing import NamedTuple
 
 from hypothesis import strategies as st
@@ -60,6 +63,18 @@ def kv_group_lists(*, sliding_window: bool = True, max_window: int = 48
     return build()
 
 
+@functools.lru_cache(maxsize=1)
+def vllm_samplers_run_here() -> bool:
+    """Whether the installed vLLM's own samplers run in Triton's CPU interpreter: not where
+    its Gumbel kernel calls libdevice (0.30.0's ``tldevice.log1p``), which the interpreter
+    does not implement. Read as text: vLLM is not imported here."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    gumbel = Path(list(spec.submodule_search_locations)[0]) / "v1/worker/gpu/sample/gumbel.py"
+    return gumbel.is_file() and "tldevice." not in gumbel.read_text(encoding="utf-8")
+
+
 def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    max_num_batched_tokens: st.SearchStrategy[int] = st.sampled_from((16, 32, 64, 128)),
                    max_model_len: st.SearchStrategy[int] = st.sampled_from((64, 128, 256)),
@@ -75,7 +90,7 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    specialize_lora: st.SearchStrategy[bool] = st.booleans(),
                    multi_kv_groups: st.SearchStrategy[bool] = st.booleans(),
                    kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
-                   rejection_samplers: st.SearchStrategy[str] = st.sampled_from(("", "", "standard", "block")),
+                   rejection_samplers: st.SearchStrategy[str] | None = None,
                    pp_sizes: st.SearchStrategy[int] = st.sampled_from((1, 1, 2)),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
@@ -104,8 +119,12 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     sliding-window groups under PCP or DCP: vLLM's sliding-window manager
     supports neither) or ``kv_groups`` draws them. With drafts, ``rejection_samplers``
     draws last which rejection sampler verifies them (``simrig.step.REJECTION_SAMPLERS``:
-    the greedy stand-in, or vLLM's own with standard or block verification).
+    the greedy stand-in, or vLLM's own with standard or block verification; by default
+    vLLM's own only where ``vllm_samplers_run_here()``).
     """
+    if rejection_samplers is None:
+        rejection_samplers = st.sampled_from(("", "", "standard", "block") if vllm_samplers_run_here()
+                                             else ("",))
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
                 pcp_sizes=pcp_sizes, dcp_sizes=dcp_sizes,

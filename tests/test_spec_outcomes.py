@@ -79,10 +79,10 @@ def test_a_bonus_token_in_the_wrong_column_is_a_finding():
     assert {f.field for f in found} == {"post.num_computed_tokens"}
 
 
-from simrig.campaign.fuzz import _vllm_sampler_runs_here  # noqa: E402
+from strategies.configs import vllm_samplers_run_here  # noqa: E402
 
 # vLLM's own samplers where Triton's CPU interpreter runs them (not 0.30.0: libdevice)
-SAMPLERS = ["", "standard", "block"] if _vllm_sampler_runs_here() else [""]
+SAMPLERS = ["", "standard", "block"] if vllm_samplers_run_here() else [""]
 
 
 @pytest.mark.vllm

@@ -366,20 +366,5 @@ def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = 
 
     from strategies.configs import runner_configs
 
-    samplers = ("", "", "standard", "block") if _vllm_sampler_runs_here() else ("",)
     return runner_configs(pcp_sizes=st.sampled_from(tuple(pcp_sizes)),
-                          cudagraph_modes=st.sampled_from(tuple(cudagraph_modes)),
-                          rejection_samplers=st.sampled_from(samplers))
-
-
-def _vllm_sampler_runs_here() -> bool:
-    """Not where vLLM's Gumbel kernel calls libdevice (0.30.0's ``tldevice.log1p``), which
-    Triton's CPU interpreter lacks; read as text, vLLM is not imported here."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    gumbel = Path(list(spec.submodule_search_locations)[0]) / "v1/worker/gpu/sample/gumbel.py"
-    return gumbel.is_file() and "tldevice." not in gumbel.read_text(encoding="utf-8")
+                          cudagraph_modes=st.sampled_from(tuple(cudagraph_modes)))
