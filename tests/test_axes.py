@@ -29,7 +29,8 @@ def test_lora_slot_reuse_needs_another_adapter_gone_first():
 
 def test_streaming_update_resumption_and_mixed_drafts():
     steps = [Step(new_requests=[NewRequest("a", 4)], num_scheduled_tokens={"a": 4}),
-             Step(new_requests=[NewRequest("a", 6, num_computed_tokens=4)], num_scheduled_tokens={"a": 2}),
+             Step(new_requests=[NewRequest("a", 6, num_computed_tokens=4, streaming=True)],
+                  num_scheduled_tokens={"a": 2}),
              Step(preempted=["a"]),
              Step(new_requests=[NewRequest("a", 6, num_computed_tokens=0)], num_scheduled_tokens={"a": 6}),
              Step(new_requests=[NewRequest("b", 3)], cached=[CachedUpdate("a", 6)],
@@ -38,6 +39,13 @@ def test_streaming_update_resumption_and_mixed_drafts():
     assert "streaming update" in drawn[1] and "streaming update" not in drawn[3]
     assert "preemption" in drawn[2] and "resumption" in drawn[3]
     assert {"drafts", "drafts + final prefill chunk", "fewer drafts than K"} <= set(drawn[4])
+    assert "placeholder drafts" not in drawn[4]
+
+
+def test_placeholder_drafts_ride_on_the_last_prompt_token():
+    steps = [Step(new_requests=[NewRequest("p", 5, num_computed_tokens=4)], num_scheduled_tokens={"p": 3},
+                  spec_tokens={"p": 2}, rejected={"p": 2})]
+    assert "placeholder drafts" in _drawn(steps)[0]
 
 
 def test_the_table_has_a_row_per_axis_with_first_time():

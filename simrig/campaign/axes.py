@@ -27,15 +27,37 @@ class AxisState:
 
     adapters: dict[str, int | None] = field(default_factory=dict)  # live id -> its LoRA adapter
     freed_adapters: set[int | None] = field(default_factory=set)  # adapters of requests that left
-    seen: set[str] = field(default_factory=set)  # every id the example sent
+    preempted: set[str] = field(default_factory=set)  # ids preempted and not sent again yet
+    computed: dict[str, int] = field(default_factory=dict)  # live id -> tokens computed
+    prefill: dict[str, int] = field(default_factory=dict)  # live id -> tokens of its prefill
+
+    def before(self, step: Step) -> dict[str, int]:
+        """Each scheduled request's computed tokens as the step starts (the scheduler's own
+        count where the step carries one)."""
+        computed = dict(self.computed)
+        computed.update({c.req_id: c.num_computed_tokens for c in step.cached})
+        computed.update({n.req_id: n.num_computed_tokens for n in step.new_requests})
+        return {r: computed.get(r, 0) for r in step.num_scheduled_tokens}
+
+    def prefill_of(self, step: Step, req_id: str) -> int:
+        new = next((n for n in step.new_requests if n.req_id == req_id), None)
+        return new.num_prefill_tokens if new is not None else self.prefill.get(req_id, 0)
 
     def advance(self, step: Step) -> None:
+        before = self.before(step)
         for req_id in [*step.finished, *step.preempted]:
             if req_id in self.adapters:
                 self.freed_adapters.add(self.adapters.pop(req_id))
+            self.computed.pop(req_id, None)
+            self.prefill.pop(req_id, None)
+        self.preempted |= set(step.preempted)
         for new in step.new_requests:
             self.adapters[new.req_id] = new.lora_id
-            self.seen.add(new.req_id)
+            self.prefill[new.req_id] = new.num_prefill_tokens
+            self.preempted.discard(new.req_id)
+        for req_id, start in before.items():
+            if req_id in self.adapters:
+                self.computed[req_id] = start + step.num_accepted(req_id)
 
 
 @dataclass(frozen=True)
@@ -49,15 +71,26 @@ def _config(attr: str, above: int = 1) -> Callable[[RunnerConfig, Step, AxisStat
     return lambda config, step, state: int(getattr(config, attr, 0) or 0) > above
 
 
+def _rows(step: Step, state: AxisState) -> list[tuple[str, int, int, int]]:
+    """(request, computed before the step, its prefill length, tokens scheduled) per row."""
+    before = state.before(step)
+    return [(r, before[r], state.prefill_of(step, r), n) for r, n in step.num_scheduled_tokens.items()]
+
+
 def _final_chunk_with_drafts(config: RunnerConfig, step: Step, state: AxisState) -> bool:
-    prefilling = {n.req_id for n in step.new_requests if n.num_computed_tokens + step.num_scheduled_tokens.get(
-        n.req_id, 0) >= n.num_prefill_tokens}
-    return bool(step.spec_tokens) and bool(prefilling - set(step.spec_tokens))
+    return bool(step.spec_tokens) and any(
+        r not in step.spec_tokens and computed < prefill <= computed + n for r, computed, prefill, n in _rows(step, state))
 
 
 def _fewer_drafts_than_k(config: RunnerConfig, step: Step, state: AxisState) -> bool:
     k = config.num_speculative_tokens
-    return k > 0 and any(0 < d < k for d in step.spec_tokens.values())
+    return bool(step.spec_tokens) and any(
+        computed >= prefill and step.spec_tokens.get(r, 0) < k for r, computed, prefill, _ in _rows(step, state))
+
+
+def _placeholder_drafts(config: RunnerConfig, step: Step, state: AxisState) -> bool:
+    """P/D: a request sent with one prompt token left carries drafts the scheduler made up."""
+    return any(r in step.spec_tokens and computed < prefill for r, computed, prefill, _ in _rows(step, state))
 
 
 def _lora_slot_reuse(config: RunnerConfig, step: Step, state: AxisState) -> bool:
@@ -68,17 +101,11 @@ def _lora_slot_reuse(config: RunnerConfig, step: Step, state: AxisState) -> bool
 
 
 def _streaming_update(config: RunnerConfig, step: Step, state: AxisState) -> bool:
-    return any(new.req_id in state.adapters for new in step.new_requests)
-
-
-def _placeholder_drafts(config: RunnerConfig, step: Step, state: AxisState) -> bool:
-    return any(getattr(new, "placeholder_drafts", 0) for new in step.new_requests) or bool(
-        getattr(step, "placeholder_drafts", None))
+    return any(getattr(new, "streaming", False) and new.req_id in state.adapters for new in step.new_requests)
 
 
 def _resumption(config: RunnerConfig, step: Step, state: AxisState) -> bool:
-    return any(c.resumed for c in step.cached) or any(
-        new.req_id in state.seen and new.req_id not in state.adapters for new in step.new_requests)
+    return any(c.resumed for c in step.cached) or any(new.req_id in state.preempted for new in step.new_requests)
 
 
 AXES: tuple[Axis, ...] = (
@@ -91,8 +118,11 @@ AXES: tuple[Axis, ...] = (
     Axis("drafts", "speculative drafts scheduled", lambda c, s, st: bool(s.spec_tokens)),
     Axis("drafts + final prefill chunk", "a spec-decode batch that also finishes a prefill",
          _final_chunk_with_drafts),
-    Axis("fewer drafts than K", "a request with 0 < drafts < num_speculative_tokens", _fewer_drafts_than_k),
+    Axis("fewer drafts than K", "a decode row with fewer drafts than num_speculative_tokens",
+         _fewer_drafts_than_k),
     Axis("rejections", "drafts the sampler rejected", lambda c, s, st: bool(s.rejected)),
+    Axis("vLLM's rejection sampler", "drafts verified by vLLM's own sampler (standard or block)",
+         lambda c, s, st: bool(s.spec_tokens) and getattr(c, "rejection_sampler", "") != ""),
     Axis("placeholder drafts", "P/D first step: placeholder (-1) drafts", _placeholder_drafts),
     Axis("preemption", "a running request preempted", lambda c, s, st: bool(s.preempted)),
     Axis("resumption", "a preempted request resumed", _resumption),
