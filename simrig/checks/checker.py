@@ -49,6 +49,7 @@ from simrig.graph_rules.dummy_batches import (
 )
 from simrig.graph_rules.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
 from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
+from simrig.graph_rules.ubatch import check_ubatches
 from simrig.graph_rules.padding import (
     check_capture,
     check_capture_sizes,
@@ -265,6 +266,8 @@ class Checker:
                                                        pred.num_drafts, pred.num_computed)
             out.extend(check_dispatch(index, sizes_in_force(config, desc), desc, pred.num_scheduled,
                                       pred.is_prefilling, as_decode, tuple(pred.req_ids)))
+            out.extend(check_ubatches(index, config, obs, pred.num_scheduled, pred.is_prefilling,
+                                      as_decode, tuple(pred.req_ids)))
         return out
 
 

@@ -227,6 +227,9 @@ _STEP_KEYS = {"step", "new_requests", "cached_requests", "num_scheduled_tokens",
 _GRAPH_DEFAULTS = {"cudagraph_mode": "NONE", "capture_sizes": [], "varlen_decode": False}
 # LoRA fields likewise: traces without adapters read and write as before.
 _LORA_DEFAULTS = {"max_loras": 0, "specialize_active_lora": False, "cudagraph_specialize_lora": True}
+# Micro-batch fields likewise: written only when micro-batching is on or the
+# thresholds are not vLLM's defaults.
+_UBATCH_DEFAULTS = {"num_ubatches": 1, "dbo_decode_token_threshold": 32, "dbo_prefill_token_threshold": 512}
 _BOOL_CONFIG_KEYS = ("shard_decode_requests", "varlen_decode", "specialize_active_lora",
                      "cudagraph_specialize_lora")
 
@@ -237,7 +240,7 @@ def config_to_json(config: RunnerConfig) -> dict[str, Any]:
     out["kv_groups"] = [_kv_group_to_json(g) for g in config.kv_groups]
     if config.kv_groups == (KvGroup(),):  # one full group: traces read as before
         del out["kv_groups"]
-    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS}
+    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS, **_UBATCH_DEFAULTS}
     return {k: v for k, v in out.items() if omitted.get(k, ...) != v}
 
 
