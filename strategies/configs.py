@@ -75,6 +75,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    specialize_lora: st.SearchStrategy[bool] = st.booleans(),
                    multi_kv_groups: st.SearchStrategy[bool] = st.booleans(),
                    kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
+                   num_ubatches: st.SearchStrategy[int] = st.sampled_from((1, 2, 2, 3)),
+                   ubatch_thresholds: st.SearchStrategy[int] = st.integers(0, 12),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -99,7 +101,11 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     The KV cache groups are one full-attention group unless
     ``multi_kv_groups`` draws True (then ``kv_group_lists()``, without
     sliding-window groups under PCP or DCP: vLLM's sliding-window manager
-    supports neither) or ``kv_groups`` draws them.
+    supports neither) or ``kv_groups`` draws them. ``num_ubatches`` draws
+    micro-batching (DBO) after everything else, kept where PCP and DCP are 1 and
+    the mode is not PIECEWISE, and with it drafts and LoRA turned off (vLLM
+    refuses DBO with any of them: ``VllmConfig._get_dbo_unsupported_features``); ``ubatch_thresholds`` draws
+    each threshold as ``num_ubatches`` plus a small number, so small batches split.
     """
     args = dict(max_num_reqs=max_num_reqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, num_speculative_tokens=num_speculative_tokens,
@@ -107,7 +113,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                 shard_decode_requests=shard_decode_requests, block_size=block_size,
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
                 dcp_without_pcp=dcp_without_pcp, max_loras=max_loras,
-                specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups)
+                specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups,
+                num_ubatches=num_ubatches, ubatch_thresholds=ubatch_thresholds)
     for name, value in args.items():
         check_strategy(name, value)
     if kv_groups is not None:
@@ -149,6 +156,13 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
         if loras:
             config = replace(config, max_loras=loras, specialize_active_lora=draw(specialize_lora),
                              cudagraph_specialize_lora=draw(specialize_lora))
+        n = draw(num_ubatches)
+        if n > 1 and config.pcp_size == 1 and config.dcp_size == 1 and config.cudagraph_mode != "PIECEWISE":
+            # drafts and LoRA are dropped for it (the PCP axis keeps its draws)
+            config = replace(config, num_ubatches=n, num_speculative_tokens=0, max_loras=0,
+                             specialize_active_lora=False, cudagraph_specialize_lora=True,
+                             dbo_decode_token_threshold=n + draw(ubatch_thresholds),
+                             dbo_prefill_token_threshold=n + draw(ubatch_thresholds))
         config.validate()  # a strategy argument produced an impossible value
         return config
 

@@ -25,13 +25,16 @@ from tests.test_checks_real import BASE, CONFIGS, check_all, clean_steps, mutate
 
 ORACLE_PAGE = Path(__file__).resolve().parents[1] / "docs" / "oracle.md"
 GRAPH = RunnerConfig(**BASE, cudagraph_mode="FULL_AND_PIECEWISE", capture_sizes=(4, 8, 16))
+# micro-batching: no drafts (vLLM refuses DBO with them); the drafted steps are refused as input
+UBATCH = RunnerConfig(**{**BASE, "num_speculative_tokens": 0}, cudagraph_mode="FULL", capture_sizes=(4, 8, 16),
+                      num_ubatches=2, dbo_decode_token_threshold=2, dbo_prefill_token_threshold=2)
 
 
 @pytest.fixture(scope="module")
 def observed(vllm_api) -> dict[tuple[str, str], str]:
     """(stage, field) -> the configuration that first showed it."""
     seen: dict[tuple[str, str], str] = {}
-    for name, config in {**CONFIGS, "graph": GRAPH}.items():
+    for name, config in {**CONFIGS, "graph": GRAPH, "ubatch": UBATCH}.items():
         harness = Harness(config, api=vllm_api)
         for step in clean_steps():
             for stage in harness.run_step(step).stages:

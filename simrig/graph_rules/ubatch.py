@@ -34,7 +34,8 @@ ran (simrig.adapters.ubatch). The rules, each from vLLM's own words:
   SEQ LENS     "Only tokens past the end of this microbatch are missing; tokens it
                owns in an earlier microbatch ... still count" (_slice_seq_lens): a
                request's sequence length (and its host upper bound) is the batch's less
-               its tokens past the slice; DCP local lengths are those of that length.
+               its tokens past the slice. (No DCP lengths: vLLM refuses DBO with
+               context parallelism.)
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ from simrig.findings import findings as fk
 from simrig.findings.findings import Finding, guarded
 from simrig.observe import DISPATCH, PARTITION, PREPARE, UBATCH, StageObs, StepObs
 from simrig.partition.pcp_layout import dispatch_token_count
-from simrig.reference.blocks import dcp_local_seq_len
 from simrig.reference.semantics import field_value
 from simrig.step import RunnerConfig
 
@@ -97,11 +97,11 @@ def check_ubatches(index: int, config: RunnerConfig, obs: StepObs, q: np.ndarray
     if n > 1:
         forward = obs.get(PARTITION, 0) if config.pcp_size > 1 else obs.get(PREPARE)
         if forward is not None and forward.error is None:
-            _check_split(config, n, forward, stage, add)
+            _check_split(n, forward, stage, add)
     return out
 
 
-def _check_split(config: RunnerConfig, n: int, batch: StageObs, stage: StageObs, add: Any) -> None:
+def _check_split(n: int, batch: StageObs, stage: StageObs, add: Any) -> None:
     """TOKENS, REQUESTS and SEQ LENS against the forward batch the slices split."""
     def values(name: str) -> list[Any]:
         obs = stage.fields.get(name)
@@ -142,9 +142,14 @@ def _check_split(config: RunnerConfig, n: int, batch: StageObs, stage: StageObs,
             add("req_ids", want, got, f"micro-batch {i} (tokens {t0}..{t1}) does not hold the requests "
                                       "with a token in its slice, in batch order")
             continue
+        for name, want_n in (("num_reqs", len(got)), ("num_reqs_after_padding", len(got))):
+            n_obs = values(name)[i] if i < len(values(name)) else None
+            if n_obs is not None and (int(n_obs) != want_n if name == "num_reqs" else int(n_obs) < want_n):
+                add(name, want_n if name == "num_reqs" else f">= {want_n}", n_obs,
+                    f"micro-batch {i} counts {n_obs} requests for {want_n} listed")
         rows = [ids.index(r) for r in want]
         owned_total[rows] += own[rows]
-        _check_requests(i, config, rows, own, t1, qsl, seq_lens, upper, slots, values, add)
+        _check_requests(i, rows, own, t1, qsl, seq_lens, upper, slots, values, add)
     if len(ids) and (owned_total != np.diff(qsl)).any():
         add("num_scheduled_tokens", np.diff(qsl).tolist(), owned_total.tolist(),
             "a request's query over the micro-batches does not add up to its query")
@@ -167,7 +172,7 @@ def _check_tokens(i: int, t0: int, t1: int, num_tokens: int, positions: np.ndarr
                 f"micro-batch {i} does not carry the batch's tokens {t0}..{t1}")
 
 
-def _check_requests(i: int, config: RunnerConfig, rows: list[int], own: np.ndarray, t1: int,
+def _check_requests(i: int, rows: list[int], own: np.ndarray, t1: int,
                     qsl: np.ndarray, seq_lens: np.ndarray, upper: Any, slots: np.ndarray, values: Any,
                     add: Any) -> None:
     want_q = own[rows]
@@ -188,12 +193,6 @@ def _check_requests(i: int, config: RunnerConfig, rows: list[int], own: np.ndarr
         got = np.asarray(values(name)[i] or [], dtype=np.int64)[: len(rows)].tolist()
         if got != want:
             add(name, want, got, f"micro-batch {i}: a sequence length does not stop at its last token")
-        if name == "seq_lens" and config.dcp_size > 1 and values("dcp_local_seq_lens"):
-            local = np.asarray(values("dcp_local_seq_lens")[i] or [], dtype=np.int64)[: len(rows)].tolist()
-            want_local = [dcp_local_seq_len(int(s), config.dcp_size, 0) for s in want]
-            if local != want_local:
-                add("dcp_local_seq_lens", want_local, local,
-                    f"micro-batch {i}: DCP local lengths are not those of its sequence lengths")
     got_slots = np.asarray(values("idx_mapping_np")[i] or [], dtype=np.int64)[: len(rows)].tolist()
     if got_slots != slots[rows].astype(np.int64).tolist():
         add("idx_mapping_np", slots[rows].tolist(), got_slots, f"micro-batch {i}: request slots differ")

@@ -25,6 +25,7 @@ _MR, _IB, _PCP, _CG = ("v1/worker/gpu/model_runner.py", "v1/worker/gpu/input_bat
                        "v1/worker/gpu/pcp_manager.py", "v1/worker/gpu/cudagraph_utils.py")
 _WORKER = "v1/worker/gpu_worker.py"
 _BT = "v1/worker/gpu/block_table.py"
+_UB = "v1/worker/gpu/ubatch_utils.py"
 RIG = Path(__file__).resolve().parents[2]  # the checkout: rig citations are relative to it
 
 
@@ -134,6 +135,23 @@ REASONS: dict[tuple[str, str], tuple[str, tuple[Cite, ...]]] = {
         (Cite(_CG, "CudaGraphManager.capture", "descs = self._capture_descs[mode]"),)),
     **{(stage, name): entry for stage in ("dummy", "capture", "profile")
        for name, entry in _DUMMY_PLACEHOLDERS.items()},
+    # micro-batching (DBO): what runs only on a GPU with DP > 1, and what DBO never combines with
+    ("ubatch", "forward_contexts"): (
+        "not run: vLLM builds the micro-batch runner only with DP > 1, and it takes CUDA streams "
+        "(its threads hand off on CUDA events); the split decision and the slices it runs on are "
+        "judged (simrig/adapters/ubatch.py)",
+        (Cite(_UB, "maybe_build_ubatch_runner",
+              "if not parallel_config.use_ubatching or parallel_config.data_parallel_size <= 1:"),
+         Cite(_UB, "UBatchRunner.__init__", "self.comm_stream = torch.cuda.Stream(device=device)"))),
+    ("ubatch", "dcp_local_seq_lens"): (
+        "None: vLLM refuses DBO with context parallelism, so a micro-batch has no DCP lengths",
+        (Cite("config/vllm.py", "VllmConfig._get_dbo_unsupported_features",
+              'unsupported.append("dual batch overlap with context parallelism")'),)),
+    ("ubatch", "slice.requests"): (
+        "the request range each micro-batch is cut by; what it cuts (req_ids, idx_mapping_np, "
+        "query offsets, sequence lengths) is judged",
+        (Cite(_UB, "_slice_input_batch", "req_ids=input_batch.req_ids[req_start : min(req_stop, "
+                                         "input_batch.num_reqs)],"),)),
 }
 
 # The comments the dummy checks (dummy_batches.py) take their rules from.

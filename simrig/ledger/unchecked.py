@@ -20,6 +20,7 @@ _SEM = "semantics (relation among the batch's own fields, every batch)"
 _FIELDS = "fields (model prediction, fields.py)"
 _DUMMY = "dummy_batches"
 _OFF = _DUMMY + ": its feature is never enabled, so its documented off value"
+_UB = "ubatch"
 
 VALUE_CHECKED: dict[tuple[str, str], str] = {
     # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
@@ -141,6 +142,18 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     **{("*", f): _OFF for f in ("prompt_lens", "max_seq_len_np", "fast_prefill",
                                 "num_admitted_draft_tokens", "has_structured_output_reqs")},
     ("gather", "max_seq_len_np"): _OFF,
+    # -- micro-batching (graph_rules/ubatch.py) --
+    ("dispatch", "uniform_decode"): _UB + ": a uniform decode exactly (every row a decode of "
+                                    "decode_query_len tokens)",
+    ("ubatch", "desc.num_ubatches"): _UB + " DECISION: split from the threshold of its kind",
+    ("ubatch", "slice.tokens"): _UB + " TOKENS: the padded batch once, in order, at the midpoint",
+    **{("ubatch", f): _UB + " TOKENS: the batch's tokens in its slice"
+       for f in ("num_tokens", "num_tokens_after_padding", "positions", "is_padding")},
+    **{("ubatch", f): _UB + " REQUESTS: the requests with a token in its slice, each its own tokens"
+       for f in ("req_ids", "num_reqs", "num_reqs_after_padding", "num_scheduled_tokens",
+                 "query_start_loc", "query_start_loc_np", "idx_mapping_np")},
+    **{("ubatch", f): _UB + " SEQ LENS: less the request's tokens past the slice"
+       for f in ("seq_lens", "seq_lens_cpu_upper_bound")},
 }
 
 # Every reason cites the vLLM line that makes it so (evidence.REASONS; tests/test_evidence.py
