@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from simrig import observe as obs
+from simrig.vllm_runtime import platform
 
 _DISPATCH = "dispatch_cg_and_sync_dp"
 _DP_UTILS = "vllm.v1.worker.gpu.dp_utils"
@@ -98,7 +99,9 @@ def decide(runner: Any, call: inspect.BoundArguments, num_ubatches: int, decode_
                                                  prefill_threshold))
     fn = getattr(dp_utils, _DISPATCH)
     accepted = inspect.signature(fn).parameters
-    with worker_dp_utils.skip_dp_coordination():  # the stand-in for the DP all-reduce
+    # the stand-in for the DP all-reduce: vLLM's own skip (every rank runs this batch);
+    # the group handle 0.30.0-0.32.0 look up first is a one-process group
+    with worker_dp_utils.skip_dp_coordination(), platform.dp_group(2):
         desc, _ = fn(**{k: v for k, v in args.items() if k in accepted})
     return desc
 
