@@ -43,6 +43,7 @@ from simrig.findings.known import KnownFindings, installed_vllm_version, load_kn
 from simrig.graph_rules.dummy_batches import (
     check_capture_padding,
     check_dummy_dcp,
+    check_dummy_moe_rows,
     check_idle_dummy,
     check_placeholder_fields,
     check_profile,
@@ -198,13 +199,15 @@ class Checker:
             findings.extend(check_placeholder_fields(index, stage))
         for profile in observation.all(PROFILE):
             findings.extend(check_batch_semantics(index, profile) + check_profile(index, config, profile))
+            findings.extend(check_dummy_moe_rows(index, config, profile))
         dummy = observation.get(DUMMY)
         if dummy is not None:
             findings.extend(check_idle_dummy(index, step.total_num_scheduled_tokens, dummy))
-            findings.extend(check_dummy_dcp(index, config, dummy))
+            findings.extend(check_dummy_dcp(index, config, dummy) + check_dummy_moe_rows(index, config, dummy))
             findings.extend(check_dummy_attn(index, config, dummy) + check_dummy_shape(index, dummy))
         for capture in observation.all(CAPTURE):
             found = check_capture_padding(index, capture) + check_dummy_dcp(index, config, capture)
+            found += check_dummy_moe_rows(index, config, capture)
             found += check_dummy_attn(index, config, capture) + check_dummy_shape(index, capture)
             findings.extend(_label_capture(found, capture))
 

@@ -159,6 +159,23 @@ def check_capture_padding(index: int, stage: StageObs) -> list[Finding]:
 
 
 @guarded(CHECK)
+def check_dummy_moe_rows(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
+    """Under PCP the MoE routes every rank's rows (RULES['moe_gathers']), so a dummy's mask
+    covers P x its tokens (RULES['moe_mask']); one over its own tokens leaves the other
+    ranks' rows unmarked (pattern ``moe_rows_not_gathered``, as partition/pcp.py)."""
+    mask, tokens = field_value(stage, "is_padding"), _scalar(stage, "num_tokens_after_padding")
+    if config.pcp_size <= 1 or stage.error is not None or mask is None or tokens is None:
+        return []
+    if np.asarray(mask).size == config.pcp_size * tokens:
+        return []
+    finding = _finding(index, stage, "is_padding", f"{config.pcp_size * tokens} rows", f"{np.asarray(mask).size} rows",
+                       f"the MoE routes the {config.pcp_size} x {tokens} PCP-gathered rows "
+                       f"({RULES['moe_gathers'].where()}), the dummy's mask covers {np.asarray(mask).size}")
+    finding.extra["pattern"] = "moe_rows_not_gathered"
+    return [finding]
+
+
+@guarded(CHECK)
 def check_dummy_dcp(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
     """A dummy's DCP local lengths: DCP rank 0's share of each of its own seq_lens (0 past
     its rows); None without DCP."""

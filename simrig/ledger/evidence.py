@@ -161,6 +161,8 @@ RULES: dict[str, Cite] = {
     "profile_not_padding": Cite(_MR, EXECUTE, "is_padding=not is_profile,", {"0.30.0": None}),
     "idle_no_tokens": Cite(_MR, EXECUTE, "# No actual tokens to run. A dummy run for DP or memory profiling."),
     "capture_padding": Cite(_CG, "ModelCudaGraphManager.capture", "# Capture with dummy rows marked as padding."),
+    "moe_gathers": Cite("model_executor/layers/fused_moe/runner/moe_runner.py", "MoERunner._maybe_dispatch",
+                        "hidden_states = get_pcp_group().all_gather(hidden_states, dim=0)"),
     "moe_mask": Cite(_PCP, "PCPManager.moe_is_padding",
                      '"""Expand a capture/dummy padding mask, identical on every PCP rank, to', _ONLY_033),
     "profile_budget": Cite(_WORKER, "Worker.determine_available_memory",
