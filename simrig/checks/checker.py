@@ -41,6 +41,7 @@ from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.findings.known import KnownFindings, installed_vllm_version, load_known_findings
 from simrig.graph_rules.dummy_batches import (
+    check_capture_dcp_context,
     check_capture_padding,
     check_dummy_dcp,
     check_dummy_moe_rows,
@@ -207,7 +208,7 @@ class Checker:
             findings.extend(check_dummy_attn(index, config, dummy) + check_dummy_shape(index, dummy))
         for capture in observation.all(CAPTURE):
             found = check_capture_padding(index, capture) + check_dummy_dcp(index, config, capture)
-            found += check_dummy_moe_rows(index, config, capture)
+            found += check_dummy_moe_rows(index, config, capture) + check_capture_dcp_context(index, config, capture)
             found += check_dummy_attn(index, config, capture) + check_dummy_shape(index, capture)
             findings.extend(_label_capture(found, capture))
 

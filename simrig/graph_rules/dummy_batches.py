@@ -176,6 +176,30 @@ def check_dummy_moe_rows(index: int, config: RunnerConfig, stage: StageObs) -> l
 
 
 @guarded(CHECK)
+def check_capture_dcp_context(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
+    """Under DCP a FULL graph is captured "with KV context so a host-side skip of DCP
+    context attention is not baked into the graph" (RULES['dcp_capture_context']): every
+    dummy row holds context on every DCP rank, at least dcp_size tokens (interleave 1).
+    One meaning for every release: a release that captures on zero context is judged by it
+    (pattern ``zero_dcp_context``)."""
+    if config.dcp_size <= 1 or stage.error is not None or field_value(stage, "desc.cg_mode") != "FULL":
+        return []
+    qsl, seq_lens, reqs = field_value(stage, "query_start_loc_np"), field_value(stage, "seq_lens"), \
+        _scalar(stage, "num_reqs")
+    if qsl is None or seq_lens is None or not reqs:
+        return []
+    context = (np.asarray(seq_lens)[:reqs].astype(np.int64) - np.diff(np.asarray(qsl)[:reqs + 1]))
+    if (context >= config.dcp_size).all():
+        return []
+    finding = _finding(index, stage, "seq_lens", f"context >= {config.dcp_size} on every row",
+                       f"context {context.tolist()}",
+                       f"a FULL graph captured under DCP {config.dcp_size} without KV context on every "
+                       f"DCP rank ({RULES['dcp_capture_context'].where()})")
+    finding.extra["pattern"] = "zero_dcp_context" if not context.any() else "short_dcp_context"
+    return [finding]
+
+
+@guarded(CHECK)
 def check_dummy_dcp(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
     """A dummy's DCP local lengths: DCP rank 0's share of each of its own seq_lens (0 past
     its rows); None without DCP."""
