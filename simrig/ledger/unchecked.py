@@ -37,7 +37,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
                                           "earlier batch left)"
        for s in ("prepare", "partition", "dummy", "capture") for g in range(3)},
     ("prepare", "attn.slot_mappings"): "blocks; padding: one slot per padded token",
-    ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise)",
+    ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise); padding: every padded row "
+                                       "its share of its seq_len",
     **{("partition", f"attn.block_tables.{g}"): "blocks (PCP rank 0, the rank the runner drives); "
                                                 "padding: one row per padded request"
        for g in range(3)},
