@@ -91,11 +91,6 @@ REASONS: dict[tuple[str, str], tuple[str, tuple[Cite, ...]]] = {
         "the idle dummy's own descriptor, from the same dispatch call the dispatch stage judges on "
         "every real batch; the dummy's batch has no requests to predict it from", (DISPATCH_CALL,))
        for name in ("cg_mode", "uniform_token_count", "num_active_loras")},
-    ("partition", "dcp_local_seq_lens"): (
-        "PCP with DCP: each DCP rank's share of the rank-local batch, computed after partitioning; "
-        "only dtype (blocks.py judges it without PCP)",
-        (Cite(_MR, EXECUTE, "input_batch.dcp_local_seq_lens = prepare_dcp_local_seq_lens(",
-              {"0.30.0": "input_batch.dcp_local_seq_lens = maybe_prepare_dcp_local_seq_lens("}),)),
     ("profile", "dcp_local_seq_lens"): (
         "None: the profile run skips attention, and execute_model's DCP step with it",
         (PROFILE_SKIPS_ATTN, DCP_STEP_SKIPPED)),

@@ -43,6 +43,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
                                                 "padding: one row per padded request"
        for g in range(3)},
     ("partition", "attn.slot_mappings"): "blocks (PCP: the gathered mapping)",
+    ("partition", "dcp_local_seq_lens"): "padding (PCP rank 0's batch, the one the runner drives): every "
+                                         "row, padded ones included, its DCP rank's share of its seq_len",
     ("lifecycle", "runner.live_ids"): "runner_state: the model's live set",
     ("lifecycle", "runner.live_slots"): "runner_state: with the free slots, every slot once",
     ("lifecycle", "runner.free_slots"): "runner_state: with the live slots, every slot once",
