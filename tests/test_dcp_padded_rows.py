@@ -46,3 +46,14 @@ def test_a_full_capture_under_dcp_holds_context_on_every_rank():
     assert check_capture_dcp_context(0, DCP2, _capture([3, 3], "PIECEWISE")) == []
     no_dcp = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=64, max_model_len=256)
     assert check_capture_dcp_context(0, no_dcp, _capture([3, 3])) == []
+
+
+def test_no_context_is_owed_past_max_model_len():
+    """A graph promising queries of max_model_len - 1 tokens can replay only one token of context."""
+    short = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=64, max_model_len=4, dcp_size=2,
+                         cudagraph_mode="FULL", capture_sizes=(4, 8))
+    assert check_capture_dcp_context(0, short, _capture([4, 4])) == []  # 1 token of context, all there is room for
+    assert [f.extra["pattern"] for f in check_capture_dcp_context(0, short, _capture([3, 3]))] == ["zero_dcp_context"]
+    full = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=64, max_model_len=3, dcp_size=2,
+                        cudagraph_mode="FULL", capture_sizes=(4, 8))
+    assert check_capture_dcp_context(0, full, _capture([3, 3])) == []  # no room at all

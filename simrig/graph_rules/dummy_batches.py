@@ -188,10 +188,16 @@ def check_capture_dcp_context(index: int, config: RunnerConfig, stage: StageObs)
         _scalar(stage, "num_reqs")
     if qsl is None or seq_lens is None or not reqs:
         return []
-    context = (np.asarray(seq_lens)[:reqs].astype(np.int64) - np.diff(np.asarray(qsl)[:reqs + 1]))
-    if (context >= config.dcp_size).all():
+    queries = np.diff(np.asarray(qsl)[:reqs + 1])
+    context = (np.asarray(seq_lens)[:reqs].astype(np.int64) - queries)
+    # no sequence outgrows max_model_len: a graph promising queries of max_query_len tokens
+    # replays at most max_model_len - max_query_len tokens of context (set_dummy_context
+    # clamps to it: "min(context_len, max_model_len - query_len)")
+    promised = _scalar(stage, "max_query_len") or int(queries.max())
+    need = min(config.dcp_size, max(0, config.max_model_len - promised))
+    if (context >= need).all():
         return []
-    finding = _finding(index, stage, "seq_lens", f"context >= {config.dcp_size} on every row",
+    finding = _finding(index, stage, "seq_lens", f"context >= {need} on every row",
                        f"context {context.tolist()}",
                        f"a FULL graph captured under DCP {config.dcp_size} without KV context on every "
                        f"DCP rank ({RULES['dcp_capture_context'].where()})")
