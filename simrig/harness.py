@@ -47,6 +47,7 @@ from simrig.adapters import pipeline, sampling
 from simrig.adapters.probes import error_obs as _error_obs
 from simrig.adapters.probes import pcp_private_view as _pcp_private_view
 from simrig.adapters.runner import VllmApi, load
+from simrig.vllm_parts import ubatch
 from simrig.findings.findings import Finding, rig_error
 from simrig.trace_gate import rig_work, vllm_calls
 from simrig.dummy_paths import DummyPaths
@@ -106,6 +107,7 @@ class Harness(StageProbes, DummyPaths):
         self._report_startup = False
         self.runner.model_state.observer = self._rig_timed(self._on_attn)
         self._install_probes()
+        self._dispatch_tap = ubatch.install_dispatch_tap(self.runner)
 
     # The hot path: one real execute_model, then the ranks it does not drive.
     def run_step(self, step: Step) -> obs.StepObs:
@@ -133,15 +135,20 @@ class Harness(StageProbes, DummyPaths):
             self._report_startup = False
             result.stages.extend(dataclasses.replace(st, fields=dict(st.fields), duration_s=0.0)
                                  for st in self._startup_stages)
+        self._dispatch_tap.calls.clear()
+        self._dispatch_tap.armed = True
         try:
             self.runner.execute_model(so)
         except StopStep:
             pass
         except Exception as exc:  # vLLM's exceptions are observations
             self._unclaimed_error(exc, step, result)
+        finally:
+            self._dispatch_tap.armed = False
         in_execute = time.perf_counter() - start
         staged = len(result.stages)
         self._observe_dcp_local_seq_lens(result)
+        self._micro_batches(step, result)
         batch, desc = self._global_batch, self._desc
         try:
             if batch is not None and desc is not None and obs.PREPARE in self.stages \
@@ -214,6 +221,36 @@ class Harness(StageProbes, DummyPaths):
             self._timed(result, obs.PARTITION, rank, step, self.api.partition_for_rank,
                         manager, batch, desc, extra=lambda _fn, m=manager: _pcp_private_view(m))
             result.stages[-1].dcp_rank = dcp_rank
+
+    def _micro_batches(self, step: Step, result: obs.StepObs) -> None:
+        """The ``uniform_decode`` flag execute_model handed to the dispatch (on the
+        dispatch record), and under a micro-batch config vLLM's own split decision and
+        slicing of the batch the forward ran (simrig.vllm_parts.ubatch)."""
+        calls = self._dispatch_tap.calls
+        record = result.get(obs.DISPATCH)
+        if not calls or record is None:
+            return
+        record.fields["uniform_decode"] = obs.observe_value(ubatch.uniform_decode_flag(calls[0]))
+        state = self.runner.execute_model_state
+        config = self.config
+        if config.num_ubatches < 2 or state is None or result.step_failed():
+            return
+        split = self._open(obs.UBATCH)
+        mode, dummy_record = self._mode, self._dummy_record
+        self._mode, self._dummy_record = "ubatch", None  # the probes pass vLLM's calls through
+        start = time.perf_counter()
+        try:
+            with vllm_calls():
+                desc = ubatch.decide(self.runner, calls[0], config.num_ubatches,
+                                     config.dbo_decode_token_threshold, config.dbo_prefill_token_threshold)
+                split.fields["desc.num_ubatches"] = obs.observe_value(int(desc.num_ubatches))
+                if desc.num_ubatches > 1:
+                    split.fields.update(ubatch.split(self.runner, state.input_batch, int(desc.num_ubatches)))
+        except Exception as exc:  # vLLM's exceptions are observations
+            split.error = _error_obs(exc, step)
+        finally:
+            split.duration_s = time.perf_counter() - start
+            self._mode, self._dummy_record = mode, dummy_record
 
     def _sample_tokens(self, step: Step, batch: Any, result: obs.StepObs) -> None:
         """The release's own sample_tokens on the state execute_model left: the

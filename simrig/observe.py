@@ -24,8 +24,9 @@ DUMMY = "dummy"  # InputBatch.make_dummy for the step's descriptor
 CAPTURE = "capture"  # make_dummy at one capture descriptor (first step only)
 PROFILE = "profile"  # GPUModelRunner.profile_run's dummy batch (first step only)
 PIPELINE = "pipeline"  # the non-last PP rank's step (pp_size > 1; adapters/pipeline.py)
+UBATCH = "ubatch"  # DBO: vLLM's split decision and micro-batches of the forward batch
 STAGES = (LIFECYCLE, GATHER, DISPATCH, PREPARE, PARTITION, POSTPROCESS, DUMMY, PROFILE, CAPTURE,
-          PIPELINE)
+          PIPELINE, UBATCH)
 # The dispatch stage's record of the capture sizes in force (graph modes only):
 # the manager's compilation_config.cudagraph_capture_sizes, as vLLM's config set them.
 CAPTURE_SIZES = "capture_sizes"

@@ -117,6 +117,13 @@ class RunnerConfig:
     # Pipeline parallel world size (vLLM's ParallelConfig.pipeline_parallel_size):
     # > 1 drives a non-last PP rank's runner next to the last rank's (adapters/pipeline.py).
     pp_size: int = 1
+    # Micro-batching (DBO: vLLM's ParallelConfig.enable_dbo for 2, ubatch_size for
+    # more; 1 is off) and the token counts from which a batch is split:
+    # dbo_decode_token_threshold "for batches only containing decodes",
+    # dbo_prefill_token_threshold "for batches that contain one or more prefills".
+    num_ubatches: int = 1
+    dbo_decode_token_threshold: int = 32
+    dbo_prefill_token_threshold: int = 512
 
     def group_block_size(self, group: int) -> int:
         """Tokens per block of KV cache group ``group``."""
@@ -200,6 +207,31 @@ class RunnerConfig:
                              f"got {self.rejection_sampler!r}")
         if self.rejection_sampler and nst == 0:
             raise ValueError("rejection_sampler: needs num_speculative_tokens > 0")
+        self._validate_ubatches()
+
+    def _validate_ubatches(self) -> None:
+        n = self.num_ubatches
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"num_ubatches: must be a positive integer (1: off), got {n!r}")
+        for name in ("dbo_decode_token_threshold", "dbo_prefill_token_threshold"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name}: must be a non-negative integer, got {value!r}")
+            # ParallelConfig: "dbo_decode_token_threshold and dbo_prefill_token_threshold
+            # must be at least the number of microbatches"
+            if n > 1 and value < n:
+                raise ValueError(f"{name}: must be at least num_ubatches ({n}), got {value}")
+        # VllmConfig._get_dbo_unsupported_features: "dual batch overlap with LoRA",
+        # "... with speculative decoding", "... with context parallelism", "... with
+        # PIECEWISE CUDA graphs", "... with pipeline parallelism" (0.30.0-0.33.0).
+        if n > 1:
+            refused = [what for what, on in (
+                ("LoRA", self.max_loras > 0), ("speculative decoding", self.num_speculative_tokens > 0),
+                ("context parallelism", self.pcp_size > 1 or self.dcp_size > 1),
+                ("pipeline parallelism", self.pp_size > 1),
+                ("PIECEWISE CUDA graphs", self.cudagraph_mode == "PIECEWISE")) if on]
+            if refused:
+                raise ValueError(f"num_ubatches: vLLM refuses dual batch overlap with {refused[0]}")
 
     def _validate_kv_groups(self) -> None:
         if not isinstance(self.kv_groups, tuple) or not self.kv_groups:

@@ -92,6 +92,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                    kv_groups: st.SearchStrategy[tuple[KvGroup, ...]] | None = None,
                    rejection_samplers: st.SearchStrategy[str] | None = None,
                    pp_sizes: st.SearchStrategy[int] = st.sampled_from((1, 1, 2)),
+                   num_ubatches: st.SearchStrategy[int] = st.sampled_from((1, 2, 2, 3)),
+                   ubatch_thresholds: st.SearchStrategy[int] = st.integers(0, 12),
                    ) -> st.SearchStrategy[RunnerConfig]:
     """``simrig.step.RunnerConfig`` values. Every argument is a strategy.
 
@@ -121,6 +123,11 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
     draws last which rejection sampler verifies them (``simrig.step.REJECTION_SAMPLERS``:
     the greedy stand-in, or vLLM's own with standard or block verification; by default
     vLLM's own only where ``vllm_samplers_run_here()``).
+    supports neither) or ``kv_groups`` draws them. ``num_ubatches`` draws
+    micro-batching (DBO) after everything else, kept where PCP and DCP are 1 and
+    the mode is not PIECEWISE, and with it drafts and LoRA turned off (vLLM
+    refuses DBO with any of them: ``VllmConfig._get_dbo_unsupported_features``); ``ubatch_thresholds`` draws
+    each threshold as ``num_ubatches`` plus a small number, so small batches split.
     """
     if rejection_samplers is None:
         rejection_samplers = st.sampled_from(("", "", "standard", "block") if vllm_samplers_run_here()
@@ -132,7 +139,8 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                 cudagraph_modes=cudagraph_modes, varlen_decode=varlen_decode,
                 dcp_without_pcp=dcp_without_pcp, max_loras=max_loras,
                 specialize_lora=specialize_lora, multi_kv_groups=multi_kv_groups,
-                rejection_samplers=rejection_samplers, pp_sizes=pp_sizes)
+                rejection_samplers=rejection_samplers, pp_sizes=pp_sizes,
+                num_ubatches=num_ubatches, ubatch_thresholds=ubatch_thresholds)
     for name, value in args.items():
         check_strategy(name, value)
     if kv_groups is not None:
@@ -179,6 +187,14 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
         pp = draw(pp_sizes)
         if pp > 1:
             config = replace(config, pp_size=pp)
+        n = draw(num_ubatches)
+        if (n > 1 and config.pcp_size == 1 and config.dcp_size == 1 and config.pp_size == 1
+                and config.cudagraph_mode != "PIECEWISE"):
+            # drafts and LoRA are dropped for it (the PCP axis keeps its draws)
+            config = replace(config, num_ubatches=n, num_speculative_tokens=0, rejection_sampler="", max_loras=0,
+                             specialize_active_lora=False, cudagraph_specialize_lora=True,
+                             dbo_decode_token_threshold=n + draw(ubatch_thresholds),
+                             dbo_prefill_token_threshold=n + draw(ubatch_thresholds))
         config.validate()  # a strategy argument produced an impossible value
         return config
 

@@ -1,25 +1,10 @@
 """All replay checks behind one object.
 
-``Checker.check(index, step, observation)`` returns the findings of one step.
-A Checker is stateful: it follows the request lifecycle, the reference model
-and the dtypes seen so far across the steps of one trace.
-
-    per step                         check name           module
-    ────────                         ──────────           ──────
-    scheduler contract, loudness     scheduler_contract   lifecycle_checks
-    exceptions on valid input        runner_errors        lifecycle_checks
-    declared dtypes, every stage     contract             contract
-    dtype stable across steps        drift                contract
-    ── skipped when the input breaks the contract (expectations undefined) ──
-    dummy == real batch              parity               parity
-    independent reference model      reference            reference
-    PCP partition invariants         pcp                  pcp_checks
-    batch self-consistency (real)    semantics            semantics
-    ── always ──
-    batch self-consistency (dummy)   semantics            semantics
-
-Findings matching the committed known findings of the installed vLLM are
-marked ``known=True``.
+``Checker.check(index, step, observation)`` returns the findings of one step. A Checker is
+stateful: it follows the request lifecycle, the reference model and the dtypes seen so far
+across the steps of one trace. Findings matching the committed known findings of the
+installed vLLM are marked ``known=True``. Each check, its module and what it judges: the
+table at the top of docs/oracle.md.
 """
 
 from __future__ import annotations
@@ -44,8 +29,10 @@ from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.findings.known import KnownFindings, installed_vllm_version, load_known_findings
 from simrig.graph_rules.dummy_batches import (
+    check_capture_dcp_context,
     check_capture_padding,
     check_dummy_dcp,
+    check_dummy_moe_rows,
     check_idle_dummy,
     check_placeholder_fields,
     check_profile,
@@ -53,6 +40,7 @@ from simrig.graph_rules.dummy_batches import (
 from simrig.graph_rules.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
 from simrig.graph_rules.lora_inputs import check_lora_inputs
 from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
+from simrig.graph_rules.ubatch import check_ubatches
 from simrig.graph_rules.padding import (
     check_capture,
     check_capture_sizes,
@@ -142,7 +130,7 @@ class Checker:
             touched |= self.broken & set(step.num_scheduled_tokens)
         self.identity_ids = _identity_ids(life)
         if touched is not None:
-            semantic = self._guard(findings, index, "semantic", self._semantic_checks,
+            semantic = self._guard(findings, index, "semantics", self._semantic_checks,
                                    index, step, observation, frozenset(touched)) or []
             if touched:  # a finding about a set-aside request, or about no request, is undefined
                 semantic = [f for f in semantic if f.kind == fk.RIG_ERROR
@@ -209,13 +197,15 @@ class Checker:
             findings.extend(check_placeholder_fields(index, stage, pp=config.pp_size > 1))
         for profile in observation.all(PROFILE):
             findings.extend(check_batch_semantics(index, profile) + check_profile(index, config, profile))
+            findings.extend(check_dummy_moe_rows(index, config, profile))
         dummy = observation.get(DUMMY)
         if dummy is not None:
             findings.extend(check_idle_dummy(index, step.total_num_scheduled_tokens, dummy))
-            findings.extend(check_dummy_dcp(index, config, dummy))
+            findings.extend(check_dummy_dcp(index, config, dummy) + check_dummy_moe_rows(index, config, dummy))
             findings.extend(check_dummy_attn(index, config, dummy) + check_dummy_shape(index, dummy))
         for capture in observation.all(CAPTURE):
             found = check_capture_padding(index, capture) + check_dummy_dcp(index, config, capture)
+            found += check_dummy_moe_rows(index, config, capture) + check_capture_dcp_context(index, config, capture)
             found += check_dummy_attn(index, config, capture) + check_dummy_shape(index, capture)
             findings.extend(_label_capture(found, capture))
 
@@ -282,6 +272,8 @@ class Checker:
                                                        pred.num_drafts, pred.num_computed)
             out.extend(check_dispatch(index, sizes_in_force(config, desc), desc, pred.num_scheduled,
                                       pred.is_prefilling, as_decode, tuple(pred.req_ids)))
+            out.extend(check_ubatches(index, config, obs, pred.num_scheduled, pred.is_prefilling,
+                                      as_decode, tuple(pred.req_ids)))
         return out
 
 

@@ -159,6 +159,53 @@ def check_capture_padding(index: int, stage: StageObs) -> list[Finding]:
 
 
 @guarded(CHECK)
+def check_dummy_moe_rows(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
+    """Under PCP the MoE routes every rank's rows (RULES['moe_gathers']), so a dummy's mask
+    covers P x its tokens (RULES['moe_mask']); one over its own tokens leaves the other
+    ranks' rows unmarked (pattern ``moe_rows_not_gathered``, as partition/pcp.py)."""
+    mask, tokens = field_value(stage, "is_padding"), _scalar(stage, "num_tokens_after_padding")
+    if config.pcp_size <= 1 or stage.error is not None or mask is None or tokens is None:
+        return []
+    if np.asarray(mask).size == config.pcp_size * tokens:
+        return []
+    finding = _finding(index, stage, "is_padding", f"{config.pcp_size * tokens} rows", f"{np.asarray(mask).size} rows",
+                       f"the MoE routes the {config.pcp_size} x {tokens} PCP-gathered rows "
+                       f"({RULES['moe_gathers'].where()}), the dummy's mask covers {np.asarray(mask).size}")
+    finding.extra["pattern"] = "moe_rows_not_gathered"
+    return [finding]
+
+
+@guarded(CHECK)
+def check_capture_dcp_context(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
+    """Under DCP a FULL graph is captured "with KV context so a host-side skip of DCP
+    context attention is not baked into the graph" (RULES['dcp_capture_context']): every
+    dummy row holds context on every DCP rank, at least dcp_size tokens (interleave 1).
+    One meaning for every release: a release that captures on zero context is judged by it
+    (pattern ``zero_dcp_context``)."""
+    if config.dcp_size <= 1 or stage.error is not None or field_value(stage, "desc.cg_mode") != "FULL":
+        return []
+    qsl, seq_lens, reqs = field_value(stage, "query_start_loc_np"), field_value(stage, "seq_lens"), \
+        _scalar(stage, "num_reqs")
+    if qsl is None or seq_lens is None or not reqs:
+        return []
+    queries = np.diff(np.asarray(qsl)[:reqs + 1])
+    context = (np.asarray(seq_lens)[:reqs].astype(np.int64) - queries)
+    # no sequence outgrows max_model_len: a graph promising queries of max_query_len tokens
+    # replays at most max_model_len - max_query_len tokens of context (set_dummy_context
+    # clamps to it: "min(context_len, max_model_len - query_len)")
+    promised = _scalar(stage, "max_query_len") or int(queries.max())
+    need = min(config.dcp_size, max(0, config.max_model_len - promised))
+    if (context >= need).all():
+        return []
+    finding = _finding(index, stage, "seq_lens", f"context >= {need} on every row",
+                       f"context {context.tolist()}",
+                       f"a FULL graph captured under DCP {config.dcp_size} without KV context on every "
+                       f"DCP rank ({RULES['dcp_capture_context'].where()})")
+    finding.extra["pattern"] = "zero_dcp_context" if not context.any() else "short_dcp_context"
+    return [finding]
+
+
+@guarded(CHECK)
 def check_dummy_dcp(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
     """A dummy's DCP local lengths: DCP rank 0's share of each of its own seq_lens (0 past
     its rows); None without DCP."""

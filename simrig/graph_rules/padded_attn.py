@@ -19,7 +19,7 @@ from simrig.findings import findings as fk
 from simrig.findings.findings import Finding, guarded
 from simrig.ledger.evidence import RULES
 from simrig.observe import CAPTURE, DUMMY, ROWS_PAST, StageObs
-from simrig.reference.blocks import (BLOCK_TABLES, NULL_BLOCK_ID, PAD_SLOT_ID, ROWS_PAST_FILLED,
+from simrig.reference.blocks import (BLOCK_TABLES, dcp_local_seq_len, NULL_BLOCK_ID, PAD_SLOT_ID, ROWS_PAST_FILLED,
                                      SLOT_MAPPINGS)
 from simrig.reference.contract import stage_req_ids
 from simrig.reference.semantics import field_value
@@ -59,6 +59,17 @@ def check_padded_shapes(index: int, config: RunnerConfig, stage: StageObs) -> li
             if table.ndim != 2 or table.shape[0] != int(rows):
                 add(name, f"[{int(rows)}, max_num_blocks]", list(table.shape),
                     f"PADDED SHAPES: one block-table row per padded request ({RULES['attn_rows'].where()})")
+    local, seq_lens = field_value(stage, "dcp_local_seq_lens"), field_value(stage, "seq_lens")
+    if config.dcp_size > 1 and rows is not None and local is not None and seq_lens is not None:
+        # the FULL graph's attention reads every padded row: each holds this DCP rank's share
+        # of its own seq_len (0 for a padded row: "pad unused seq_lens as 0"), the rows past
+        # the real ones included
+        rank = stage.dcp_rank
+        want = [dcp_local_seq_len(int(v), config.dcp_size, rank) for v in np.asarray(seq_lens)[:int(rows)]]
+        got = np.asarray(local).astype(np.int64)[:int(rows)].tolist()
+        if got != want:
+            add("dcp_local_seq_lens", want, got, f"PADDED SHAPES: every padded row's DCP local length is "
+                f"DCP rank {rank}'s share of its seq_len ({RULES['attn_rows'].where()})")
     tokens, mapping = field_value(stage, "num_tokens_after_padding"), field_value(stage, SLOT_MAPPINGS)
     if config.pcp_size == 1 and tokens is not None and mapping is not None:
         mapping = np.asarray(mapping)

@@ -59,6 +59,9 @@ PATHS: tuple[DecisionPath, ...] = (
                  "false): what an idle data-parallel rank runs"),
     DecisionPath("profile run", ("profile",),
                  "profile_run at start-up: the whole token budget, every token real, attention skipped"),
+    DecisionPath("micro-batch split", ("ubatch",),
+                 "DBO (num_ubatches > 1): vLLM's split decision for the step, and each micro-batch "
+                 "of the batch the forward ran (create_ubatch_slices, _slice_input_batch)"),
     DecisionPath("capture dummy", ("capture",),
                  "capture_model: one dummy per captured descriptor (FULL and PIECEWISE, every capture "
                  "size, every LoRA case, uniform and mixed), each judged on its own"),
@@ -86,6 +89,11 @@ def consumer(stage: str, name: str) -> str:
         return "the scheduler (ModelRunnerOutput)"
     if stage == "pipeline":
         return "the non-last PP rank's request state (its next steps' inputs)"
+    if stage == "ubatch":
+        return "a micro-batch's attention metadata and forward" if name != "desc.num_ubatches" \
+            else "the micro-batch runner"
+    if name == "uniform_decode":
+        return "the micro-batch split (its threshold)"
     if name == "is_padding":
         return "the forward context (MoE routing)"
     if name.startswith(("pcp.", "manager.")) or name == "pcp":

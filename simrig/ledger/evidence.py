@@ -25,6 +25,7 @@ _MR, _IB, _PCP, _CG = ("v1/worker/gpu/model_runner.py", "v1/worker/gpu/input_bat
                        "v1/worker/gpu/pcp_manager.py", "v1/worker/gpu/cudagraph_utils.py")
 _WORKER = "v1/worker/gpu_worker.py"
 _BT = "v1/worker/gpu/block_table.py"
+_UB = "v1/worker/gpu/ubatch_utils.py"
 RIG = Path(__file__).resolve().parents[2]  # the checkout: rig citations are relative to it
 
 
@@ -90,11 +91,6 @@ REASONS: dict[tuple[str, str], tuple[str, tuple[Cite, ...]]] = {
         "the idle dummy's own descriptor, from the same dispatch call the dispatch stage judges on "
         "every real batch; the dummy's batch has no requests to predict it from", (DISPATCH_CALL,))
        for name in ("cg_mode", "uniform_token_count", "num_active_loras")},
-    ("partition", "dcp_local_seq_lens"): (
-        "PCP with DCP: each DCP rank's share of the rank-local batch, computed after partitioning; "
-        "only dtype (blocks.py judges it without PCP)",
-        (Cite(_MR, EXECUTE, "input_batch.dcp_local_seq_lens = prepare_dcp_local_seq_lens(",
-              {"0.30.0": "input_batch.dcp_local_seq_lens = maybe_prepare_dcp_local_seq_lens("}),)),
     ("profile", "dcp_local_seq_lens"): (
         "None: the profile run skips attention, and execute_model's DCP step with it",
         (PROFILE_SKIPS_ATTN, DCP_STEP_SKIPPED)),
@@ -134,6 +130,23 @@ REASONS: dict[tuple[str, str], tuple[str, tuple[Cite, ...]]] = {
         (Cite(_CG, "CudaGraphManager.capture", "descs = self._capture_descs[mode]"),)),
     **{(stage, name): entry for stage in ("dummy", "capture", "profile")
        for name, entry in _DUMMY_PLACEHOLDERS.items()},
+    # micro-batching (DBO): what runs only on a GPU with DP > 1, and what DBO never combines with
+    ("ubatch", "forward_contexts"): (
+        "not run: vLLM builds the micro-batch runner only with DP > 1, and it takes CUDA streams "
+        "(its threads hand off on CUDA events); the split decision and the slices it runs on are "
+        "judged (simrig/vllm_parts/ubatch.py)",
+        (Cite(_UB, "maybe_build_ubatch_runner",
+              "if not parallel_config.use_ubatching or parallel_config.data_parallel_size <= 1:"),
+         Cite(_UB, "UBatchRunner.__init__", "self.comm_stream = torch.cuda.Stream(device=device)"))),
+    ("ubatch", "dcp_local_seq_lens"): (
+        "None: vLLM refuses DBO with context parallelism, so a micro-batch has no DCP lengths",
+        (Cite("config/vllm.py", "VllmConfig._get_dbo_unsupported_features",
+              'unsupported.append("dual batch overlap with context parallelism")'),)),
+    ("ubatch", "slice.requests"): (
+        "the request range each micro-batch is cut by; what it cuts (req_ids, idx_mapping_np, "
+        "query offsets, sequence lengths) is judged",
+        (Cite(_UB, "_slice_input_batch", "req_ids=input_batch.req_ids[req_start : min(req_stop, "
+                                         "input_batch.num_reqs)],"),)),
 }
 
 # The comments the dummy checks (dummy_batches.py) take their rules from.
@@ -143,6 +156,11 @@ RULES: dict[str, Cite] = {
     "profile_not_padding": Cite(_MR, EXECUTE, "is_padding=not is_profile,", {"0.30.0": None}),
     "idle_no_tokens": Cite(_MR, EXECUTE, "# No actual tokens to run. A dummy run for DP or memory profiling."),
     "capture_padding": Cite(_CG, "ModelCudaGraphManager.capture", "# Capture with dummy rows marked as padding."),
+    "dcp_capture_context": Cite(_CG, "set_dcp_capture_context",
+                                "# Capture FULL graphs with KV context so a host-side skip of DCP context",
+                                _ONLY_033),
+    "moe_gathers": Cite("model_executor/layers/fused_moe/runner/moe_runner.py", "MoERunner._maybe_dispatch",
+                        "hidden_states = get_pcp_group().all_gather(hidden_states, dim=0)"),
     "moe_mask": Cite(_PCP, "PCPManager.moe_is_padding",
                      '"""Expand a capture/dummy padding mask, identical on every PCP rank, to', _ONLY_033),
     "profile_budget": Cite(_WORKER, "Worker.determine_available_memory",

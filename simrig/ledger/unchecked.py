@@ -21,6 +21,7 @@ _FIELDS = "fields (model prediction, fields.py)"
 _DUMMY = "dummy_batches"
 _OFF = _DUMMY + ": its feature is never enabled, so its documented off value"
 _PP = "pipeline (the non-last PP rank, pp_size > 1)"
+_UB = "ubatch"
 
 VALUE_CHECKED: dict[tuple[str, str], str] = {
     # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
@@ -37,7 +38,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
                                           "earlier batch left)"
        for s in ("prepare", "partition", "dummy", "capture") for g in range(3)},
     ("prepare", "attn.slot_mappings"): "blocks; padding: one slot per padded token",
-    ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise)",
+    ("prepare", "dcp_local_seq_lens"): "blocks (DCP > 1; None otherwise); padding: every padded row "
+                                       "its share of its seq_len",
     **{("partition", f"attn.block_tables.{g}"): "blocks (PCP rank 0, the rank the runner drives); "
                                                 "padding: one row per padded request"
        for g in range(3)},
@@ -47,6 +49,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
         ("prompt_mapping", "PER REQUEST, each row its request's adapter from the trace (0: none)"),
         ("token_mapping", "PER TOKEN, each scheduled token its request's adapter (0: none)"),
         ("active_ids", "ACTIVE SET, the batch's distinct adapters"))},
+    ("partition", "dcp_local_seq_lens"): "padding (PCP rank 0's batch, the one the runner drives): every "
+                                         "row, padded ones included, its DCP rank's share of its seq_len",
     ("lifecycle", "runner.live_ids"): "runner_state: the model's live set",
     ("lifecycle", "runner.live_slots"): "runner_state: with the free slots, every slot once",
     ("lifecycle", "runner.free_slots"): "runner_state: with the live slots, every slot once",
@@ -176,6 +180,18 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("pipeline", "received"): _PP + ": the non-last rank's sample_tokens received",
     ("pipeline", "broadcasts.sent"): _PP + ": a step with a row that must be marked broadcasts",
     ("pipeline", "broadcasts.unreceived"): _PP + ": none (a broadcast is collective)",
+    # -- micro-batching (graph_rules/ubatch.py) --
+    ("dispatch", "uniform_decode"): _UB + ": a uniform decode exactly (every row a decode of "
+                                    "decode_query_len tokens)",
+    ("ubatch", "desc.num_ubatches"): _UB + " DECISION: split from the threshold of its kind",
+    ("ubatch", "slice.tokens"): _UB + " TOKENS: the padded batch once, in order, at the midpoint",
+    **{("ubatch", f): _UB + " TOKENS: the batch's tokens in its slice"
+       for f in ("num_tokens", "num_tokens_after_padding", "positions", "is_padding")},
+    **{("ubatch", f): _UB + " REQUESTS: the requests with a token in its slice, each its own tokens"
+       for f in ("req_ids", "num_reqs", "num_reqs_after_padding", "num_scheduled_tokens",
+                 "query_start_loc", "query_start_loc_np", "idx_mapping_np")},
+    **{("ubatch", f): _UB + " SEQ LENS: less the request's tokens past the slice"
+       for f in ("seq_lens", "seq_lens_cpu_upper_bound")},
 }
 
 # Every reason cites the vLLM line that makes it so (evidence.REASONS; tests/test_evidence.py

@@ -230,11 +230,32 @@ def _held_then_padding(o: _Out, name: str, held: np.ndarray, width: int, bound: 
         o.add(name, f"padding in [0, {bound})", tail, f"a padded token's {name} is out of range")
 
 
+# The rank-local batch's is_padding is the mask the forward context hands the MoE router
+# ("is_padding=input_batch.is_padding"), and under PCP the MoE routes every rank's rows:
+# without expert-parallel all2all kernels it all-gathers them (moe_runner._maybe_dispatch:
+# "hidden_states = get_pcp_group().all_gather(hidden_states, dim=0)", 0.30.0-0.33.0).
+MOE_NOT_GATHERED = "moe_rows_not_gathered"
+
+
 def _check_is_padding(o: _Out, config: RunnerConfig, counts: list[int], n_local: int, width: int) -> None:
-    """Local shape: the tail past this rank's tokens. Gathered shape (P x width,
-    vLLM's default moe_gathers_tokens): every rank's own tail, rank-major."""
+    """Under PCP the mask covers the rows the MoE routes: P x width, rank-major, each
+    rank's own tail (PCPManager: "Padding mask over the PCP-gathered rows the MoE routes
+    (rank-major)"). A mask of this rank's width leaves the other ranks' rows unmarked:
+    one finding, the pattern MOE_NOT_GATHERED (a release whose MoE mask is never
+    expanded). Without PCP: the tail past the batch's tokens."""
     pad = _arr(o.stage, "is_padding")
-    if pad is not None and config.pcp_size > 1 and pad.shape == (config.pcp_size * width,):
+    if pad is None:
+        return
+    if config.pcp_size > 1 and pad.shape == (width,) and len(counts) == config.pcp_size:
+        want = np.concatenate([np.arange(width) >= c for c in counts])
+        o.out.append(Finding(
+            kind=fk.VALUE_MISMATCH, step=o.index, stage=o.stage.stage, check="pcp", rank=o.stage.rank,
+            req_ids=stage_req_ids(o.stage), field="is_padding", expected=f"shape ({want.size},): "
+            + short(want), actual=f"shape {pad.shape}: " + short(pad), extra={"pattern": MOE_NOT_GATHERED},
+            message=f"the MoE routes the {config.pcp_size} x {width} PCP-gathered rows, but the padding "
+                    f"mask covers {width}: the other ranks' rows are not marked"))
+        return
+    if config.pcp_size > 1:
         want = np.concatenate([np.arange(width) >= c for c in counts])
         what = "the MoE's gathered padding mask is not each rank's tail, rank-major"
     else:

@@ -17,6 +17,7 @@ _ST = "vllm.v1.worker.gpu.states"
 _CG = "vllm.v1.worker.gpu.cudagraph_utils"
 _BT = "vllm.v1.worker.gpu.block_table"
 _AO = "vllm.v1.worker.gpu.async_utils"
+_UB = "vllm.v1.worker.gpu.ubatch_utils"
 
 CATALOGUE: tuple[Mutant, ...] = (
     Mutant("idx-mapping-host-int32", _MR, "GPUModelRunner.gather_batch_req_state",
@@ -310,6 +311,11 @@ WIRING: tuple[Mutant, ...] = (
            "max_query_len = max(num_tokens // 2, 1)\n",
            "a mixed FULL graph's capture dummy promises half its token count as the longest "
            "query, though the graph replays a single prefill spanning the batch"),
+    Mutant("ubatch-seq-lens-truncate-first", _UB, "_slice_seq_lens",
+           "out[last] -= (query_start_loc[req_stop] - tok_stop).clamp_(min=0)",
+           "out[0] -= (query_start_loc[req_stop] - tok_stop).clamp_(min=0)",
+           "a micro-batch shortens its first request's sequence length instead of the request "
+           "straddling its end: attention reads KV the micro-batch has not written yet"),
     Mutant("capture-skips-widest-uniform-graph", _CG, "CudaGraphManager._init_candidates",
            "or rounded_num_reqs > self.max_num_reqs",
            "or rounded_num_reqs >= self.max_num_reqs",

@@ -192,7 +192,8 @@ def check_config(config: RunnerConfig, path: str) -> None:
                       f"for this config; {have[1]}")
     values = [(f"config.{name}", getattr(config, name)) for name in
               ("max_num_reqs", "max_num_batched_tokens", "max_model_len", "num_speculative_tokens",
-               "pcp_size", "dcp_size", "block_size", "max_loras", "pp_size")]
+               "pcp_size", "dcp_size", "block_size", "max_loras", "pp_size", "num_ubatches",
+               "dbo_decode_token_threshold", "dbo_prefill_token_threshold")]
     values += [(f"config.kv_groups[{i}].{name}", getattr(g, name))
                for i, g in enumerate(config.kv_groups) for name in ("window", "block_size")]
     for name, value in values:

@@ -229,6 +229,9 @@ _GRAPH_DEFAULTS = {"cudagraph_mode": "NONE", "capture_sizes": [], "varlen_decode
 _LORA_DEFAULTS = {"max_loras": 0, "specialize_active_lora": False, "cudagraph_specialize_lora": True}
 # The rejection sampler likewise: written only when vLLM's own runs.
 _SAMPLER_DEFAULTS = {"rejection_sampler": ""}
+# Micro-batch fields likewise: written only when micro-batching is on or the
+# thresholds are not vLLM's defaults.
+_UBATCH_DEFAULTS = {"num_ubatches": 1, "dbo_decode_token_threshold": 32, "dbo_prefill_token_threshold": 512}
 _BOOL_CONFIG_KEYS = ("shard_decode_requests", "varlen_decode", "specialize_active_lora",
                      "cudagraph_specialize_lora")
 
@@ -239,7 +242,8 @@ def config_to_json(config: RunnerConfig) -> dict[str, Any]:
     out["kv_groups"] = [_kv_group_to_json(g) for g in config.kv_groups]
     if config.kv_groups == (KvGroup(),):  # one full group: traces read as before
         del out["kv_groups"]
-    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS, **_SAMPLER_DEFAULTS, "pp_size": 1}  # no PP: traces read as before
+    omitted = {**_GRAPH_DEFAULTS, **_LORA_DEFAULTS, **_SAMPLER_DEFAULTS, **_UBATCH_DEFAULTS,
+               "pp_size": 1}  # no PP: traces read as before
     return {k: v for k, v in out.items() if omitted.get(k, ...) != v}
 
 

@@ -271,6 +271,20 @@ def pcp_group(world_size: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def dp_group(world_size: int) -> Iterator[None]:
+    """vLLM's DP process group as a ``OneProcessGroup`` for one call: 0.30.0-0.32.0's
+    ``sync_cudagraph_and_dp_padding`` looks the group's ``cpu_group`` up before it
+    asks ``should_skip_dp_coordination()``; under vLLM's skip every rank's row is this
+    rank's and the handle is never used."""
+    from vllm.distributed import parallel_state
+
+    group = OneProcessGroup(world_size)
+    group.cpu_group = None  # type: ignore[attr-defined]
+    with _patched([(parallel_state, "_DP", group)]):
+        yield
+
+
+@contextlib.contextmanager
 def profile_without_cuda() -> Iterator[None]:
     """For the length of ``profile_run``: the accelerator sync as a no-op on
     CPU (nothing is queued), and no full ``gc.collect()`` (it frees the
