@@ -46,9 +46,8 @@ from typing import Any
 
 from simrig.adapters import standins
 from simrig.vllm_runtime import platform
-from simrig.vllm_parts.pipeline import (  # noqa: F401 -- the harness reaches them here
+from simrig.vllm_parts.pipeline import (  # noqa: F401 -- collectives: the harness reaches it here
     BroadcastMailbox,
-    PipelineBroadcastError,
     collectives,
     pp_handler,
 )

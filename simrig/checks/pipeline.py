@@ -171,16 +171,17 @@ class _Judge:
         return np.asarray(field.values).tolist() if not isinstance(field.values, list) else field.values
 
     def mismatch(self, field: str, req_ids: tuple[str, ...], expected: object, actual: object,
-                 message: str) -> None:
+                 message: str, pattern: str = "differs_from_last_rank") -> None:
+        """``pattern`` names the way it failed (a known finding's precise signature)."""
         self.out.append(Finding(kind=fk.VALUE_MISMATCH, step=self.index, stage=PIPELINE, check="pipeline",
                                 rank=0, req_ids=req_ids, field=field, expected=str(expected),
-                                actual=str(actual), message=message))
+                                actual=str(actual), message=message, extra={"pattern": pattern}))
 
     def findings(self) -> list[Finding]:
         left = self.value("broadcasts.unreceived")
         if left:
             self.mismatch("broadcasts.unreceived", tuple(self.step.req_ids), 0, left,
-                          "the last rank broadcast tensors no other PP rank received")
+                          "the last rank broadcast tensors no other PP rank received", "left_over")
         ids, last_ids = self.value("batch.req_ids"), self.value("last.req_ids")
         if ids != last_ids:
             self.mismatch("req_ids", tuple(self.step.req_ids), last_ids, ids,
@@ -226,7 +227,8 @@ class _Judge:
             if actual != expected:
                 self.mismatch("num_computed_tokens", (req_id,), expected, actual,
                               f"{req_id}'s num_computed_tokens after the non-last PP rank's step is not "
-                              f"computed + scheduled (sample_tokens advances it optimistically)")
+                              f"computed + scheduled (sample_tokens advances it optimistically)",
+                              "behind_scheduled" if actual < expected else "past_scheduled")
 
     def _drafts(self, req_id: str, lo: int, plain: int, hi: int) -> None:
         req = self.reqs.get(req_id)
@@ -257,13 +259,14 @@ class _Judge:
             if not samples and mask[i]:
                 self.mismatch("need_sampled_mask", (req_id,), False, True,
                               f"{req_id} runs a non-final prefill chunk (samples nothing) but is marked "
-                              f"as needing a sampled token")
+                              f"as needing a sampled token", "marked_non_final_chunk")
             if samples and length < cap:
                 must.append(req_id)
             if samples and length < cap and not mask[i]:
                 self.mismatch("need_sampled_mask", (req_id,), True, False,
                               f"{req_id} samples this step and may run again (length {length} < {cap}) "
-                              f"but is not marked: the non-last PP rank would never get its token")
+                              f"but is not marked: the non-last PP rank would never get its token",
+                              "unmarked_continuing")
         if must and not self.value("broadcasts.sent"):
             self.mismatch("broadcasts.sent", tuple(must), ">= 2 (tokens, counts)", 0,
                           "requests that go on decoding sampled, but the last PP rank broadcast nothing")

@@ -68,9 +68,10 @@ class BroadcastMailbox:
             self.sent += 1
             return None
         if not self.queued:
-            raise PipelineBroadcastError(
-                f"PP rank {group.rank} receives a broadcast ({tuple(tensor.shape)}, {tensor.dtype}) "
-                f"the last rank never sent this step")
+            error = PipelineBroadcastError(
+                f"PP rank {group.rank} receives a broadcast the last rank never sent this step")
+            error.add_note(f"receives {tuple(tensor.shape)} {tensor.dtype}")
+            raise error
         sent = self.queued.popleft()
         if tuple(sent.shape) != tuple(tensor.shape) or sent.dtype != tensor.dtype:
             # one message for every shape (a known finding's signature); the shapes in a note
