@@ -59,13 +59,11 @@ _NO_DP = because("data parallelism is off in every config simrig draws (one DP r
                       {"0.30.0": None, "0.31.0": None}),
                  Cite(_MR, _INIT, "self.dp_size = self.parallel_config.data_parallel_size",
                       {"0.32.0": None, "0.33.0": None}))
-_NO_UBATCH = because("micro-batching (DBO) is off: no ubatch runner is built without "
-                     "parallel_config.enable_dbo, so allow_ubatching is False and no slices exist",
-                     Cite(_MR, EXECUTE, "self.ubatch_runner is not None and not skip_attn_for_dummy_run"))
 _NO_EMBEDS = because("text-only models: no multimodal or prompt-embeds inputs, so inputs_embeds stays None",
                      Cite(_MR, EXECUTE, "inputs_embeds = None"))
-_NO_PP_INPUT = because("intermediate tensors come from the previous pipeline rank; the first rank (the "
-                       "one simrig drives) passes None", Cite(_MR, EXECUTE, '"intermediate_tensors": None,'))
+_NO_PP_INPUT = because("intermediate tensors come from the previous pipeline rank: the last rank is driven as "
+                       "the first (None), a non-last rank gets the forward stand-in's zeros, which nothing "
+                       "reads (docs/standins.md)", Cite(_MR, EXECUTE, '"intermediate_tensors": None,'))
 _NO_GRAMMAR = because("no structured-output requests in any trace: grammar_output is None, so no "
                       "bitmask and no invalid drafts", Cite(_MR, "GPUModelRunner.sample",
                                                             "invalid_drafts = None", {"0.30.0": None,
@@ -89,7 +87,8 @@ _DUMMY_ATTN = ("dummy.query_start_loc", "dummy.seq_lens", "dummy.attn.block_tabl
                "dummy.attn.slot_mappings", "capture.attn.block_tables.0", "capture.attn.slot_mappings")
 _CAPTURE_ATTN = ("capture.query_start_loc", "capture.seq_lens", "capture.attn.block_tables.0",
                  "capture.attn.slot_mappings", "capture.dcp_local_seq_lens")
-_SAMPLED = ("postprocess.num_sampled", "postprocess.num_rejected", "postprocess.output.sampled_token_ids")
+_SAMPLED = ("postprocess.num_sampled", "postprocess.num_rejected", "postprocess.output.sampled_token_ids",
+            "postprocess.sampled_tokens")
 
 ROWS: dict[tuple[str, str], CallRow] = {
     # -- the model ---------------------------------------------------------------------
@@ -115,7 +114,8 @@ ROWS: dict[tuple[str, str], CallRow] = {
     ("the forward context", "num_tokens_across_dp"): _NO_DP,
     ("the forward context", "batch_descriptor"): judged("prepare.num_tokens_after_padding",
                                                         "dispatch.num_active_loras"),
-    ("the forward context", "ubatch_slices"): _NO_UBATCH,
+    ("the forward context", "ubatch_slices"): judged("ubatch.slice.tokens", "ubatch.req_ids",
+                                                     "ubatch.query_start_loc", "ubatch.seq_lens"),
     ("the forward context", "slot_mapping"): judged("prepare.attn.slot_mappings", "dummy.attn.slot_mappings"),
     ("the forward context", "skip_compiled"): _COMPILED,
     ("the forward context", "is_padding"): judged("prepare.is_padding", "dummy.is_padding",
@@ -136,8 +136,8 @@ ROWS: dict[tuple[str, str], CallRow] = {
     ("the graph dispatch", "need_eager"): judged("dispatch.cg_mode", "profile.num_tokens"),
     ("the graph dispatch", "num_active_loras"): judged("dispatch.num_active_loras"),
     ("the graph dispatch", "parallel_config"): because(_SAME_CONFIG, _built("parallel_config")),
-    ("the graph dispatch", "allow_ubatching"): _NO_UBATCH,
-    ("the graph dispatch", "uniform_decode"): judged("dispatch.uniform_token_count", "dispatch.cg_mode"),
+    ("the graph dispatch", "allow_ubatching"): judged("ubatch.desc.num_ubatches"),
+    ("the graph dispatch", "uniform_decode"): judged("dispatch.uniform_decode", "ubatch.desc.num_ubatches"),
     ("the graph dispatch", "allow_skip_drafts"): because(
         "the scheduler's skip_drafts flag: False in every step simrig sends (SchedulerOutput's "
         "default); drafts are scheduled per request instead",
@@ -182,10 +182,8 @@ ROWS: dict[tuple[str, str], CallRow] = {
     ("the LoRA inputs", "input_batch.req_ids"): judged("prepare.req_ids"),
     ("the LoRA inputs", "input_batch.idx_mapping_np"): judged("prepare.idx_mapping_np"),
     ("the LoRA inputs", "input_batch.num_scheduled_tokens"): judged("prepare.num_scheduled_tokens"),
-    ("_set_active_loras", "*lora_inputs"): because(
-        "the per-request and per-token adapter mapping make_lora_inputs builds from the three "
-        "judged inputs above; judged as a mapping where the LoRA stage observes it",
-        Cite(_MR, EXECUTE, "self._set_active_loras(*lora_inputs)")),
+    ("_set_active_loras", "*lora_inputs"): judged("prepare.lora.prompt_mapping", "prepare.lora.token_mapping",
+                                                  "prepare.lora.active_ids", "partition.lora.token_mapping"),
     # -- sampling ------------------------------------------------------------------------
     ("sample", "hidden_states"): _LOGITS,
     ("sample", "input_batch"): judged(*_BATCH, "prepare.cu_num_logits", "prepare.expanded_idx_mapping"),
@@ -210,8 +208,9 @@ ROWS: dict[tuple[str, str], CallRow] = {
     ("the state write-back", "input_batch.query_start_loc"): judged("prepare.query_start_loc"),
     ("post_update", "idx_mapping"): judged("prepare.idx_mapping"),
     ("post_update", "self.req_states.num_computed_tokens.gpu"): judged(
-        "prepare.num_computed_tokens_np", "prepare.seq_lens"),
-    ("post_update", "self.req_states.last_sampled_tokens"): judged("prepare.input_ids"),
+        "postprocess.post.num_computed_tokens", "prepare.num_computed_tokens_np"),
+    ("post_update", "self.req_states.last_sampled_tokens"): judged("postprocess.post.last_sampled_tokens",
+                                                                    "prepare.input_ids"),
     ("post_update", "output_bin_counts"): because(
         "penalty bin counts: the stand-in sampler applies no penalties, so they are never read",
         _STANDIN_SAMPLER),
@@ -254,15 +253,14 @@ ROWS: dict[tuple[str, str], CallRow] = {
         Cite(_MR, "GPUModelRunner.sample_tokens", "routed_experts=routed_experts,",
              {"0.31.0": None, "0.32.0": None, "0.33.0": None})),
     # -- pipeline ranks --------------------------------------------------------------------
-    ("the PP broadcast", "sampler_output.sampled_token_ids"): judged(*_SAMPLED),
-    ("the PP broadcast", "num_sampled"): judged("postprocess.num_sampled"),
-    ("the PP broadcast", "num_rejected"): judged("postprocess.num_rejected"),
-    ("the PP broadcast", "input_batch"): judged(*_BATCH),
-    ("the PP receive", "input_batch"): judged(*_BATCH),
-    ("the PP receive", "recv_drafts"): because(
-        "whether drafts follow the sampled tokens: the last rank proposed any this step",
-        Cite(_MR, "GPUModelRunner.sample_tokens", "recv_drafts=num_spec_tokens > 0",
-             {"0.30.0": None, "0.31.0": None, "0.32.0": None})),
+    ("the PP broadcast", "sampler_output.sampled_token_ids"): judged(*_SAMPLED, "pipeline.received",
+                                                                      "pipeline.batch.input_ids"),
+    ("the PP broadcast", "num_sampled"): judged("postprocess.num_sampled", "pipeline.received"),
+    ("the PP broadcast", "num_rejected"): judged("postprocess.num_rejected", "pipeline.last.num_computed_tokens"),
+    ("the PP broadcast", "input_batch"): judged(*_BATCH, "pipeline.need_sampled_mask", "pipeline.broadcasts.sent"),
+    ("the PP receive", "input_batch"): judged("pipeline.batch.req_ids", "pipeline.need_sampled_mask",
+                                              "pipeline.broadcasts.unreceived"),
+    ("the PP receive", "recv_drafts"): judged("pipeline.last.draft_tokens", "pipeline.received"),
     # -- the dummy paths -----------------------------------------------------------------------
     ("the dummy step", "dummy_scheduler_output"): judged("dummy.num_tokens", "dummy.num_reqs"),
     ("the dummy step", "intermediate_tensors"): _NO_PP_INPUT,
