@@ -145,7 +145,8 @@ def test_a_wrong_case_is_a_finding_and_the_unspecialized_one_has_its_pattern():
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_strategies_draw_lora_configs_and_adapters_within_max_loras(data):
-    config = data.draw(runner_configs(max_loras=st.integers(1, 3), pcp_sizes=st.just(1)))
+    config = data.draw(runner_configs(max_loras=st.integers(1, 3), pcp_sizes=st.just(1),
+                                      num_ubatches=st.just(1)))  # DBO turns LoRA off
     assert 1 <= config.max_loras <= 3
     steps = data.draw(scheduler_steps(config=st.just(config), min_steps=1, max_steps=6))
     tracker = AdapterTracker()

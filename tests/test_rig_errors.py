@@ -162,7 +162,7 @@ def test_replay_reports_a_crashing_check_and_exits_3(tmp_path, monkeypatch, caps
     assert status == EXIT_RIG_ERROR, capsys.readouterr()
     findings = pd.read_csv(out / "findings.csv")
     rig = findings[findings.kind == "rig_error"]
-    assert len(rig) and rig.check.eq("semantic").all()
+    assert len(rig) and rig.check.eq("semantics").all()
     assert rig.traceback.str.contains("IndexError: parity bug").all()
     # the other checks still ran on the same steps
     assert (findings.check == "contract").any()
