@@ -184,17 +184,16 @@ def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),
                              cudagraph_specialize_lora=draw(specialize_lora))
         if config.num_speculative_tokens:
             config = replace(config, rejection_sampler=draw(rejection_samplers))
-        pp = draw(pp_sizes)
-        if pp > 1:
-            config = replace(config, pp_size=pp)
         n = draw(num_ubatches)
-        if (n > 1 and config.pcp_size == 1 and config.dcp_size == 1 and config.pp_size == 1
-                and config.cudagraph_mode != "PIECEWISE"):
+        if n > 1 and config.pcp_size == 1 and config.dcp_size == 1 and config.cudagraph_mode != "PIECEWISE":
             # drafts and LoRA are dropped for it (the PCP axis keeps its draws)
             config = replace(config, num_ubatches=n, num_speculative_tokens=0, rejection_sampler="", max_loras=0,
                              specialize_active_lora=False, cudagraph_specialize_lora=True,
                              dbo_decode_token_threshold=n + draw(ubatch_thresholds),
                              dbo_prefill_token_threshold=n + draw(ubatch_thresholds))
+        pp = draw(pp_sizes)
+        if pp > 1 and config.num_ubatches == 1:  # vLLM refuses micro-batching with PP
+            config = replace(config, pp_size=pp)
         config.validate()  # a strategy argument produced an impossible value
         return config
 
