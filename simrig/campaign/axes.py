@@ -68,7 +68,7 @@ class Axis:
 
 
 def _config(attr: str, above: int = 1) -> Callable[[RunnerConfig, Step, AxisState], bool]:
-    return lambda config, step, state: int(getattr(config, attr, 0) or 0) > above
+    return lambda config, step, state: getattr(config, attr) > above
 
 
 def _rows(step: Step, state: AxisState) -> list[tuple[str, int, int, int]]:
@@ -101,7 +101,7 @@ def _lora_slot_reuse(config: RunnerConfig, step: Step, state: AxisState) -> bool
 
 
 def _streaming_update(config: RunnerConfig, step: Step, state: AxisState) -> bool:
-    return any(getattr(new, "streaming", False) and new.req_id in state.adapters for new in step.new_requests)
+    return any(new.streaming and new.req_id in state.adapters for new in step.new_requests)
 
 
 def _resumption(config: RunnerConfig, step: Step, state: AxisState) -> bool:
@@ -122,7 +122,7 @@ AXES: tuple[Axis, ...] = (
          _fewer_drafts_than_k),
     Axis("rejections", "drafts the sampler rejected", lambda c, s, st: bool(s.rejected)),
     Axis("vLLM's rejection sampler", "drafts verified by vLLM's own sampler (standard or block)",
-         lambda c, s, st: bool(s.spec_tokens) and getattr(c, "rejection_sampler", "") != ""),
+         lambda c, s, st: bool(s.spec_tokens) and c.rejection_sampler != ""),
     Axis("placeholder drafts", "P/D first step: placeholder (-1) drafts", _placeholder_drafts),
     Axis("preemption", "a running request preempted", lambda c, s, st: bool(s.preempted)),
     Axis("resumption", "a preempted request resumed", _resumption),
