@@ -4,9 +4,9 @@ Each step is one call of the installed ``GPUModelRunner.execute_model``:
 vLLM's own wiring decides every argument. The runner comes built and
 equipped from the adapter (``VllmApi.build_parts``, ``simrig.adapters.wiring``);
 the harness steps it. It observes by wrapping the runner's methods on the
-instance (``simrig.stage_probes``; each wrapper calls the class's current
-function, so a mutated vLLM is what runs) and never changes an argument or a
-result:
+instance (``simrig.stage_probes.Probes``; each wrapper calls the class's
+current function, so a mutated vLLM is what runs) and never changes an argument
+or a result. What the step in flight has observed is one ``StepContext``:
 
     Step --vllm_api--> SchedulerOutput --> runner.execute_model(so)
       lifecycle   finish_requests ... update_requests (real); the drafter
@@ -44,19 +44,24 @@ from typing import Any
 from simrig import observe as obs
 from simrig.vllm_runtime import platform
 from simrig.adapters import pipeline, sampling
-from simrig.adapters.probes import error_obs as _error_obs
-from simrig.adapters.probes import pcp_private_view as _pcp_private_view
+from simrig.adapters.probes import error_obs, pcp_private_view
+from simrig.adapters.reuse import RunnerState
 from simrig.adapters.runner import VllmApi, load
-from simrig.vllm_parts import ubatch
+from simrig.dummy_paths import DummyRuns
 from simrig.findings.findings import Finding, rig_error
-from simrig.trace_gate import rig_work, vllm_calls
-from simrig.dummy_paths import DummyPaths
-from simrig.stage_probes import StageProbes, StopStep
+from simrig.stage_probes import Probes, StopStep, observe_dcp_local_seq_lens, record_unclaimed
 from simrig.step import RunnerConfig, Step
+from simrig.step_context import StepContext
+from simrig.trace_gate import vllm_calls
+from simrig.vllm_parts import ubatch
 
 
-class Harness(StageProbes, DummyPaths):
-    """A model-less runner built from the installed vLLM, fed one Step at a time."""
+class Harness:
+    """A model-less runner built from the installed vLLM, fed one Step at a time.
+
+    It composes the step in flight (``ctx``), the probes that record into it
+    (``probes``) and vLLM's dummy paths (``dummies``); the step path is ``run_step``.
+    """
 
     def __init__(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
                  api: VllmApi | None = None):
@@ -85,28 +90,17 @@ class Harness(StageProbes, DummyPaths):
         # the first step at which vLLM raised on this runner: every later step reports it,
         # and the runner pool never resets such a runner for another example
         self.raised_at: int | None = None
-        self._step: Step | None = None
-        self._result: obs.StepObs | None = None
-        self._global_batch: Any = None
-        self._desc: Any = None
-        self._lifecycle_start = 0.0
-        # "step": probes record; "dummy" / "capture": vLLM's dummy paths run and
-        # only the batch they build is observed
-        self._mode = "step"
-        self._captured = False
-        self._captures: dict[tuple, tuple[Any, tuple]] = {}
-        self._capture_desc: Any = None
-        self._dummy_record: obs.StageObs | None = None
-        # the probes' own bookkeeping inside vLLM's calls (not vLLM's time: StepObs.vllm_s)
-        self._probe_rig_s = 0.0
+        self.ctx = StepContext()
+        self.probes = Probes(self.ctx, self.api, self.runner, stages, len(self.pcp_managers))
+        self.dummies = DummyRuns(self.ctx, self.runner, stages)
         # reuse (simrig.runners): the state after start-up, kept when asked for
         self.keep_startup_state = False
         self.pool_key: tuple | None = None
         self._startup_state: Any = None
         self._startup_stages: list[obs.StageObs] = []
         self._report_startup = False
-        self.runner.model_state.observer = self._rig_timed(self._on_attn)
-        self._install_probes()
+        self.runner.model_state.observer = self.probes.rig_timed(self.dummies.on_attn)
+        self.probes.install()
         self._dispatch_tap = ubatch.install_dispatch_tap(self.runner)
 
     # The hot path: one real execute_model, then the ranks it does not drive.
@@ -126,10 +120,10 @@ class Harness(StageProbes, DummyPaths):
             # the drafts the last rank proposes are what the other PP ranks embed: K, as
             # vLLM's Scheduler sets it ("num_spec_tokens_to_schedule = self.num_spec_tokens")
             so.num_spec_tokens_to_schedule = self.config.num_speculative_tokens
-        self._step, self._result, self._global_batch, self._desc = step, result, None, None
-        self._probe_rig_s = 0.0
+        ctx = self.ctx
+        ctx.begin(step, result)
         start = time.perf_counter()
-        if not self._captured:
+        if not self.dummies.captured:
             self._start_up(result)
         elif self._report_startup:
             self._report_startup = False
@@ -142,14 +136,14 @@ class Harness(StageProbes, DummyPaths):
         except StopStep:
             pass
         except Exception as exc:  # vLLM's exceptions are observations
-            self._unclaimed_error(exc, step, result)
+            record_unclaimed(exc, step, result)
         finally:
             self._dispatch_tap.armed = False
         in_execute = time.perf_counter() - start
         staged = len(result.stages)
-        self._observe_dcp_local_seq_lens(result)
+        observe_dcp_local_seq_lens(self.runner, result)
         self._micro_batches(step, result)
-        batch, desc = self._global_batch, self._desc
+        batch, desc = ctx.global_batch, ctx.desc
         try:
             if batch is not None and desc is not None and obs.PREPARE in self.stages \
                     and not result.step_failed():
@@ -162,10 +156,10 @@ class Harness(StageProbes, DummyPaths):
                 self._timed_stage(result, self.pp_rank.step, so, self.runner, None, step)
         finally:
             self.runner.execute_model_state = None
-        self._dummy_run(step, result, desc)
+        self.dummies.after_step(step, result, desc)
         # startup and execute_model whole, then the calls after it (their stage rows)
         result.vllm_s = max(0.0, in_execute + sum(st.duration_s for st in result.stages[staged:])
-                            - self._probe_rig_s) + self._build_s
+                            - ctx.probe_rig_s) + self._build_s
         self._build_s = 0.0
         return result
 
@@ -174,14 +168,12 @@ class Harness(StageProbes, DummyPaths):
         """Profile and capture (simrig.dummy_paths); with keep_startup_state,
         the runner's state right after them is kept for ``reset``."""
         first = len(result.stages)
-        self._capture_at_startup(result)
-        failed = self.pp_rank.start_up(self._step) if self.pp_rank is not None else None
+        self.dummies.start_up(result)
+        failed = self.pp_rank.start_up(self.ctx.step) if self.pp_rank is not None else None
         if failed is not None:
             result.stages.append(failed)
         self._startup_stages = list(result.stages[first:])
         if self.keep_startup_state:
-            from simrig.adapters.reuse import RunnerState
-
             self._startup_state = RunnerState(self._state_roots())
 
     def _state_roots(self) -> list[Any]:
@@ -206,7 +198,7 @@ class Harness(StageProbes, DummyPaths):
         if not dirty:
             self.num_steps = 0
             self.raised_at = None
-            self._step = self._result = self._global_batch = self._desc = None
+            self.ctx.begin(None, None)
             self._report_startup = True
         return dirty
 
@@ -216,10 +208,10 @@ class Harness(StageProbes, DummyPaths):
             return
         for rank, manager in enumerate(self.pcp_managers[1:], start=1):
             self._timed(result, obs.PARTITION, rank, step, self.api.partition_for_rank,
-                        manager, batch, desc, extra=lambda _fn, m=manager: _pcp_private_view(m))
+                        manager, batch, desc, extra=lambda _fn, m=manager: pcp_private_view(m))
         for rank, dcp_rank, manager in self.dcp_peers:
             self._timed(result, obs.PARTITION, rank, step, self.api.partition_for_rank,
-                        manager, batch, desc, extra=lambda _fn, m=manager: _pcp_private_view(m))
+                        manager, batch, desc, extra=lambda _fn, m=manager: pcp_private_view(m))
             result.stages[-1].dcp_rank = dcp_rank
 
     def _micro_batches(self, step: Step, result: obs.StepObs) -> None:
@@ -235,29 +227,26 @@ class Harness(StageProbes, DummyPaths):
         config = self.config
         if config.num_ubatches < 2 or state is None or result.step_failed():
             return
-        split = self._open(obs.UBATCH)
-        mode, dummy_record = self._mode, self._dummy_record
-        self._mode, self._dummy_record = "ubatch", None  # the probes pass vLLM's calls through
+        split = self.ctx.open(obs.UBATCH)
         start = time.perf_counter()
         try:
-            with vllm_calls():
+            with vllm_calls(), self.ctx.passing_through("ubatch"):
                 desc = ubatch.decide(self.runner, calls[0], config.num_ubatches,
                                      config.dbo_decode_token_threshold, config.dbo_prefill_token_threshold)
                 split.fields["desc.num_ubatches"] = obs.observe_value(int(desc.num_ubatches))
                 if desc.num_ubatches > 1:
                     split.fields.update(ubatch.split(self.runner, state.input_batch, int(desc.num_ubatches)))
         except Exception as exc:  # vLLM's exceptions are observations
-            split.error = _error_obs(exc, step)
+            split.error = error_obs(exc, step)
         finally:
             split.duration_s = time.perf_counter() - start
-            self._mode, self._dummy_record = mode, dummy_record
 
     def _sample_tokens(self, step: Step, batch: Any, result: obs.StepObs) -> None:
         """The release's own sample_tokens on the state execute_model left: the
         stand-in logits name the trace's tokens for the global batch's logit
         rows; postprocess_sampled's arguments and the runner's output to the
         scheduler are observed."""
-        record = self._open(obs.POSTPROCESS)
+        record = self.ctx.open(obs.POSTPROCESS)
         self.runner.model.target_tokens = sampling.target_tokens(batch)
         start = time.perf_counter()
         try:
@@ -267,7 +256,7 @@ class Harness(StageProbes, DummyPaths):
                 if output is not None and hasattr(output, "get_output"):
                     output = output.get_output()
         except Exception as exc:  # vLLM's exceptions are observations
-            record.error = _error_obs(exc, step)
+            record.error = error_obs(exc, step)
             return
         finally:
             record.duration_s = time.perf_counter() - start
@@ -305,7 +294,7 @@ class Harness(StageProbes, DummyPaths):
             value = fn(*args)
         except Exception as exc:  # vLLM's exceptions are observations
             record.duration_s = time.perf_counter() - start
-            record.error = _error_obs(exc, step)
+            record.error = error_obs(exc, step)
             return None
         record.duration_s = time.perf_counter() - start
         if observe and value is not None:

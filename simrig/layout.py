@@ -19,7 +19,7 @@ FLOORS: tuple[set[str], ...] = (
     {"triton_interpreter", "triton_memcheck"},         # where the kernels run on a CPU; their checker
     {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it
     {"vllm_parts"},                                    # vLLM's own parts made from a trace config
-    {"adapters"},                                      # the model-less runner
+    {"adapters", "step_context"},                      # the model-less runner; the step in flight
     {"trace_io", "findings", "ledger", "coverage", "dummy_paths", "stage_probes", "bench"},
     {"sources", "reference", "views"},                 # producers of traces; the reference model; page parts
     {"partition", "harness", "report"},                # PCP layout; stepping one runner; reports

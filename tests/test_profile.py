@@ -83,5 +83,5 @@ def test_a_kernel_launch_through_the_coverage_hook_stays_vllms():
     assert StackSampler._sample(frame(f"{SITE}/triton/language/semantic.py", "add", stand_in))[0] == "vllm"
     kept = frame("/home/u/simrig/simrig/triton_interpreter/interpreter_types.py", "lean_tensors.<locals>.__init__", leaf)
     assert StackSampler._sample(kept)[0] == "vllm"
-    probe = frame("/home/u/simrig/simrig/stage_probes.py", "StageProbes._probe_attn", caller)
+    probe = frame("/home/u/simrig/simrig/stage_probes.py", "Probes._attn_probe", caller)
     assert StackSampler._sample(frame(f"{SITE}/numpy/core.py", "f", probe))[0] == "rig"

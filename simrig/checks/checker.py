@@ -9,8 +9,9 @@ table at the top of docs/oracle.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from simrig.checks.fields import check_model_fields, check_runner_state, runs_as_decode
@@ -102,23 +103,28 @@ class Checker:
         """Every check on one step. A check that raises becomes one ``rig_error``
         finding (with its traceback); the other checks still run."""
         findings: list[Finding] = []
-        life = self._guard(findings, index, "scheduler_contract", self.lifecycle.check,
-                           index, step, observation)
+        life = None
+        with self._rig_errors(findings, index, "scheduler_contract"):
+            life = self.lifecycle.check(index, step, observation)
         if life is not None:
             findings.extend(life.findings)
             findings.extend(check_runner_state(index, self.config, observation, self.lifecycle.live))
             findings.extend(check_added_state(index, self.config, step, observation,
                                               frozenset(r for v in life.violations for r in v.req_ids)))
-        self._guard(findings, index, "contract", self._dtype_checks, index, step, observation,
-                    findings)
-        self._guard(findings, index, "semantics", self._dummy_semantics, index, observation,
-                    findings)
-        self._guard(findings, index, "dispatch", self._capture_sizes, index, observation, findings)
-        self._guard(findings, index, "dummy_batches", self._dummy_batches, index, step, observation,
-                    findings)
-        self._guard(findings, index, "reference", self.reference.apply_lifecycle, step)
-        self._guard(findings, index, "blocks", self.blocks.apply, step)
-        self._guard(findings, index, "lora_dispatch", self.adapters.apply, step)
+        with self._rig_errors(findings, index, "contract"):
+            self._dtype_checks(index, step, observation, findings)
+        with self._rig_errors(findings, index, "semantics"):
+            self._dummy_semantics(index, observation, findings)
+        with self._rig_errors(findings, index, "dispatch"):
+            self._capture_sizes(index, observation, findings)
+        with self._rig_errors(findings, index, "dummy_batches"):
+            self._dummy_batches(index, step, observation, findings)
+        with self._rig_errors(findings, index, "reference"):
+            self.reference.apply_lifecycle(step)
+        with self._rig_errors(findings, index, "blocks"):
+            self.blocks.apply(step)
+        with self._rig_errors(findings, index, "lora_dispatch"):
+            self.adapters.apply(step)
         # A crashed lifecycle check leaves the contract state unknown: no
         # semantic check has a defined expectation. Otherwise the requests a
         # violation names (and those whose cursor it desynced) are set aside:
@@ -130,23 +136,28 @@ class Checker:
             touched |= self.broken & set(step.num_scheduled_tokens)
         self.identity_ids = _identity_ids(life)
         if touched is not None:
-            semantic = self._guard(findings, index, "semantics", self._semantic_checks,
-                                   index, step, observation, frozenset(touched)) or []
+            semantic: list[Finding] = []
+            with self._rig_errors(findings, index, "semantics"):
+                semantic = self._semantic_checks(index, step, observation, frozenset(touched))
             if touched:  # a finding about a set-aside request, or about no request, is undefined
                 semantic = [f for f in semantic if f.kind == fk.RIG_ERROR
                             or (f.req_ids and not set(f.req_ids) & touched)]
             findings.extend(semantic)
-        piped = self._guard(findings, index, "pipeline", self.pipeline.check, index, step, observation)
+        piped: list[Finding] = []
+        with self._rig_errors(findings, index, "pipeline"):
+            piped = self.pipeline.check(index, step, observation)
         undefined = (touched or set()) | self.broken
-        findings.extend(f for f in piped or [] if f.kind == fk.CONTRACT_VIOLATION_INPUT
+        findings.extend(f for f in piped if f.kind == fk.CONTRACT_VIOLATION_INPUT
                         or not set(f.req_ids) & undefined)
-        self._guard(findings, index, "reference", self.reference.advance, step)
-        if life is not None and not life.violations and self._guard(
-                findings, index, "runner_state", StepObs.step_failed, observation):
+        with self._rig_errors(findings, index, "reference"):
+            self.reference.advance(step)
+        if life is not None and not life.violations and observation.step_failed():
             self.broken |= set(step.num_scheduled_tokens)
         for f in findings:
             f.trace = self.trace
-        marked = self._guard(findings, index, "known", self.known.apply, findings, self.context)
+        marked = None
+        with self._rig_errors(findings, index, "known"):
+            marked = self.known.apply(findings, self.context)
         return marked if marked is not None else findings
 
     def touched_by(self, life: Any, step: Step) -> set[str] | None:
@@ -158,14 +169,14 @@ class Checker:
         touched = {r for v in life.violations for r in v.req_ids}
         return touched | (self.lifecycle.desynced & set(step.num_scheduled_tokens))
 
-    def _guard(self, findings: list[Finding], index: int, check: str, fn: Callable[..., Any],
-               *args: Any) -> Any:
-        """``fn(*args)``, or None after appending a rig_error for its exception."""
+    @contextlib.contextmanager
+    def _rig_errors(self, findings: list[Finding], index: int, check: str) -> Iterator[None]:
+        """The block's exception, if any, becomes one rig_error finding of ``check``
+        and the step's other checks still run (a check's bug is a finding)."""
         try:
-            return fn(*args)
+            yield
         except Exception as exc:  # noqa: BLE001 -- a check's bug is a finding
             findings.append(fk.rig_error(exc, step=index, check=check, trace=self.trace))
-            return None
 
     def _dtype_checks(self, index: int, step: Step, observation: StepObs,
                       findings: list[Finding]) -> None:

@@ -106,8 +106,8 @@ REASONS: dict[tuple[str, str], tuple[str, tuple[Cite, ...]]] = {
     ("lifecycle", "runner.pcp_size"): (
         "the PCP world the harness drove (1 where the release cannot drive the configuration); it "
         "selects what the checks expect",
-        (Cite("simrig/stage_probes.py", "StageProbes._probe_lifecycle_end",
-              '"runner.pcp_size": len(self.pcp_managers) or 1'),)),
+        (Cite("simrig/stage_probes.py", "Probes._lifecycle_end_probe",
+              '"runner.pcp_size": self.pcp_size or 1'),)),
     ("gather", "uniform_decode_token_count"): (
         "judged through the descriptor it dispatches (dispatch: uniform_token_count)",
         (Cite(_MR, EXECUTE, "uniform_decode=uniform_tok_count == self.decode_query_len,"),)),
