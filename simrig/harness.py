@@ -1,37 +1,9 @@
-"""The runner harness: applies Steps through the real MRV2 code.
+"""The runner harness: applies Steps through the real MRV2 code, one module top to bottom.
 
-Each step is one call of the installed ``GPUModelRunner.execute_model``:
-vLLM's own wiring decides every argument. The runner comes built and
-equipped from the adapter (``VllmApi.build_parts``, ``simrig.adapters.wiring``);
-the harness steps it. It observes by wrapping the runner's methods on the
-instance (``simrig.stage_probes.Probes``; each wrapper calls the class's
-current function, so a mutated vLLM is what runs) and never changes an argument
-or a result. What the step in flight has observed is one ``StepContext``:
-
-    Step --vllm_api--> SchedulerOutput --> runner.execute_model(so)
-      lifecycle   finish_requests ... update_requests (real); the drafter
-                  stand-in then writes draft token ids into req_states
-      gather      gather_batch_req_state                    -> BatchReqState
-      dispatch    CudaGraphManager.dispatch, as dispatch_cg_and_sync_dp calls it
-                                                            -> BatchExecutionDescriptor
-      prepare     prepare_inputs (the global batch: what PCP rank 0's
-                  partition_batch receives under PCP), plus prepare_attn's
-                  block tables and slot mappings, and dcp_local_seq_lens
-      partition   rank 0: inside prepare_inputs; ranks past 0 (and DCP peers)
-                  partition the same global batch as the release does
-      postprocess the release's sample_tokens (stand-in logits and samplers,
-                  adapters/sampling.py): postprocess_sampled's counts and the
-                  runner's output to the scheduler
-      dummy       GPUModelRunner._dummy_run at the step's token count, in the
-                  runner's own buffers (simrig.dummy_paths); skipped after a
-                  step whose ``idle_dummy`` is False
-      profile     before the first step: GPUModelRunner.profile_run's batch
-                  (simrig.dummy_paths)
-      capture     then capture_model: each captured descriptor's dummy batch
-
-An exception stops the step where the real runner stops (the dummy still
-runs: cudagraph capture builds it independently). Nothing is raised out of
-``run_step``: every exception becomes part of the observation.
+Each step is one call of the installed ``GPUModelRunner.execute_model``, vLLM's own wiring
+deciding every argument; the runner comes built and equipped from the adapter
+(``VllmApi.build_parts``). ``Harness`` observes by wrapping (``simrig.stage_probes.Probes``)
+and never changes an argument or a result. See docs/layout.md, 'The step path'.
 """
 
 from __future__ import annotations
@@ -59,8 +31,34 @@ from simrig.vllm_parts import ubatch
 class Harness:
     """A model-less runner built from the installed vLLM, fed one Step at a time.
 
-    It composes the step in flight (``ctx``), the probes that record into it
-    (``probes``) and vLLM's dummy paths (``dummies``); the step path is ``run_step``.
+    It composes the step in flight (``ctx``: ``simrig.step_context.StepContext``), the
+    probes that record into it (``probes``) and vLLM's dummy paths (``dummies``:
+    ``simrig.dummy_paths.DummyRuns``). ``run_step``, stage by stage:
+
+        Step --vllm_api--> SchedulerOutput --> runner.execute_model(so)
+          profile     before the first step: profile_run's batch (dummies)
+          capture     then capture_model: each captured descriptor's dummy batch
+          lifecycle   finish_requests ... update_requests (real); the drafter
+                      stand-in then writes draft token ids into req_states
+          gather      gather_batch_req_state                    -> BatchReqState
+          dispatch    CudaGraphManager.dispatch, as dispatch_cg_and_sync_dp calls it
+                                                                -> BatchExecutionDescriptor
+          prepare     prepare_inputs (the global batch: what PCP rank 0's
+                      partition_batch receives under PCP), plus prepare_attn's
+                      block tables and slot mappings, and dcp_local_seq_lens
+          partition   rank 0: inside prepare_inputs; ranks past 0 (and DCP peers)
+                      partition the same global batch as the release does
+          ubatch      under micro-batching: vLLM's split decision and slices
+          postprocess the release's sample_tokens (stand-in logits and samplers,
+                      adapters/sampling.py): postprocess_sampled's counts and the
+                      runner's output to the scheduler
+          pipeline    pp_size > 1: the non-last PP rank's step (adapters/pipeline.py)
+          dummy       _dummy_run at the step's token count, in the runner's own
+                      buffers (dummies); not after a step whose ``idle_dummy`` is False
+
+    An exception stops the step where the real runner stops (the dummy still runs:
+    cudagraph capture builds it independently). Nothing is raised out of ``run_step``:
+    every exception becomes part of the observation.
     """
 
     def __init__(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,

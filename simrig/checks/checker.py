@@ -151,7 +151,10 @@ class Checker:
                         or not set(f.req_ids) & undefined)
         with self._rig_errors(findings, index, "reference"):
             self.reference.advance(step)
-        if life is not None and not life.violations and observation.step_failed():
+        failed = False  # a malformed observation (a rig bug) leaves nothing set aside
+        with self._rig_errors(findings, index, "runner_state"):
+            failed = life is not None and not life.violations and observation.step_failed()
+        if failed:
             self.broken |= set(step.num_scheduled_tokens)
         for f in findings:
             f.trace = self.trace
