@@ -42,24 +42,10 @@ from simrig.graph_rules.lora import AdapterTracker, check_lora_captures, check_l
 from simrig.graph_rules.lora_inputs import check_lora_inputs
 from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
 from simrig.graph_rules.ubatch import check_ubatches
-from simrig.graph_rules.padding import (
-    check_capture,
-    check_capture_sizes,
-    check_dispatch,
-    descriptor,
-    sizes_in_force,
-)
-from simrig.observe import (
-    CAPTURE,
-    CAPTURE_SIZES,
-    DUMMY,
-    GATHER,
-    LIFECYCLE,
-    PARTITION,
-    PREPARE,
-    PROFILE,
-    StepObs,
-)
+from simrig.graph_rules.padding import check_capture, check_capture_sizes, check_dispatch
+from simrig.graph_rules.padding import descriptor, sizes_in_force
+from simrig.observe import CAPTURE, CAPTURE_SIZES, DUMMY, GATHER, LIFECYCLE, PARTITION, PREPARE, PROFILE
+from simrig.observe import StepObs
 from simrig.partition.pcp import check_dcp_peers, check_pcp
 from simrig.reference.blocks import BlockTracker, check_attn_blocks
 from simrig.reference.contract import DriftTracker, check_contract
