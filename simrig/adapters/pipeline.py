@@ -44,13 +44,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from simrig import observe as obs
 from simrig.adapters import standins
+from simrig.adapters.probes import error_obs, wrap
+from simrig.vllm_parts.pipeline import BroadcastMailbox, collectives, pp_handler  # noqa: F401 -- collectives: the harness reaches it here
 from simrig.vllm_runtime import platform
-from simrig.vllm_parts.pipeline import (  # noqa: F401 -- collectives: the harness reaches it here
-    BroadcastMailbox,
-    collectives,
-    pp_handler,
-)
 
 
 class StageOutputStandIn(standins.ModelStandIn):
@@ -58,6 +56,7 @@ class StageOutputStandIn(standins.ModelStandIn):
     ``IntermediateTensors`` it would send on (zeros; nothing reads them)."""
 
     def __call__(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
+        # lazy: vllm loads after platform.configure() sets its env
         from vllm.sequence import IntermediateTensors
 
         hidden = super().__call__(input_ids=input_ids, positions=positions, **kwargs)
@@ -70,7 +69,7 @@ def make_pipeline_rank(runner: Any, rank: int, world_size: int, mailbox: Broadca
     ``GPUModelRunner.__init__`` sets it up: ``use_pp``, the rank's
     ``is_last_pp_rank`` and its ``PPHandler``; a non-last rank's forward
     returns intermediate tensors."""
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     last = rank == world_size - 1
     runner.use_pp = True
@@ -105,8 +104,6 @@ class NonLastRank:
     """
 
     def __init__(self, runner: Any, mailbox: BroadcastMailbox) -> None:
-        from simrig.adapters.probes import wrap
-
         self.runner = runner
         self.mailbox = mailbox
         self._batch: Any = None
@@ -121,9 +118,6 @@ class NonLastRank:
         """This rank's ``capture_model``, as every rank captures at start-up (a
         FULL step replays this rank's own graph); None, or the ``pipeline``
         stage record of its exception (that rank would not start)."""
-        from simrig import observe as obs
-        from simrig.adapters.probes import error_obs
-
         manager = self.runner.cudagraph_manager
         if not manager.needs_capture():
             return None
@@ -158,9 +152,6 @@ class NonLastRank:
     def step(self, scheduler_output: Any, last_runner: Any, last_batch: Any, step: Any) -> Any:
         """This rank's execute_model and sample_tokens; every exception is an
         observation on the returned stage record."""
-        from simrig import observe as obs
-        from simrig.adapters.probes import error_obs
-
         record = obs.StageObs(stage=obs.PIPELINE, rank=0)
         self._batch, self._mask, self._received = None, None, False
         if last_batch is not None:
@@ -186,8 +177,6 @@ class NonLastRank:
 
 
 def _batch_fields(batch: Any, prefix: str) -> dict[str, Any]:
-    from simrig import observe as obs
-
     num_reqs, num_tokens = int(batch.num_reqs), int(batch.num_tokens)
     values = {"req_ids": list(batch.req_ids),
               "input_ids": batch.input_ids[:num_tokens], "positions": batch.positions[:num_tokens],
@@ -197,8 +186,6 @@ def _batch_fields(batch: Any, prefix: str) -> dict[str, Any]:
 
 def _row_state(runner: Any, batch: Any, prefix: str, drafts: bool = True) -> dict[str, Any]:
     """The runner's request state of the batch's rows (its own slots, in batch order)."""
-    from simrig import observe as obs
-
     slots = batch.idx_mapping[:int(batch.num_reqs)].long()
     states = runner.req_states
     out = {prefix + "num_computed_tokens": obs.observe_value(states.num_computed_tokens.gpu[slots])}

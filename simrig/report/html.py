@@ -31,6 +31,9 @@ from typing import Any
 
 import pandas as pd
 
+from simrig.findings.classes import verdict_line
+from simrig.views.sections import Links, changes_section, folded_classes_section, new_classes_section
+
 HTML_ROWS = 200  # rows per table shown in the HTML (the files hold all)
 OCCURRENCES_SHOWN = 50  # occurrence rows under each class
 OCCURRENCE_COLUMNS = ("trace", "pcp_size", "step", "stage", "rank", "check", "req_ids", "expected",
@@ -74,8 +77,6 @@ def jsonable(value: Any) -> Any:
 
 def banner(summary: dict[str, Any]) -> tuple[str, bool]:
     """(text, bad) from the class verdict counts summary.json carries."""
-    from simrig.findings.classes import verdict_line
-
     counts = summary.get("classes") or {}
     text = verdict_line(counts)
     extra = summary.get("verdict_note")
@@ -96,8 +97,6 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
     """The page, as a list of sections in reading order (see the module docstring);
     ``extra_sections`` (HTML) go after the folded classes, before the evidence tables.
     ``page_dir``: where the page will live, for its links into the checkout."""
-    from simrig.views.sections import Links, changes_section, folded_classes_section, new_classes_section
-
     classes = classes if classes is not None else pd.DataFrame()
     occurrences = occurrences if occurrences is not None else findings
     sections = [
@@ -128,6 +127,7 @@ def verdict_section(title: str, summary: dict[str, Any], headline: str) -> str:
 def plots_section(summary: dict[str, Any], steps: pd.DataFrame, classes: pd.DataFrame,
                   extra_tables: dict[str, pd.DataFrame]) -> str:
     """A campaign's curves over time, the batch composition, the stage latency, the time share."""
+    # lazy: report.plots and views.trends bring matplotlib, needed only here
     from simrig.report import plots
     from simrig.views import trends
 

@@ -36,6 +36,13 @@ from typing import Any
 
 from simrig.step import NewRequest, RunnerConfig, Step, block_groups, step_block_ids
 from simrig.trace_io.trace import TraceHeader, TraceWriter, step_to_json
+from simrig.vllm_parts.scheduler import (
+    rejected_from_output,
+    runner_config_of,
+    scheduler_class,
+    step_from_output,
+    vllm_version,
+)
 
 log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"
@@ -145,8 +152,6 @@ class LiveRecorder:
         self.live: set[str] = set()  # ids the runner holds: a new request among them is a streaming update
 
     def on_schedule(self, so: Any) -> None:
-        from simrig.vllm_parts.scheduler import step_from_output
-
         self.pending[id(so)] = step_from_output(so, keep_token_ids=False, live=self.live)
 
     def on_output(self, so: Any, rejected: dict[str, int]) -> None:
@@ -172,8 +177,6 @@ class LiveRecorder:
 
 
 def recorder_for(scheduler: Any, directory: str, *, max_mb: float = 64.0, max_files: int = 16) -> LiveRecorder:
-    from simrig.vllm_parts.scheduler import runner_config_of, vllm_version
-
     config = runner_config_of(scheduler)
     stem = f"sched-{os.getpid()}-{next(_instances)}"
     source = {"kind": "recorded", "tool": "simrig live", "vllm_version": vllm_version(),
@@ -206,8 +209,6 @@ def attach(scheduler: Any, recorder: LiveRecorder) -> None:
 
 
 def _count_rejected(so: Any, model_runner_output: Any, into: dict[str, int]) -> None:
-    from simrig.vllm_parts.scheduler import rejected_from_output
-
     into.update(rejected_from_output(so, model_runner_output))
 
 
@@ -237,7 +238,6 @@ def register() -> None:
         return
     max_mb = float(os.environ.get(ENV_MAX_MB, "64"))
     max_files = int(os.environ.get(ENV_MAX_FILES, "16"))
-    from simrig.vllm_parts.scheduler import scheduler_class
 
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):
@@ -258,8 +258,6 @@ def register() -> None:
 
 def unregister() -> None:
     """Undo ``register`` (Schedulers built later are not recorded)."""
-    from simrig.vllm_parts.scheduler import scheduler_class
-
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):
         cls.__init__ = cls._simrig_original_init

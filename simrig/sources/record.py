@@ -29,6 +29,7 @@ from simrig.sources.sampler import SyntheticSampler
 from simrig.sources.workloads import WorkloadRequest
 from simrig.step import Step
 from simrig.trace_io.trace import TraceHeader, TraceWriter
+from simrig.vllm_parts import scheduler as vs
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,6 @@ def record_to_file(path: str, setup: Any, workload: list[WorkloadRequest], *, sp
                    extra_source: dict | None = None) -> RecordResult:
     """Build a real scheduler for ``setup`` and stream the trace to ``path``
     (written atomically: an error leaves no file behind)."""
-    from simrig.vllm_parts import scheduler as vs
-
     t0 = time.perf_counter()
     scheduler = vs.RealScheduler(setup)
     setup_s = time.perf_counter() - t0

@@ -60,7 +60,7 @@ class _ZstdReader(io.RawIOBase):
     (zstandard's own stream reader just stops there, silently)."""
 
     def __init__(self, raw: IO[bytes]):
-        import zstandard
+        import zstandard  # cold path: keeps zstandard off simrig --help
 
         self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
         self._frame: Any = None  # the frame being decompressed; None between frames

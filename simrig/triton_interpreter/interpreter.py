@@ -24,13 +24,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from simrig import trace_gate as gate
+
 
 def skip_dead_overflow_checks() -> bool:
     """Turn ``sanitize_overflow`` off in the interpreter's builder when its
     assertions are off. Returns whether it did (False: debug on, or a Triton
     without this interpreter layout, which is then left as it is)."""
     try:
-        from triton.runtime import interpreter
+        from triton.runtime import interpreter  # optional: triton
     except ImportError:
         return False
     builder = getattr(interpreter, "interpreter_builder", None)
@@ -62,6 +64,7 @@ def patch_language_once() -> bool:
     whether it did (False: a Triton without this interpreter layout).
     """
     try:
+        # optional: triton
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
@@ -89,14 +92,13 @@ def sample_traced_launches() -> bool:
     (a plain call while none runs). Returns whether it was installed (False:
     a Triton without this interpreter layout, or already installed)."""
     try:
-        from triton.runtime import interpreter
+        from triton.runtime import interpreter  # optional: triton
     except ImportError:
         return False
     executor = getattr(interpreter, "GridExecutor", None)
     original = getattr(executor, "__call__", None)
     if original is None or getattr(original, "__simrig_sampled__", False):
         return False
-    from simrig import trace_gate as gate
 
     def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if gate.ACTIVE is None:

@@ -58,6 +58,7 @@ def args_in_place() -> bool:
     """Hand a launch its CPU tensors as they are. Returns whether it was
     installed (False: a Triton without this layout, or already installed)."""
     try:
+        # optional: torch, triton
         import torch
         from triton.runtime import interpreter
     except ImportError:
@@ -109,7 +110,7 @@ def memoise_str_to_ty() -> bool:
     """Keep ``tl.str_to_ty``'s type per plain name. Returns whether it was
     installed (False: a Triton without it, or already installed)."""
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return False
     original = getattr(tl, "str_to_ty", None)
@@ -146,6 +147,7 @@ def fast_splat() -> bool:
     if members is None:
         return False
     try:
+        # optional: numpy, triton
         import numpy as np
         import triton.language as tl
         from triton.runtime import interpreter

@@ -82,6 +82,7 @@ def memoise_np_dtype() -> bool:
     """Keep ``_get_np_dtype``'s answer per scalar dtype name. Returns whether it
     was installed (False: a Triton without this layout, or already installed)."""
     try:
+        # optional: triton
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
@@ -134,6 +135,7 @@ def lean_builtin_calls() -> bool:
     the builtin's function directly. Returns whether it was installed (False:
     a Triton without this layout, or already installed)."""
     try:
+        # optional: triton
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
@@ -227,7 +229,7 @@ def cache_launch_binding() -> bool:
     it was installed (False: a Triton without this layout, or already
     installed)."""
     try:
-        from triton.runtime import interpreter
+        from triton.runtime import interpreter  # optional: triton
     except ImportError:
         return False
     if getattr(interpreter, "inspect", None) is not inspect or not hasattr(interpreter, "GridExecutor"):
@@ -241,7 +243,7 @@ def fast_unwrap_constexpr() -> bool:
     without its isinstance chain. Returns whether it was installed (False: a
     Triton without this layout, or already installed)."""
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return False
     core = tl.core
@@ -290,7 +292,7 @@ def lean_block_type() -> bool:
     unwrapping its constructor does. Returns whether it was installed (False:
     a Triton without this layout, or already installed)."""
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return False
     core = tl.core

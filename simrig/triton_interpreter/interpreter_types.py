@@ -62,7 +62,7 @@ def _core_members(*names: str) -> tuple | None:
     """``triton.language.core``'s members by name, or None when Triton or any
     of them is missing (each patch then leaves Triton as it is)."""
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return None
     found = tuple(getattr(tl.core, name, None) for name in names)
@@ -94,7 +94,7 @@ def intern_block_types() -> bool:
     members = _core_members("block_type", "dtype", "pointer_type", "tuple")
     if members is None or getattr(members[0].__new__, "__simrig_interned__", False):
         return False
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     block, scalar, pointer, tl_tuple = members
     init = block.__init__
@@ -172,7 +172,7 @@ def lean_tensors() -> bool:
     members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple", "constexpr")
     if members is None:
         return False
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     tensor, block, scalar, pointer, tl_tuple, constexpr = members
     original = tensor.__init__
@@ -238,6 +238,7 @@ def fast_binary_type_checks() -> bool:
     members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple")
     if members is None:
         return False
+    # lazy: triton loads only when this runs
     import triton.language as tl
     from triton.language import semantic as semantic_module
     from triton.runtime import interpreter

@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from simrig.triton_interpreter.interpreter_types import plain_new
+
 SPEEDUPS_ENV = "SIMRIG_INTERPRETER_SPEEDUPS"  # "0": no speed patch (Triton's own plumbing, to compare)
 PATCHES_ENV = "SIMRIG_INTERPRETER_PATCHES"  # "force": install on a Triton no patch is known good on
 INSTALLED, SKIPPED, FAILED = "installed", "skipped", "failed"
@@ -71,7 +73,7 @@ def triton_version() -> str:
     """The installed Triton's version ("" without Triton); tests replace it to
     simulate a Triton the patches do not know."""
     try:
-        import triton
+        import triton  # optional: triton
     except ImportError:
         return ""
     return str(getattr(triton, "__version__", ""))
@@ -134,7 +136,6 @@ def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]], undo: bool 
                 setattr(owner, name, value)
         elif name in vars(owner):
             if name == "__new__":  # a class's __new__ cannot be deleted again once assigned
-                from simrig.triton_interpreter.interpreter_types import plain_new
 
                 setattr(owner, name, plain_new)
             else:

@@ -31,6 +31,7 @@ left unchecked and counted.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import operator
 import os
 import sys
@@ -128,7 +129,7 @@ def _collect(launch: _Launch, name: str, value: Any, torch: Any) -> bool:
 
 def _where() -> str:
     """The innermost kernel line on the stack (a frame outside Triton and simrig)."""
-    import triton
+    import triton  # lazy: triton loads only when this runs
 
     skip = (os.path.dirname(os.path.abspath(triton.__file__)), _HERE, _INTERPRETER)
     frame = sys._getframe(1)
@@ -225,7 +226,7 @@ def _resolve(launch: _Launch, addr: int) -> None:
 
 def _table_name(launch: _Launch, addr: int) -> str:
     """``*table[i]`` for the argument (a small 64-bit integer tensor) holding ``addr``."""
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     for name, tensor, *_ in launch.args:
         if tensor.dtype in (torch.int64, torch.uint64) and tensor.numel() <= 4096:
@@ -297,9 +298,7 @@ def install() -> bool:
     if _saved:
         return False
     try:
-        import dataclasses
-
-        import torch
+        import torch  # optional: torch, triton
         from triton.runtime import interpreter
     except ImportError:
         return False

@@ -48,6 +48,7 @@ only partitions the ranks past 0 the way that release does
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -248,8 +249,6 @@ def streaming_input(runner_cls: Any) -> bool:
     """Whether the installed release has streaming input: the scheduler's
     ``StreamingUpdate`` and an ``add_requests`` that removes a live request before
     re-adding it (its source calls ``_remove_request``), read off the code."""
-    import importlib
-
     try:
         has_update = hasattr(importlib.import_module("vllm.v1.request"), "StreamingUpdate")
         source = inspect.getsource(runner_cls.add_requests)
@@ -292,7 +291,6 @@ def partition_for_rank(shape: ApiShape, manager: Any, input_batch: Any, batch_de
     derives the padded sizes from the descriptor)."""
     if shape.partition_takes_batch_desc:
         return manager.partition_batch(input_batch, batch_desc)
-    import importlib
 
     return importlib.import_module(PCP_MANAGER).maybe_partition_pcp_batch(
         manager, input_batch, batch_desc)

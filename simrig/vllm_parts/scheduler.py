@@ -20,13 +20,17 @@ list, which grows once outputs are appended.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from simrig.step import SYNTH_VOCAB_SIZE, CachedUpdate, NewRequest, RunnerConfig, Step, synth_token
+from simrig.vllm_parts.lora import lora_request
+from simrig.vllm_runtime import platform
 
 # A token id synth_token never produces: the synthetic sampler emits it to stop
 # a request early (vLLM's stop_token_ids path, the same check EOS takes).
@@ -67,12 +71,11 @@ class SchedulerSetup:
 
 def _vllm() -> Any:
     """Import the scheduler-side vLLM names (platform first, as everywhere)."""
-    from simrig.vllm_runtime import platform
-
     platform.configure()
     import vllm  # noqa: F401
 
     platform.apply_after_import()
+    # lazy: vllm and torch load after platform.configure() sets the env
     import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.sampling_params import SamplingParams
@@ -92,8 +95,6 @@ def _vllm() -> Any:
 
 
 def vllm_version() -> str:
-    from importlib.metadata import version
-
     return version("vllm")
 
 
@@ -138,8 +139,6 @@ class RealScheduler:
     """One real vLLM Scheduler, driven step by step."""
 
     def __init__(self, setup: SchedulerSetup):
-        import copy
-
         v = self._v = _vllm()
         self.setup = setup
         self._live: set[str] = set()  # ids the runner holds (streaming updates re-send one)
@@ -157,6 +156,8 @@ class RealScheduler:
             # The engine core hands every request this hasher; without it the
             # prefix cache never hits.
             from vllm.utils.hashing import get_hash_fn_by_name
+
+            # lazy: vllm loads after platform.configure() sets its env
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
             hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
@@ -176,8 +177,6 @@ class RealScheduler:
             arrival_s: float = 0.0, lora_id: int | None = None, resumable: bool = False) -> None:
         """A request; ``resumable``: a streaming-input session (adding the same id again
         sends its next input, vLLM's ``Scheduler.add_request`` with a live id)."""
-        from simrig.vllm_parts.lora import lora_request
-
         params = self._v["SamplingParams"](max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN_ID],
                                            ignore_eos=True)
         extra = {"resumable": True} if resumable else {}
@@ -299,6 +298,7 @@ def runner_config_of(scheduler: Any) -> RunnerConfig:
 def scheduler_class() -> Any:
     """The installed Scheduler class, imported as-is (the live hook runs
     inside a user's vLLM process: no platform changes there)."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.core.sched.scheduler import Scheduler
 
     return Scheduler

@@ -78,7 +78,7 @@ def _parallel_config(runner: Any, num_ubatches: int, decode_threshold: int,
                      prefill_threshold: int) -> Any:
     """vLLM's ParallelConfig with the trace's micro-batch settings (its own validator
     holds the thresholds to at least the number of micro-batches)."""
-    from vllm.config import ParallelConfig
+    from vllm.config import ParallelConfig  # lazy: vllm loads after platform.configure() sets its env
 
     dbo = dict(enable_dbo=True) if num_ubatches == 2 else dict(ubatch_size=num_ubatches)
     return ParallelConfig(prefill_context_parallel_size=runner.parallel_config.prefill_context_parallel_size,
@@ -90,6 +90,7 @@ def decide(runner: Any, call: inspect.BoundArguments, num_ubatches: int, decode_
            prefill_threshold: int) -> Any:
     """vLLM's own dispatch with DP agreement, as a DBO rank runs it: the descriptor
     (``num_ubatches`` > 1: the step is split)."""
+    # lazy: vllm loads after platform.configure() sets its env
     import vllm.v1.worker.dp_utils as worker_dp_utils
 
     dp_utils = sys.modules[_DP_UTILS]
@@ -110,7 +111,7 @@ def split(runner: Any, input_batch: Any, num_ubatches: int) -> dict[str, obs.Fie
     """``create_ubatch_slices`` and ``_slice_input_batch`` on ``input_batch`` (the batch
     the forward ran), each micro-batch with its own buffers as ``UBatchRunner`` keeps
     them; the observed fields, one list entry per micro-batch."""
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     ubatch_utils = sys.modules.get(_UBATCH) or __import__(_UBATCH, fromlist=["_"])
     slices = ubatch_utils.create_ubatch_slices(input_batch, num_ubatches)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from simrig.step import RunnerConfig
+from simrig.vllm_parts.scheduler import _model_dir
 
 _CONFIGS: dict[tuple, Any] = {}
 # A campaign draws many configs; the oldest are dropped past this many.
@@ -73,6 +74,7 @@ def capture_sizes_for(config: RunnerConfig) -> tuple[int, ...]:
 
 
 def _build(config: RunnerConfig) -> Any:
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.config import (
         CompilationConfig,
         CUDAGraphMode,
@@ -83,7 +85,6 @@ def _build(config: RunnerConfig) -> Any:
         VllmConfig,
     )
 
-    from simrig.vllm_parts.scheduler import _model_dir
 
     model_dir = str(_model_dir())
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32",
@@ -122,6 +123,7 @@ def _resolve_as_the_runner_does(compilation: Any, config: RunnerConfig) -> None:
     """GPUModelRunner.initialize_kv_cache's ``resolve_cudagraph_mode_and_sizes``
     (same keywords on 0.30-0.33), with attention that supports every graph: the
     attention builders are stand-ins, the trace's mode is the one to run."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.attention.backend import AttentionCGSupport
 
     compilation.resolve_cudagraph_mode_and_sizes(
