@@ -1,43 +1,10 @@
 """Pipeline parallelism in one process: the non-last PP rank's runner next to the last rank's.
 
-Under PP every rank receives the same ``SchedulerOutput``; only the last rank
-samples, and it broadcasts the sampled tokens (and the drafts it proposes) to
-the other ranks through ``PPHandler`` (``vllm/v1/worker/gpu/pp_utils.py``).
-A non-last rank's ``sample_tokens`` receives them (``PPHandler.receive``),
-advances its ``num_computed_tokens`` optimistically
-(``postprocess_num_computed_tokens``) and applies the received tokens
-``pp_size`` steps later, at the start of that step's ``execute_model``
-(``update_pp_decode_requests``). simrig drives both ranks' real runners, and
-both real ``PPHandler`` objects, in this process:
-
-    rank                      runner                       PPHandler
-    ────                      ──────                       ─────────
-    last (pp_size - 1)        the harness's runner          is_last_rank: broadcast,
-                              (samples, as without PP)      broadcast_drafts
-    non-last (0)              a second runner, equipped     receive, get_prev_sampled_outputs
-                              the same way, PP rank 0       (a ring of pp_size entries)
-
-Stand-ins, only for what crosses between ranks (docs/standins.md):
-
-    stand-in              replaces                                   why
-    ────────              ────────                                   ───
-    PipelineGroupStandIn  vLLM's PP GroupCoordinator (get_pp_group   no process group in one process;
-                          at PPHandler construction)                 answers rank, first/last rank,
-                                                                     world size, a sibling group
-    BroadcastMailbox      torch.distributed.broadcast on the PP      the last rank's broadcasts are
-                          broadcast group                            queued and handed, in order, to
-                                                                     the non-last rank's receives
-    StageOutputStandIn    the non-last rank's forward output         needs weights: returns empty
-                          (IntermediateTensors)                      IntermediateTensors of the shape
-                                                                     the next stage is sent
-
-Every non-last rank runs the same code on the same inputs and receives the
-same broadcast, so one non-last runner stands for ranks 0 .. pp_size - 2; the
-ring it keeps is ``pp_size`` entries deep, as ``PPHandler`` sizes it from the
-group's world size. The last rank is driven as the first rank too
-(``is_first_pp_rank`` True): the hidden states the first stage would send it
-carry no values with the stand-in model, so it embeds its own tokens and the
-rig's input checks keep judging them.
+Under PP only the last rank samples; it broadcasts the sampled tokens (and its drafts)
+through ``PPHandler`` (vllm/v1/worker/gpu/pp_utils.py), which a non-last rank applies
+``pp_size`` steps later. simrig drives both ranks' real runners and real ``PPHandler``
+objects in this process, with stand-ins only for what crosses between ranks: the ranks and
+the stand-ins are tabled in ``make_pipeline_rank``; docs/standins.md has the rest.
 """
 
 from __future__ import annotations
@@ -68,7 +35,47 @@ def make_pipeline_rank(runner: Any, rank: int, world_size: int, mailbox: Broadca
     """Turn an equipped runner into PP rank ``rank`` of ``world_size``, as
     ``GPUModelRunner.__init__`` sets it up: ``use_pp``, the rank's
     ``is_last_pp_rank`` and its ``PPHandler``; a non-last rank's forward
-    returns intermediate tensors."""
+    returns intermediate tensors.
+
+    Under PP every rank receives the same ``SchedulerOutput``; only the last rank
+    samples, and it broadcasts the sampled tokens (and the drafts it proposes) to
+    the other ranks through ``PPHandler`` (``vllm/v1/worker/gpu/pp_utils.py``).
+    A non-last rank's ``sample_tokens`` receives them (``PPHandler.receive``),
+    advances its ``num_computed_tokens`` optimistically
+    (``postprocess_num_computed_tokens``) and applies the received tokens
+    ``pp_size`` steps later, at the start of that step's ``execute_model``
+    (``update_pp_decode_requests``). simrig drives both ranks' real runners, and
+    both real ``PPHandler`` objects, in this process:
+
+        rank                      runner                       PPHandler
+        ────                      ──────                       ─────────
+        last (pp_size - 1)        the harness's runner          is_last_rank: broadcast,
+                                  (samples, as without PP)      broadcast_drafts
+        non-last (0)              a second runner, equipped     receive, get_prev_sampled_outputs
+                                  the same way, PP rank 0       (a ring of pp_size entries)
+
+    Stand-ins, only for what crosses between ranks (docs/standins.md):
+
+        stand-in              replaces                                   why
+        ────────              ────────                                   ───
+        PipelineGroupStandIn  vLLM's PP GroupCoordinator (get_pp_group   no process group in one process;
+                              at PPHandler construction)                 answers rank, first/last rank,
+                                                                         world size, a sibling group
+        BroadcastMailbox      torch.distributed.broadcast on the PP      the last rank's broadcasts are
+                              broadcast group                            queued and handed, in order, to
+                                                                         the non-last rank's receives
+        StageOutputStandIn    the non-last rank's forward output         needs weights: returns empty
+                              (IntermediateTensors)                      IntermediateTensors of the shape
+                                                                         the next stage is sent
+
+    Every non-last rank runs the same code on the same inputs and receives the
+    same broadcast, so one non-last runner stands for ranks 0 .. pp_size - 2; the
+    ring it keeps is ``pp_size`` entries deep, as ``PPHandler`` sizes it from the
+    group's world size. The last rank is driven as the first rank too
+    (``is_first_pp_rank`` True): the hidden states the first stage would send it
+    carry no values with the stand-in model, so it embeds its own tokens and the
+    rig's input checks keep judging them.
+    """
     import torch  # lazy: torch loads only when this runs
 
     last = rank == world_size - 1

@@ -1,4 +1,4 @@
-"""The vLLM adapter: the runner side of the only code in simrig that imports vllm.
+"""The vLLM adapter's runner side (one of the four rooms that may import vllm: ``simrig.adapters``).
 
 It detects the installed version, checks that every entry point simrig drives
 exists with the parameters it calls, maps a vLLM-agnostic ``Step`` to the

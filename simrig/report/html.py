@@ -1,22 +1,8 @@
 """The self-contained HTML page of a report, opening at the verdict.
 
-Every report (replay, fuzz, selftest) reads in the same order, one section after another
-(``render_html`` builds them as a list):
-
-    ┌──────────────────────────────────────────────────────────────────┐
-    │ title                                                            │
-    │ VERDICT  1 new finding class (5 known, 0 expected) — exit 1      │  verdict_section
-    │ one line of facts: steps, traces, steps/s, vLLM, device          │
-    │ New classes: one card each: signature, what went wrong,          │  sections.new_classes_section
-    │   `simrig replay ...` and `simrig repro ...`, ▸ occurrences      │
-    │ Since the previous run: new / gone classes, rates, coverage      │  sections.changes_section
-    │ Plots: coverage and classes over time (campaigns), batch         │  plots_section
-    │   composition, stage latency, where the time goes               │
-    │ ▸ Known and expected classes: one line each, entry, links        │  sections.folded_classes_section
-    │ coverage, extra tables, ▸ dtype contract, ▸ summary.json         │  evidence_sections
-    └──────────────────────────────────────────────────────────────────┘
-
-Everything is inline (CSS, PNG as data URIs): the file opens anywhere.
+Every report (replay, fuzz, selftest) reads in the same order, one section after another;
+``render_html`` builds them as a list (its docstring draws the page). Everything is inline
+(CSS, PNG as data URIs): the file opens anywhere. See docs/reports.md.
 """
 
 from __future__ import annotations
@@ -96,7 +82,26 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
                 extra_sections: Sequence[str] = ()) -> str:
     """The page, as a list of sections in reading order (see the module docstring);
     ``extra_sections`` (HTML) go after the folded classes, before the evidence tables.
-    ``page_dir``: where the page will live, for its links into the checkout."""
+    ``page_dir``: where the page will live, for its links into the checkout.
+
+    Every report (replay, fuzz, selftest) reads in the same order, one section after another
+    (``render_html`` builds them as a list):
+
+        ┌──────────────────────────────────────────────────────────────────┐
+        │ title                                                            │
+        │ VERDICT  1 new finding class (5 known, 0 expected) — exit 1      │  verdict_section
+        │ one line of facts: steps, traces, steps/s, vLLM, device          │
+        │ New classes: one card each: signature, what went wrong,          │  sections.new_classes_section
+        │   `simrig replay ...` and `simrig repro ...`, ▸ occurrences      │
+        │ Since the previous run: new / gone classes, rates, coverage      │  sections.changes_section
+        │ Plots: coverage and classes over time (campaigns), batch         │  plots_section
+        │   composition, stage latency, where the time goes               │
+        │ ▸ Known and expected classes: one line each, entry, links        │  sections.folded_classes_section
+        │ coverage, extra tables, ▸ dtype contract, ▸ summary.json         │  evidence_sections
+        └──────────────────────────────────────────────────────────────────┘
+
+    Everything is inline (CSS, PNG as data URIs): the file opens anywhere.
+    """
     classes = classes if classes is not None else pd.DataFrame()
     occurrences = occurrences if occurrences is not None else findings
     sections = [

@@ -1,26 +1,11 @@
 """Live recording: write a running vLLM deployment's scheduler steps as traces.
 
-Enable in a deployment (simrig installed next to vLLM)::
-
-    SIMRIG_RECORD=/var/tmp/simrig          directory for the trace files
-    SIMRIG_RECORD_MAX_MB=64                trace JSON per file (before gzip), then rotate
-    SIMRIG_RECORD_MAX_FILES=16             files kept per scheduler (oldest deleted)
-
-vLLM loads ``simrig.sources.live:register`` through its ``vllm.general_plugins`` entry
-point; with SIMRIG_RECORD unset it does nothing. Otherwise it wraps
-``Scheduler.schedule`` and ``Scheduler.update_from_output``:
-
-    schedule()            -> SchedulerOutput -> Step (lengths, ids, blocks, drafts)
-    update_from_output()  -> drafts rejected this step -> Step complete -> file
-
-Files: ``<dir>/sched-<pid>-<n>-<part>.jsonl.gz``, each a complete v1 trace that
-appears atomically when it is closed (on rotation and at exit). A part after
-the first starts with a *resync* step: every request the runner holds at that
-point, re-sent as a new request with its num_computed_tokens and blocks and no
-scheduled tokens, so each file replays on its own (header source
-``"resync_step": 0``). Prompt token ids are never written: traces carry
-lengths only, and replay synthesises ids. A recorder error disables
-recording and never reaches the scheduler.
+vLLM loads ``register`` through its ``vllm.general_plugins`` entry point; with SIMRIG_RECORD
+unset it does nothing, otherwise it wraps ``Scheduler.schedule`` and
+``Scheduler.update_from_output`` and writes rotating, self-contained trace files
+(``LiveRecorder``'s docstring has the settings and the file layout). A recorder error
+disables recording and never reaches the scheduler. See docs/recording.md, 'Live recording
+in your deployment'.
 """
 
 from __future__ import annotations
@@ -144,6 +129,28 @@ class LiveRecorder:
     Outputs are completed in schedule order (update_from_output is called in
     FIFO order, also with a batch queue); a step whose update never comes is
     written with no rejections when a later one completes.
+
+    Enable in a deployment (simrig installed next to vLLM)::
+
+        SIMRIG_RECORD=/var/tmp/simrig          directory for the trace files
+        SIMRIG_RECORD_MAX_MB=64                trace JSON per file (before gzip), then rotate
+        SIMRIG_RECORD_MAX_FILES=16             files kept per scheduler (oldest deleted)
+
+    vLLM loads ``simrig.sources.live:register`` through its ``vllm.general_plugins`` entry
+    point; with SIMRIG_RECORD unset it does nothing. Otherwise it wraps
+    ``Scheduler.schedule`` and ``Scheduler.update_from_output``:
+
+        schedule()            -> SchedulerOutput -> Step (lengths, ids, blocks, drafts)
+        update_from_output()  -> drafts rejected this step -> Step complete -> file
+
+    Files: ``<dir>/sched-<pid>-<n>-<part>.jsonl.gz``, each a complete v1 trace that
+    appears atomically when it is closed (on rotation and at exit). A part after
+    the first starts with a *resync* step: every request the runner holds at that
+    point, re-sent as a new request with its num_computed_tokens and blocks and no
+    scheduled tokens, so each file replays on its own (header source
+    ``"resync_step": 0``). Prompt token ids are never written: traces carry
+    lengths only, and replay synthesises ids. A recorder error disables
+    recording and never reaches the scheduler.
     """
 
     def __init__(self, writer: RotatingTraceWriter):

@@ -1,21 +1,10 @@
 """Record traces from vLLM's real scheduler, fed by a workload (vLLM-agnostic).
 
-One loop, on a simulated clock:
-
-    clock t ─► admit every request with arrival_s <= t (add_request)
-            ─► schedule()                    real vLLM Scheduler -> Step
-            ─► synthetic sampler             sampled tokens, rejected drafts
-            ─► update_from_output(...)       real; then the drafter's proposals
-            ─► Step (+ rejected) ─► TraceWriter
-            ─► t += step_time(tokens)        modelled step duration
-
-The step-duration model: ``base_ms + per_token_ms * scheduled tokens``
-(defaults 12 ms + 0.06 ms/token, a mid-size model on one GPU). When nothing
-is running and the next arrival lies ahead, the clock jumps to it (idle time
-records no steps). ``time_scale`` multiplies arrival times (0.5 = arrivals
-twice as dense).
-
-The scheduler-side plumbing lives in ``simrig.vllm_parts.scheduler`` (adapter).
+``record`` runs one loop on a simulated clock: admit the requests that have arrived, the real
+``schedule()``, a synthetic sampler, the real ``update_from_output``, one Step to the trace,
+then the clock advances by a modelled step time (``StepTimeModel``). The loop is drawn in
+``record``'s docstring; the scheduler-side plumbing is ``simrig.vllm_parts.scheduler``.
+See docs/recording.md.
 """
 
 from __future__ import annotations
@@ -123,7 +112,25 @@ def record(scheduler: Any, workload: list[WorkloadRequest], sampler: SyntheticSa
            time_model: StepTimeModel = StepTimeModel(), time_scale: float = 1.0,
            max_idle_steps: int = 1000) -> RecordResult:
     """Drive ``scheduler`` (a ``vllm_scheduler.RealScheduler``) until the workload
-    drains or ``max_steps`` steps were recorded; every Step goes to ``sink``."""
+    drains or ``max_steps`` steps were recorded; every Step goes to ``sink``.
+
+    One loop, on a simulated clock:
+
+        clock t ─► admit every request with arrival_s <= t (add_request)
+                ─► schedule()                    real vLLM Scheduler -> Step
+                ─► synthetic sampler             sampled tokens, rejected drafts
+                ─► update_from_output(...)       real; then the drafter's proposals
+                ─► Step (+ rejected) ─► TraceWriter
+                ─► t += step_time(tokens)        modelled step duration
+
+    The step-duration model: ``base_ms + per_token_ms * scheduled tokens``
+    (defaults 12 ms + 0.06 ms/token, a mid-size model on one GPU). When nothing
+    is running and the next arrival lies ahead, the clock jumps to it (idle time
+    records no steps). ``time_scale`` multiplies arrival times (0.5 = arrivals
+    twice as dense).
+
+    The scheduler-side plumbing lives in ``simrig.vllm_parts.scheduler`` (adapter).
+    """
     pending = sorted(workload, key=lambda r: r.arrival_s)
     stats = TraceStats()
     clock, next_i, sched_s, idle = 0.0, 0, 0.0, 0

@@ -1,21 +1,10 @@
 """vLLM adapter for the scheduler side: the real v1 ``Scheduler``, offline.
 
-Together with ``simrig.adapters.runner`` this is the adapter layer, one of the
-rooms that touch vllm (see ``simrig.vllm_parts``). Everything around it (workloads, the synthetic
-sampler, the record loop, the live recorder) speaks simrig's own types.
-
-    SchedulerSetup ──► engine config (tiny llama config.json, dummy weights,
-                       no tokenizer) + hand-made KVCacheConfig (num_kv_blocks)
-                   ──► vllm.v1.core.sched.scheduler.Scheduler (real)
-
-    RealScheduler.add(WorkloadRequest)       Scheduler.add_request(Request)
-    RealScheduler.schedule() -> (Step, so)   Scheduler.schedule()
-    RealScheduler.complete(so, sampled)      Scheduler.update_from_output(ModelRunnerOutput)
-    RealScheduler.propose_drafts(drafts)     Scheduler.update_draft_token_ids(DraftTokenIds)
-
-``step_from_output`` converts a SchedulerOutput into a Step right after
-``schedule()``: NewRequestData.prefill_token_ids is the request's live token
-list, which grows once outputs are appended.
+One of the rooms that may import vllm (see ``simrig.vllm_parts``); everything around it
+(workloads, the synthetic sampler, the record loop, the live recorder) speaks simrig's own
+types. ``RealScheduler`` drives the real Scheduler step by step (its docstring maps each of
+its methods to vLLM's); ``step_from_output`` converts a SchedulerOutput into a Step right
+after ``schedule()``. See docs/recording.md.
 """
 
 from __future__ import annotations
@@ -136,7 +125,25 @@ def engine_config(setup: SchedulerSetup) -> Any:
 
 
 class RealScheduler:
-    """One real vLLM Scheduler, driven step by step."""
+    """One real vLLM Scheduler, driven step by step.
+
+    Together with ``simrig.adapters.runner`` this is the adapter layer, one of the
+    rooms that touch vllm (see ``simrig.vllm_parts``). Everything around it (workloads, the synthetic
+    sampler, the record loop, the live recorder) speaks simrig's own types.
+
+        SchedulerSetup ──► engine config (tiny llama config.json, dummy weights,
+                           no tokenizer) + hand-made KVCacheConfig (num_kv_blocks)
+                       ──► vllm.v1.core.sched.scheduler.Scheduler (real)
+
+        RealScheduler.add(WorkloadRequest)       Scheduler.add_request(Request)
+        RealScheduler.schedule() -> (Step, so)   Scheduler.schedule()
+        RealScheduler.complete(so, sampled)      Scheduler.update_from_output(ModelRunnerOutput)
+        RealScheduler.propose_drafts(drafts)     Scheduler.update_draft_token_ids(DraftTokenIds)
+
+    ``step_from_output`` converts a SchedulerOutput into a Step right after
+    ``schedule()``: NewRequestData.prefill_token_ids is the request's live token
+    list, which grows once outputs are appended.
+    """
 
     def __init__(self, setup: SchedulerSetup):
         v = self._v = _vllm()
