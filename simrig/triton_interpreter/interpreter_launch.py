@@ -210,16 +210,6 @@ def fast_splat() -> bool:
 
 def install_all() -> dict[str, bool]:
     """Every patch above (after ``interpreter_types``: the splat keeps answers
-    only for kept block types). Returns which were installed.
-
-    The last of the interpreter plumbing a campaign's profile showed, after
-    ``interpreter_speed`` and ``interpreter_types``: work per launch and per
-    scalar operand that leads to the same memory, types and values either way.
-    Like those modules, each patch leaves Triton as it is (returning False) when
-    the layout it expects is not there, and is checked on install.
-
-    ``install_all`` applies them; ``platform.apply_after_import`` calls it.
-    Platform plumbing only.
-    """
+    only for kept block types). Returns which were installed."""
     return {"args_in_place": args_in_place(), "memoise_str_to_ty": memoise_str_to_ty(),
             "fast_splat": fast_splat()}

@@ -338,21 +338,7 @@ def lean_block_type() -> bool:
 
 def install_all() -> dict[str, bool]:
     """Every patch above, in the order they need (``lean_builtin_calls``
-    before the language is patched). Returns which were installed.
-
-    On CPU every MRV2 kernel runs in Triton's interpreter, and most of that time
-    is not numpy but the interpreter's Python layer around each op: the
-    language's builtins are re-dispatched through wrappers, types are rebuilt
-    and argument bindings recomputed on every call. Each patch below replaces one
-    such piece of Triton's interpreter plumbing with one that returns the same
-    values (same objects where the original returns shared ones, equal fresh
-    ones where it builds them), and leaves Triton as it is (returning False) when
-    the layout it expects is not there. No kernel body, no vLLM code and no
-    numpy semantics change; the kernels' own lines still run, one by one, in the
-    interpreter, so coverage traces them as before.
-
-    ``install_all`` applies them in the order they need. Platform plumbing only.
-    """
+    before the language is patched). Returns which were installed."""
     return {
         "memoise_np_dtype": memoise_np_dtype(),
         "lean_builtin_calls": lean_builtin_calls(),

@@ -305,20 +305,6 @@ def fast_binary_type_checks() -> bool:
 
 def install_all() -> dict[str, bool]:
     """Every patch, block types first (the tensors keep attributes only for
-    kept block types). Returns which were installed.
-
-    Every op a kernel runs in Triton's interpreter builds its result's type and
-    its result tensor from scratch: ``tl.block_type(element, shape)`` wraps the
-    shape in a ``tl.tuple`` and types it, and ``tl.tensor(handle, type)`` makes a
-    fresh ``constexpr`` for the element count and for each dimension. A kernel
-    body sees a handful of distinct types, and runs once per program of its
-    grid, so the same few objects are rebuilt hundreds of thousands of times per
-    campaign. Like ``interpreter_speed``, each patch returns what Triton's own
-    code returns and leaves Triton as it is (returning False) when the layout it
-    expects is not there. No kernel body, no vLLM code and no numpy work changes.
-
-    All are checked on install: probes built both ways agree attribute by
-    attribute, or the patch is not installed. Platform plumbing only.
-    """
+    kept block types). Returns which were installed."""
     return {"intern_block_types": intern_block_types(), "lean_tensors": lean_tensors(),
             "fast_binary_type_checks": fast_binary_type_checks()}
