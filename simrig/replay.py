@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-
 from simrig import lifeline
 from simrig import observe as obs
+from simrig.checks.checker import Checker, check_step
 from simrig.errors import UsageError
-from simrig.findings.classes import Where, fails_run, verdict_of
+from simrig.findings import findings as fk
+from simrig.findings.classes import Where, fails_run, signature_text, verdict_of
+from simrig.findings.expected import mark_expected, missing_expectations
 from simrig.findings.findings import Finding
 from simrig.progress import Progress
 from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and shards record as replay does
@@ -36,8 +38,10 @@ from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and
     finding_columns,
     sort_rows,
 )
+from simrig.runners import shared_pool
 from simrig.step import RunnerConfig, Step
 from simrig.trace_io.trace import TraceHeader, TraceReader, trace_files_in
+
 
 # ------------------------------------------------------------------ inputs
 def expand_trace_paths(paths: Iterable[str | Path]) -> list[Path]:
@@ -161,7 +165,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
     result holds every step replayed so far. ``units`` (a supervised replay,
     ``simrig.supervision.replay``) is asked ``skip(i)`` before unit i (trace x
     PCP size, in order), told ``after_step(i)`` and ``done(i)``."""
-    from simrig.adapters.runner import load
+    from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
     rec = recorder if recorder is not None else ReplayRecorder()
     api = load()
@@ -192,7 +196,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
 def recorded_result(rec: ReplayRecorder, paths: Sequence[str | Path], pcp_sizes: Sequence[int],
                     stages: Sequence[str]) -> ReplayResult:
     """The tables of everything ``rec`` holds (also after an interrupted replay)."""
-    from simrig.adapters.runner import load
+    from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
     api = load()
     return rec.result([str(p) for p in paths], list(pcp_sizes), tuple(stages),
@@ -270,10 +274,7 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
     every step run so far is yielded, and the unread rest of the trace is
     not judged (no missing expectations).
     """
-    from simrig.adapters.runner import load
-    from simrig.checks.checker import Checker
-    from simrig.findings import findings as fk
-    from simrig.runners import shared_pool
+    from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
     config = config if config is not None else header.config
     violations = {int(k): v for k, v in (header.source.get("violation_steps") or {}).items()}
@@ -297,9 +298,7 @@ def run_steps(header: TraceHeader, lines_and_steps: Iterable[tuple[int, Step]], 
 def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
                  lines_and_steps: Iterable[tuple[int, Step]], name: str, extra_checks: Sequence[Any],
                  violations: dict[int, str], stop: Callable[[], bool] | None) -> Iterator[ReplayedStep]:
-    from simrig.checks.checker import check_step
-    from simrig.findings.expected import mark_expected, missing_expectations
-    from simrig.harness import run_step_guarded
+    from simrig.harness import run_step_guarded  # late-bound: tests monkeypatch harness.run_step_guarded
 
     met: set[int] = set()  # indices of header.expect seen so far
     cause: Finding | None = None  # the undeclared input violation later findings follow from
@@ -341,9 +340,6 @@ def attribute_to_input_violation(found: list[Finding], cause: Finding | None) ->
     every finding after it, in its step and in every later step, follows from
     input the runner was never meant to take (``Finding.caused_by``; the class
     table counts them as the cause's consequences). Returns the cause."""
-    from simrig.findings import findings as fk
-    from simrig.findings.classes import signature_text
-
     for f in found:
         if cause is None:
             if f.kind == fk.CONTRACT_VIOLATION_INPUT and not f.known:

@@ -14,8 +14,11 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from simrig import harness as harness_module
 from simrig import observe as obs
+from simrig.coverage import collect
 from simrig.step import RunnerConfig
+from simrig.vllm_runtime import mutate
 
 DEFAULT_CAPACITY = 8
 
@@ -37,15 +40,12 @@ class RunnerPool:
 
     @staticmethod
     def _key(config: RunnerConfig, stages: frozenset[str], api: Any) -> tuple:
-        from simrig.vllm_runtime import mutate
-
         return (config, stages, id(api), mutate.generation)
 
     def acquire(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
                 api: Any = None) -> Any:
         """A harness for ``config`` whose runner is as after start-up."""
-        from simrig import harness as harness_module
-        from simrig.adapters.runner import load
+        from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
         api = api if api is not None else load()
         stages = frozenset(stages)
@@ -98,7 +98,7 @@ class RunnerPool:
     def prefer_reuse(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
                      api: Any = None) -> None:
         """Keep the start-up state from the first build of ``config`` on."""
-        from simrig.adapters.runner import load
+        from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
         self._seen.add(self._key(config, frozenset(stages), api if api is not None else load()))
 
@@ -114,8 +114,6 @@ def shared_pool() -> RunnerPool:
     """The process's pool (replays, shrink confirmation, the self-test's children)."""
     global _shared
     if _shared is None:
-        from simrig.coverage import collect
-
         _shared = RunnerPool()
         # a measured run reaches start-up code too: it never meets a runner built before it
         collect.ON_START.append(_shared.clear)

@@ -19,61 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
 MAX_DOCSTRING_LINES = 15
 
-# The modules whose docstrings have been rewritten. The rest of the package joins
-# as its owners finish theirs: the goal is `checked_modules()` returning
-# `all_modules()`, i.e. this tuple replaced by every module (one line).
-MODULES_DONE = (
-    "simrig/adapters/reuse.py",
-    "simrig/adapters/sampling.py",
-    "simrig/adapters/standins.py",
-    "simrig/adapters/wiring.py",
-    "simrig/bench/runner.py",
-    "simrig/bench/saves.py",
-    "simrig/bisect/points.py",
-    "simrig/bisect/search.py",
-    "simrig/campaign/fuzz.py",
-    "simrig/campaign/pytest_plugin.py",
-    "simrig/campaign/report.py",
-    "simrig/checks/fields.py",
-    "simrig/commands/dispatch.py",
-    "simrig/coverage/collect.py",
-    "simrig/coverage/reasons.py",
-    "simrig/distributed/__init__.py",
-    "simrig/distributed/cluster.py",
-    "simrig/distributed/fuzz_shards.py",
-    "simrig/distributed/replay_shards.py",
-    "simrig/findings/classes.py",
-    "simrig/findings/known.py",
-    "simrig/graph_rules/lora.py",
-    "simrig/graph_rules/padded_attn.py",
-    "simrig/graph_rules/padding.py",
-    "simrig/history/changes.py",
-    "simrig/history/store.py",
-    "simrig/ledger/call_sites.py",
-    "simrig/lifeline.py",
-    "simrig/partition/pcp_layout.py",
-    "simrig/reference/blocks.py",
-    "simrig/reference/contract.py",
-    "simrig/reference/reference.py",
-    "simrig/reference/semantics.py",
-    "simrig/releases/envs.py",
-    "simrig/report/profile.py",
-    "simrig/report/timing.py",
-    "simrig/report/writer.py",
-    "simrig/repro/__init__.py",
-    "simrig/repro/impact.py",
-    "simrig/repro/pytest_file.py",
-    "simrig/repro/upstream.py",
-    "simrig/runners.py",
-    "simrig/sources/sampler.py",
-    "simrig/sources/workloads.py",
-    "simrig/supervision/campaign.py",
-    "simrig/supervision/forked.py",
-    "simrig/trace_gate.py",
-    "simrig/views/summary_md.py",
-    "simrig/vllm_parts/cudagraph.py",
-    "simrig/vllm_parts/lora.py",
-    "simrig/vllm_runtime/overlay.py",
+# Modules whose owners are rewriting them now: they join the rules when done (the goal
+# is this tuple empty). Every other module of the package is held to them.
+PENDING = (
+    "simrig/harness.py",
+    "simrig/stage_probes.py",
 )
 
 
@@ -83,8 +33,8 @@ def all_modules() -> tuple[str, ...]:
 
 
 def checked_modules() -> tuple[str, ...]:
-    """The modules held to the rule now (all_modules() once everyone is done)."""
-    return MODULES_DONE
+    """The modules held to the rule: all but the PENDING ones."""
+    return tuple(m for m in all_modules() if m not in PENDING)
 
 
 def module_docstring(path: str) -> tuple[str, int]:
@@ -224,9 +174,9 @@ def docs_headings(page: Path) -> list[str]:
     return heads
 
 
-def test_modules_done_exist() -> None:
-    missing = [m for m in MODULES_DONE if not (ROOT / m).is_file()]
-    assert not missing, f"MODULES_DONE names modules that do not exist: {missing}"
+def test_pending_modules_exist() -> None:
+    missing = [m for m in PENDING if not (ROOT / m).is_file()]
+    assert not missing, f"PENDING names modules that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("path", checked_modules())

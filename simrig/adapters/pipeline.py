@@ -1,56 +1,21 @@
 """Pipeline parallelism in one process: the non-last PP rank's runner next to the last rank's.
 
-Under PP every rank receives the same ``SchedulerOutput``; only the last rank
-samples, and it broadcasts the sampled tokens (and the drafts it proposes) to
-the other ranks through ``PPHandler`` (``vllm/v1/worker/gpu/pp_utils.py``).
-A non-last rank's ``sample_tokens`` receives them (``PPHandler.receive``),
-advances its ``num_computed_tokens`` optimistically
-(``postprocess_num_computed_tokens``) and applies the received tokens
-``pp_size`` steps later, at the start of that step's ``execute_model``
-(``update_pp_decode_requests``). simrig drives both ranks' real runners, and
-both real ``PPHandler`` objects, in this process:
-
-    rank                      runner                       PPHandler
-    ────                      ──────                       ─────────
-    last (pp_size - 1)        the harness's runner          is_last_rank: broadcast,
-                              (samples, as without PP)      broadcast_drafts
-    non-last (0)              a second runner, equipped     receive, get_prev_sampled_outputs
-                              the same way, PP rank 0       (a ring of pp_size entries)
-
-Stand-ins, only for what crosses between ranks (docs/standins.md):
-
-    stand-in              replaces                                   why
-    ────────              ────────                                   ───
-    PipelineGroupStandIn  vLLM's PP GroupCoordinator (get_pp_group   no process group in one process;
-                          at PPHandler construction)                 answers rank, first/last rank,
-                                                                     world size, a sibling group
-    BroadcastMailbox      torch.distributed.broadcast on the PP      the last rank's broadcasts are
-                          broadcast group                            queued and handed, in order, to
-                                                                     the non-last rank's receives
-    StageOutputStandIn    the non-last rank's forward output         needs weights: returns empty
-                          (IntermediateTensors)                      IntermediateTensors of the shape
-                                                                     the next stage is sent
-
-Every non-last rank runs the same code on the same inputs and receives the
-same broadcast, so one non-last runner stands for ranks 0 .. pp_size - 2; the
-ring it keeps is ``pp_size`` entries deep, as ``PPHandler`` sizes it from the
-group's world size. The last rank is driven as the first rank too
-(``is_first_pp_rank`` True): the hidden states the first stage would send it
-carry no values with the stand-in model, so it embeds its own tokens and the
-rig's input checks keep judging them.
+Under PP only the last rank samples; it broadcasts the sampled tokens (and its drafts)
+through ``PPHandler`` (vllm/v1/worker/gpu/pp_utils.py), which a non-last rank applies
+``pp_size`` steps later. simrig drives both ranks' real runners and real ``PPHandler``
+objects in this process, with stand-ins only for what crosses between ranks: the ranks and
+the stand-ins are tabled in ``make_pipeline_rank``; docs/standins.md has the rest.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from simrig import observe as obs
 from simrig.adapters import standins
+from simrig.adapters.probes import error_obs, wrap
+from simrig.vllm_parts.pipeline import BroadcastMailbox, collectives, pp_handler  # noqa: F401 -- collectives: the harness reaches it here
 from simrig.vllm_runtime import platform
-from simrig.vllm_parts.pipeline import (  # noqa: F401 -- collectives: the harness reaches it here
-    BroadcastMailbox,
-    collectives,
-    pp_handler,
-)
 
 
 class StageOutputStandIn(standins.ModelStandIn):
@@ -58,6 +23,7 @@ class StageOutputStandIn(standins.ModelStandIn):
     ``IntermediateTensors`` it would send on (zeros; nothing reads them)."""
 
     def __call__(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
+        # lazy: vllm loads after platform.configure() sets its env
         from vllm.sequence import IntermediateTensors
 
         hidden = super().__call__(input_ids=input_ids, positions=positions, **kwargs)
@@ -69,8 +35,48 @@ def make_pipeline_rank(runner: Any, rank: int, world_size: int, mailbox: Broadca
     """Turn an equipped runner into PP rank ``rank`` of ``world_size``, as
     ``GPUModelRunner.__init__`` sets it up: ``use_pp``, the rank's
     ``is_last_pp_rank`` and its ``PPHandler``; a non-last rank's forward
-    returns intermediate tensors."""
-    import torch
+    returns intermediate tensors.
+
+    Under PP every rank receives the same ``SchedulerOutput``; only the last rank
+    samples, and it broadcasts the sampled tokens (and the drafts it proposes) to
+    the other ranks through ``PPHandler`` (``vllm/v1/worker/gpu/pp_utils.py``).
+    A non-last rank's ``sample_tokens`` receives them (``PPHandler.receive``),
+    advances its ``num_computed_tokens`` optimistically
+    (``postprocess_num_computed_tokens``) and applies the received tokens
+    ``pp_size`` steps later, at the start of that step's ``execute_model``
+    (``update_pp_decode_requests``). simrig drives both ranks' real runners, and
+    both real ``PPHandler`` objects, in this process:
+
+        rank                      runner                       PPHandler
+        ────                      ──────                       ─────────
+        last (pp_size - 1)        the harness's runner          is_last_rank: broadcast,
+                                  (samples, as without PP)      broadcast_drafts
+        non-last (0)              a second runner, equipped     receive, get_prev_sampled_outputs
+                                  the same way, PP rank 0       (a ring of pp_size entries)
+
+    Stand-ins, only for what crosses between ranks (docs/standins.md):
+
+        stand-in              replaces                                   why
+        ────────              ────────                                   ───
+        PipelineGroupStandIn  vLLM's PP GroupCoordinator (get_pp_group   no process group in one process;
+                              at PPHandler construction)                 answers rank, first/last rank,
+                                                                         world size, a sibling group
+        BroadcastMailbox      torch.distributed.broadcast on the PP      the last rank's broadcasts are
+                              broadcast group                            queued and handed, in order, to
+                                                                         the non-last rank's receives
+        StageOutputStandIn    the non-last rank's forward output         needs weights: returns empty
+                              (IntermediateTensors)                      IntermediateTensors of the shape
+                                                                         the next stage is sent
+
+    Every non-last rank runs the same code on the same inputs and receives the
+    same broadcast, so one non-last runner stands for ranks 0 .. pp_size - 2; the
+    ring it keeps is ``pp_size`` entries deep, as ``PPHandler`` sizes it from the
+    group's world size. The last rank is driven as the first rank too
+    (``is_first_pp_rank`` True): the hidden states the first stage would send it
+    carry no values with the stand-in model, so it embeds its own tokens and the
+    rig's input checks keep judging them.
+    """
+    import torch  # lazy: torch loads only when this runs
 
     last = rank == world_size - 1
     runner.use_pp = True
@@ -105,8 +111,6 @@ class NonLastRank:
     """
 
     def __init__(self, runner: Any, mailbox: BroadcastMailbox) -> None:
-        from simrig.adapters.probes import wrap
-
         self.runner = runner
         self.mailbox = mailbox
         self._batch: Any = None
@@ -121,9 +125,6 @@ class NonLastRank:
         """This rank's ``capture_model``, as every rank captures at start-up (a
         FULL step replays this rank's own graph); None, or the ``pipeline``
         stage record of its exception (that rank would not start)."""
-        from simrig import observe as obs
-        from simrig.adapters.probes import error_obs
-
         manager = self.runner.cudagraph_manager
         if not manager.needs_capture():
             return None
@@ -158,9 +159,6 @@ class NonLastRank:
     def step(self, scheduler_output: Any, last_runner: Any, last_batch: Any, step: Any) -> Any:
         """This rank's execute_model and sample_tokens; every exception is an
         observation on the returned stage record."""
-        from simrig import observe as obs
-        from simrig.adapters.probes import error_obs
-
         record = obs.StageObs(stage=obs.PIPELINE, rank=0)
         self._batch, self._mask, self._received = None, None, False
         if last_batch is not None:
@@ -186,8 +184,6 @@ class NonLastRank:
 
 
 def _batch_fields(batch: Any, prefix: str) -> dict[str, Any]:
-    from simrig import observe as obs
-
     num_reqs, num_tokens = int(batch.num_reqs), int(batch.num_tokens)
     values = {"req_ids": list(batch.req_ids),
               "input_ids": batch.input_ids[:num_tokens], "positions": batch.positions[:num_tokens],
@@ -197,8 +193,6 @@ def _batch_fields(batch: Any, prefix: str) -> dict[str, Any]:
 
 def _row_state(runner: Any, batch: Any, prefix: str, drafts: bool = True) -> dict[str, Any]:
     """The runner's request state of the batch's rows (its own slots, in batch order)."""
-    from simrig import observe as obs
-
     slots = batch.idx_mapping[:int(batch.num_reqs)].long()
     states = runner.req_states
     out = {prefix + "num_computed_tokens": obs.observe_value(states.num_computed_tokens.gpu[slots])}

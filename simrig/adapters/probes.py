@@ -9,6 +9,7 @@ capture, to learn which descriptor each capture dummy is built for.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -34,8 +35,6 @@ def tap_capture_descriptors(manager: Any, on_desc: Any) -> Any:
     for. CudaGraphManager.capture calls ``create_forward_fn(desc, ...)`` per
     descriptor; a class inserted between the manager's class and the base
     wraps that factory and calls the base's current capture unchanged."""
-    import contextlib
-
     cls = type(manager)
     base = next(k for k in cls.__mro__[1:] if "capture" in vars(k))
 
@@ -105,7 +104,7 @@ def filled_rows_past(table: Any) -> Any:
         handed over     [ r0 | r1 | r2 ]                   n = 3
         observed        rows 3..5 holding any id != 0   -> e.g. [3, 4]
     """
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     base = getattr(table, "_base", None)
     if not isinstance(table, torch.Tensor) or base is None or base.dim() != 2 or table.dim() != 2:

@@ -1,4 +1,4 @@
-"""The vLLM adapter: the runner side of the only code in simrig that imports vllm.
+"""The vLLM adapter's runner side (one of the four rooms that may import vllm: ``simrig.adapters``).
 
 It detects the installed version, checks that every entry point simrig drives
 exists with the parameters it calls, maps a vLLM-agnostic ``Step`` to the
@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 from simrig.adapters import pipeline, wiring
@@ -27,8 +28,6 @@ from simrig.vllm_runtime import platform
 
 def _vllm_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("vllm")
     except Exception:  # an editable checkout without metadata
         mod = importlib.import_module("vllm")
@@ -97,6 +96,7 @@ class VllmApi:
         self.version = _vllm_version()
         self.platform = choice
         resolved = {ep.attribute: _resolve(ep, self.version) for ep in ENTRY_POINTS}
+        # lazy: vllm and torch load after platform.configure() sets the env
         import torch
         from vllm.config import CUDAGraphMode
         from vllm.sampling_params import SamplingParams

@@ -11,6 +11,8 @@ See docs/standins.md, 'Sampling stand-ins and the token rule'.
 
 from __future__ import annotations
 
+import copy
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,6 +88,7 @@ class GreedySampler:
         pass
 
     def __call__(self, logits: Any, input_batch: Any) -> Any:
+        # lazy: vllm and torch load after platform.configure() sets the env
         import torch
         from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 
@@ -111,6 +114,7 @@ class GreedyVerifier:
 
     def __call__(self, logits: Any, input_batch: Any, draft_logits: Any = None,
                  invalid_drafts: Any = None) -> Any:
+        # lazy: vllm and torch load after platform.configure() sets the env
         import torch
         from vllm.v1.worker.gpu.input_batch import get_num_sampled_and_rejected
 
@@ -143,9 +147,7 @@ def vllm_samplers(runner: Any, method: str) -> tuple[Any, Any]:
     stand-in logits (one finite entry per row) every method's outcome is the
     trace's: a draft is kept iff it is the row's token, and any token sampled
     from a row is that row's token, at any temperature."""
-    import copy
-    import inspect
-
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.worker.gpu.sample.sampler import Sampler
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
@@ -189,6 +191,7 @@ class DrafterStandIn:
 
 
 def _sampler_output(sampled: Any, num_sampled: Any, num_rejected: Any) -> Any:
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
     return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,

@@ -35,6 +35,7 @@ class ModelStandIn:
     def modules(self) -> list[Any]:
         """A torch-compiled model, as PIECEWISE graphs require
         (cudagraph_utils.has_compiled_submodule): one active compiled module."""
+        # lazy: vllm loads after platform.configure() sets its env
         from vllm.v1.worker.gpu import cudagraph_utils
 
         wrapper = cudagraph_utils.TorchCompileWithNoGuardsWrapper
@@ -50,6 +51,7 @@ class ModelStandIn:
 
     def compute_logits(self, hidden_states: Any) -> Any:
         """Logits that name the trace's tokens (``sampling.trace_logits``)."""
+        # lazy: adapters.sampling brings numpy, needed only here
         from simrig.adapters.sampling import trace_logits
 
         return trace_logits(self._torch, self.target_tokens, self.vocab_size,

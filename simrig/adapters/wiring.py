@@ -31,6 +31,7 @@ def kv_cache_config(config: RunnerConfig) -> Any:
     """One KV cache group per ``config.kv_groups`` entry (FullAttentionSpec or
     SlidingWindowSpec with its block size), enough blocks for every request at
     the longest model length in every group (``RunnerConfig.num_kv_blocks``)."""
+    # lazy: vllm and torch load after platform.configure() sets the env
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -60,6 +61,7 @@ def block_tables(config: RunnerConfig, device: Any, dcp_rank: int = 0) -> Any:
     """vLLM's BlockTables for the KV groups, with the keyword arguments the
     installed release takes (kernel block sizes before 0.32, DCP sharding from
     0.31, a sliding-window group's reach from 0.33)."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.worker.gpu.block_table import BlockTables
 
     params = inspect.signature(BlockTables).parameters
@@ -124,6 +126,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     every attribute the runner has is set here. ``request_state`` and
     ``input_buffers`` are the installed release's RequestState and InputBuffers
     classes, as the adapter resolved them."""
+    # lazy: vllm and torch load after platform.configure() sets the env
     import torch
     from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
 
@@ -205,6 +208,7 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
 def _equip_sampling(runner: Any, config: RunnerConfig, device: Any) -> None:
     """What sample_tokens reads: vLLM builds a rejection sampler and a
     speculator only with speculative decoding."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.worker.gpu.sample.prompt_logprob import PromptLogprobsWorker
     from vllm.v1.worker.gpu.spec_decode.utils import DraftTokensHandler
 
@@ -226,13 +230,14 @@ def _equip_sampling(runner: Any, config: RunnerConfig, device: Any) -> None:
         runner.__dict__["main_stream"] = platform.StreamStandIn()  # a cached_property
         runner.output_copy_stream = platform.StreamStandIn()
     else:
-        import torch
+        import torch  # lazy: torch loads only when this runs
 
         runner.output_copy_stream = torch.cuda.Stream(device)
 
 
 def _ec_connector(vllm_config: Any) -> Any:
     try:
+        # optional: absent in older vLLM releases
         from vllm.v1.worker.gpu.ec_connector import get_ec_connector
     except ImportError:  # releases without an encoder-cache connector
         return None
@@ -241,14 +246,14 @@ def _ec_connector(vllm_config: Any) -> Any:
 
 def _eplb(vllm_config: Any, device: Any) -> Any:
     try:
-        from vllm.v1.worker.gpu.eplb_utils import EPLBController
+        from vllm.v1.worker.gpu.eplb_utils import EPLBController  # optional: absent in older vLLM releases
     except ImportError:
         return None
     return EPLBController(vllm_config.parallel_config, device)
 
 
 def _step_timing() -> Any:
-    from vllm.v1.worker.gpu import model_runner
+    from vllm.v1.worker.gpu import model_runner  # lazy: vllm loads after platform.configure() sets its env
 
     collector = getattr(model_runner, "StepTimingCollector", None)
     return collector() if collector is not None else None

@@ -136,10 +136,10 @@ def ratio_chart_png(table: pd.DataFrame) -> bytes:
     """Horizontal bars of median B/A per matched benchmark with the interval as
     an error bar where there is one (red: regressed, orange: over the limit
     but one save per side)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib loads only when this runs
 
     matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
+    from matplotlib import pyplot as plt  # lazy: matplotlib loads only when this runs
 
     shown = table.dropna(subset=["median_ratio"]).iloc[::-1]
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.28 * max(len(shown), 1)))

@@ -50,6 +50,7 @@ from simrig.bench.saves import (  # noqa: F401
     regressions,
     unverified,
 )
+from simrig.bench.stats import bootstrap_ratio
 from simrig.errors import UsageError
 
 SUITE = Path("tests") / "bench"
@@ -250,8 +251,6 @@ def interleave(python_a: str, python_b: str, rounds: int, *, filter_expr: str | 
 
 def interleaved_table(rounds_a: list[pd.DataFrame], rounds_b: list[pd.DataFrame]) -> pd.DataFrame:
     """Per benchmark: mean of per-round medians on each side, paired bootstrap ratio B/A."""
-    from simrig.bench.stats import bootstrap_ratio
-
     def medians(frames: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.concat([f.set_index("fullname")["median"].rename(i) for i, f in enumerate(frames)],
                          axis=1)

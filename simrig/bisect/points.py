@@ -25,6 +25,7 @@ from typing import Any
 from simrig.bisect import gitrepo
 from simrig.bisect.search import BAD, GOOD, SKIP, ClassKey, Verdict
 from simrig.errors import UsageError
+from simrig.findings.known import installed_vllm_version
 from simrig.releases import envs
 
 # Stages to replay for a class of each stage (lifecycle always runs; dummy
@@ -64,7 +65,6 @@ def available_releases() -> dict[str, str]:
             if venv.name.startswith("vllm-") and envs._RELEASE.match(name) \
                     and (venv / "bin" / "python").exists():
                 out[name] = str(venv / "bin" / "python")
-    from simrig.findings.known import installed_vllm_version
 
     installed = installed_vllm_version()
     if installed and installed not in out:
@@ -107,7 +107,6 @@ def base_for(repo: Path, commit: str, base: str | None, releases: dict[str, str]
         after = [v for v in releases if release_tuple(v) > release_tuple(tag)]
         chosen = max(before, key=release_tuple) if before else min(after, key=release_tuple)
         return chosen, releases[chosen]
-    from simrig.findings.known import installed_vllm_version
 
     return installed_vllm_version() or "installed", sys.executable
 
@@ -203,7 +202,7 @@ class Judge:
 def judge_report(out: Path, status: int, stderr: str, key: ClassKey, seconds: float, *,
                  commit: bool = False, served: int = 0) -> Verdict:
     """The verdict one child replay's report (or its absence) gives."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas loads only when a report is read
 
     detail: dict[str, Any] = {"exit_status": status, "served_modules": served}
     lines = [ln for ln in stderr.splitlines() if ln.strip()]

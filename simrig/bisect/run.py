@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import html
 import json
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from simrig.bisect import gitrepo
 from simrig.bisect import points as bp
 from simrig.bisect.search import FIXED, INTRODUCED, ClassKey, LegResult, search
 from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
+from simrig.findings.classes import signature_text
 from simrig.report.html import _CSS, jsonable, table
 from simrig.report.writer import simrig_version, staging_dir, swap_into_place
 
@@ -176,8 +178,6 @@ def run(trace: Path, key: ClassKey, legs: list[LegPlan], judge: bp.Judge, repo: 
 
 
 def _signature(key: ClassKey) -> str:
-    from simrig.findings.classes import signature_text
-
     return signature_text(key.kind, key.stage, key.field, key.exception_type)
 
 
@@ -232,8 +232,6 @@ def write_report(summary: dict[str, Any], out: Path) -> Path:
         (tmp / "report.html").write_text(render(summary, steps, changed), encoding="utf-8")
         swap_into_place(tmp, out)
     except BaseException:
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out

@@ -14,14 +14,13 @@ from simrig.campaign.options import FindingClass
 from simrig.campaign.shrink import class_key, replay_with_checks
 from simrig.findings.classes import Where
 from simrig.findings.findings import Finding
+from simrig.trace_io.trace import TraceError, trace_files_in
 
 
 class TraceReplays:
     """The trace-replay phases of ``simrig.campaign.fuzz.Campaign``."""
 
     def replay_regressions(self) -> None:
-        from simrig.trace_io.trace import trace_files_in
-
         folder = Path(self.options.regressions_dir)
         for path in trace_files_in(folder) if folder.is_dir() else []:
             if self.interrupted:
@@ -51,8 +50,6 @@ class TraceReplays:
     def replay_corpus(self) -> None:
         """Examples earlier steered campaigns kept for reaching new arcs, first
         (their findings count as the campaign's; their arcs are reached at once)."""
-        from simrig.trace_io.trace import TraceError, trace_files_in
-
         for path in trace_files_in(Path(self.options.corpus_dir)):
             if self.interrupted:
                 return

@@ -13,27 +13,30 @@ See docs/fuzz.md, 'How a campaign runs'.
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simrig.campaign.options import (  # noqa: F401 -- re-exported: the campaign's public types
-    CampaignOptions,
-    CampaignStats,
-    FindingClass,
-    Key,
-)
 from simrig.campaign.axes import AxisState
 from simrig.campaign.corpus import TraceReplays
+from simrig.campaign.options import CampaignOptions, CampaignStats, FindingClass, Key  # noqa: F401 -- re-exported: the campaign's public types
 from simrig.campaign.repeatable import seed_only_draws
+from simrig.campaign.report import ReportTables, findings_frame, write_campaign_report
 from simrig.campaign.shrink import class_key
 from simrig.campaign.steering import CoverageSteering, plateau
 from simrig.campaign.stopping import StopRules
-from simrig.findings.findings import Finding
-from simrig.observe import DISPATCH
-from simrig.replay import BatchTracker, ReplayRecorder
+from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RIG_ERROR, UsageError
 from simrig.findings.classes import ClassTally, Where
+from simrig.findings.findings import Finding, rig_error
+from simrig.interrupt import StopRequests
+from simrig.observe import DISPATCH
+from simrig.progress import Progress
+from simrig.replay import BatchTracker, ReplayRecorder
+from simrig.report.profile import StackSampler
+from simrig.runners import shared_pool
 from simrig.step import Step
+from simrig.trace_io.trace import TraceError
 
 IDLE_CHUNKS = 3  # Hypothesis runs in a row without one step: the campaign stops ("idle")
 # A steered campaign's Hypothesis runs are this long at least: Hypothesis runs its target
@@ -46,8 +49,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
     """One fuzz campaign; ``run()`` returns the exit status."""
 
     def __init__(self, options: CampaignOptions):
-        from simrig.errors import UsageError
-        from strategies.machine import MODES
+        from strategies.machine import MODES  # lazy: strategies brings hypothesis, needed only here
 
         if options.mode not in MODES:
             raise UsageError(f"--mode: must be one of {', '.join(MODES)}, got {options.mode!r}")
@@ -142,11 +144,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         """Regressions, then exploring, then the report. The first SIGINT/SIGTERM
         stops the run at the next step; every later one is ignored (noted on
         stderr) until the report is written."""
-        from simrig.adapters.runner import load
-        from simrig.errors import UsageError
-        from simrig.interrupt import StopRequests
-        from simrig.progress import Progress
-        from simrig.trace_io.trace import TraceError
+        from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
         o = self.options
         api = load()  # the one-off vLLM import (~15 s) is not part of the budget
@@ -155,8 +153,6 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         runners_before = _runner_counts()
         sampler = None
         if o.profile:
-            from simrig.report.profile import StackSampler
-
             sampler = StackSampler().start()
         with StopRequests(on_first=self._interrupt, second_raises=False,
                           note="stopping; the report will hold everything found so far") as stop:
@@ -197,11 +193,12 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
             self.report_summary["profile"] = sampler.split()
 
     def explore(self) -> None:
+        # lazy: hypothesis loads only when this runs
         from hypothesis import HealthCheck, Phase, Verbosity, settings
         from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
         from hypothesis.stateful import get_state_machine_test
 
-        from simrig.runners import shared_pool
+        # lazy: strategies brings hypothesis, needed only here
         from strategies.machine import VIOLATIONS, MachineSettings, SchedulerContractMachine
 
         o = self.options
@@ -254,9 +251,9 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         """Hypothesis re-raises the shrunk example's error (or a Flaky one after
         we stopped mid-shrink). Our own findings are already recorded; anything
         else is a bug in the rig, which stops the campaign (fix it first)."""
-        from hypothesis.errors import Flaky
+        from hypothesis.errors import Flaky  # lazy: hypothesis loads only when this runs
 
-        from strategies.machine import NewFinding
+        from strategies.machine import NewFinding  # lazy: strategies brings hypothesis, needed only here
 
         errors = list(exc.exceptions) if isinstance(exc, BaseExceptionGroup) else [exc]
         for err in errors:
@@ -269,13 +266,9 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
     def finish(self) -> None:
         """Shrunk traces, report and JUnit XML, swapped into OUT whole
         (simrig.campaign.report); runs after an interrupted run too."""
-        from simrig.campaign.report import write_campaign_report
-
         write_campaign_report(self, confirm=True)
 
     def report_tables(self) -> Any:
-        from simrig.campaign.report import ReportTables
-
         result = self.recorder.result([], list(self.options.pcp_sizes), self.options.stages)
         return ReportTables(result.steps, result.findings, result.contract, self.stats.elapsed_s,
                             title=f"simrig fuzz campaign ({self.options.mode})", vllm_s=self.stats.vllm_s)
@@ -283,10 +276,6 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
     def rig_error(self, exc: BaseException, check: str) -> None:
         """Record an exception of the campaign's own code as a rig_error class
         (in the class table too: it fails the run with exit 3)."""
-        import traceback
-
-        from simrig.findings.findings import rig_error
-
         self.stats.rig_errors.append("".join(traceback.format_exception(exc)))
         finding = rig_error(exc, step=self.stats.steps, stage="campaign", check=check)
         self.tally.add(finding, Where("campaign", elapsed_s=self._elapsed() if self._start else None,
@@ -301,8 +290,6 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
     def exit_status(self) -> int:
         """3 when simrig's own code raised (a rig_error class), else 1 for a
         failing class, else 0 (see simrig.errors)."""
-        from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RIG_ERROR
-
         if self.stats.rig_errors or any(c.key[0] == "rig_error" for c in self.classes.values()):
             return EXIT_RIG_ERROR
         if any(c.failing for c in self.classes.values()):
@@ -347,24 +334,20 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
 
     def findings_frame(self) -> Any:
         """One row per class: its first finding, count, verdict and shrunk trace."""
-        from simrig.campaign.report import findings_frame
-
         return findings_frame(self)
 
 
 def _runner_counts() -> dict[str, int]:
     """Runners built, reused and dropped (not clean after a reset, or tainted: vLLM raised
     in them) in this process so far."""
-    from simrig.runners import shared_pool
-
     stats = shared_pool().stats()
     return {k: stats[k] for k in ("built", "reused", "dropped", "tainted")}
 
 
 def _default_configs(pcp_sizes: Sequence[int], cudagraph_modes: Sequence[str] = ("NONE",)) -> Any:
-    from hypothesis import strategies as st
+    from hypothesis import strategies as st  # lazy: hypothesis loads only when this runs
 
-    from strategies.configs import runner_configs
+    from strategies.configs import runner_configs  # lazy: strategies brings hypothesis, needed only here
 
     return runner_configs(pcp_sizes=st.sampled_from(tuple(pcp_sizes)),
                           cudagraph_modes=st.sampled_from(tuple(cudagraph_modes)))

@@ -16,15 +16,23 @@ See docs/pytest-plugin.md.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given  # noqa: F401  (re-exported for @given(scheduler_steps()))
 
+from simrig.checks.checker import Checker
+from simrig.coverage.collect import Collector
+from simrig.coverage.session import coverage_line
+from simrig.observe import OPTIONAL_STAGES
+from simrig.step import NewRequest, RunnerConfig, Step
+from simrig.trace_io.trace import TraceHeader, write_trace
 from strategies import (  # noqa: F401  (re-exported)
     MachineSettings,
     SchedulerContractMachine,
@@ -55,7 +63,6 @@ def pytest_configure(config: pytest.Config) -> None:
     out = config.getoption("--simrig-coverage", default=None)
     if not out:
         return
-    from simrig.coverage.collect import Collector
 
     try:
         collector = Collector()
@@ -71,11 +78,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         return
     collector, out = entry
     collector.stop()
-    from simrig.coverage.session import coverage_line
-    from simrig.report.writer import write_coverage_dir
+    from simrig.report.writer import write_coverage_dir  # cold path: keeps pandas off every pytest start
 
     folder = write_coverage_dir(out, collector.data(), title="simrig coverage of a pytest session")
-    import json
 
     summary = json.loads((Path(folder) / "summary.json").read_text())
     print(f"\n{coverage_line(summary)}\nsimrig coverage: {Path(folder) / 'coverage.html'}")
@@ -84,7 +89,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def simrig_api() -> Any:
     """The installed vLLM, loaded once per session (~15 s on first use)."""
-    from simrig.adapters.runner import load
+    from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
     return load()
 
@@ -92,8 +97,7 @@ def simrig_api() -> Any:
 @pytest.fixture(scope="session")
 def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
     """Factory: ``simrig_harness(config, stages=...)`` -> a fresh ready Harness."""
-    from simrig.harness import Harness
-    from simrig.observe import OPTIONAL_STAGES
+    from simrig.harness import Harness  # late-bound: tests monkeypatch harness.Harness
 
     def make(config: Any, stages: Iterable[str] = OPTIONAL_STAGES) -> Any:
         return Harness(config, stages=stages, api=simrig_api)
@@ -104,8 +108,6 @@ def simrig_harness(simrig_api: Any) -> Callable[..., Any]:
 @pytest.fixture(scope="session")
 def simrig_checker(simrig_api: Any) -> Callable[..., Any]:
     """Factory: ``simrig_checker(config, adversarial=False)`` -> a fresh Checker."""
-    from simrig.checks.checker import Checker
-
     def make(config: Any, adversarial: bool = False, trace: str = "pytest") -> Any:
         return Checker(config, adversarial=adversarial, trace=trace)
 
@@ -132,9 +134,9 @@ def check_run(run: Any, *, api: Any = None, stages: Sequence[str] = RUN_STAGES,
               name: str | None = None, fail: bool = True) -> list:
     """Replay ``run`` = ``(config, steps)`` through the one replay loop; on a new finding
     class write the run as a v1 trace and ``pytest.fail`` with a class summary."""
+    # cold path: keeps pandas off every pytest start
     from simrig.findings.classes import ClassTally, Where, class_rows_for_print, fails_run, verdict_of
     from simrig.replay import run_steps
-    from simrig.trace_io.trace import TraceHeader, write_trace
 
     config, steps = _unpack(run)
     header = TraceHeader(config=config, source={"kind": "generated", "tool": "simrig pytest plugin"})
@@ -167,8 +169,6 @@ def _warm_up(api: Any) -> None:
     """Pay the one-off first-call costs (imports, kernel set-up, caches: ~0.3-0.5 s
     on CPU) here, not in the first Hypothesis example, where they would break
     the default 200 ms deadline."""
-    from simrig.step import NewRequest, RunnerConfig, Step
-
     step = Step(new_requests=[NewRequest("warm", 4)], num_scheduled_tokens={"warm": 4})
     for config in (RunnerConfig(max_num_reqs=2, max_num_batched_tokens=16, max_model_len=64),
                    RunnerConfig(max_num_reqs=2, max_num_batched_tokens=16, max_model_len=64,
@@ -177,14 +177,10 @@ def _warm_up(api: Any) -> None:
 
 
 def _all_stages() -> tuple[str, ...]:
-    from simrig.observe import OPTIONAL_STAGES
-
     return tuple(OPTIONAL_STAGES)
 
 
 def _unpack(run: Any) -> tuple[Any, list]:
-    from simrig.step import RunnerConfig
-
     if (not isinstance(run, tuple) or len(run) != 2 or not isinstance(run[0], RunnerConfig)):
         raise TypeError("simrig_run: expected (RunnerConfig, [Step, ...]) as drawn by "
                         f"scheduled_runs(), got {type(run).__name__}")
@@ -192,8 +188,6 @@ def _unpack(run: Any) -> tuple[Any, list]:
 
 
 def _config_text(config: Any) -> str:
-    from dataclasses import asdict
-
     return ", ".join(f"{k}={v}" for k, v in asdict(config).items())
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 def seed_only_draws() -> Iterator[None]:
     """Hypothesis draws with no constants from the process's own modules."""
     try:
-        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.conjecture import providers  # optional: hypothesis
     except ImportError:  # a Hypothesis without local constants
         yield
         return

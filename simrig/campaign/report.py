@@ -16,9 +16,14 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+import pandas as pd
 
 from simrig.campaign.shrink import replay_command_args, save_regression, write_shrunk
-from simrig.findings.classes import Where, known_lookup, verdict_of
+from simrig.findings.classes import Where, class_frame, known_lookup, verdict_of
+from simrig.history.changes import since_previous
+from simrig.report.timing import time_share
 
 
 @dataclass
@@ -51,8 +56,7 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
 
     The staging folder is unique to this run (``staging_dir``): the later swap wins.
     """
-    from simrig.findings.classes import class_frame
-    from simrig.report.timing import time_share
+    # late-bound: tests monkeypatch writer.write_report
     from simrig.report.writer import staging_dir, swap_into_place, write_report
 
     out = Path(campaign.options.out_dir)
@@ -68,15 +72,12 @@ def write_campaign_report(campaign: Any, *, confirm: bool = True) -> dict[str, A
             campaign.unexplained_lines = cov_summary["coverage"]["unexplained_lines"]
             timeline = getattr(campaign, "coverage_timeline", None)
             if timeline:
-                import pandas as pd
-
                 cov_tables["coverage_timeline"] = pd.DataFrame(timeline)
         summary = campaign.summary()
         summary.update(cov_summary)
         summary["time_share"] = time_share(tables.steps, tables.busy_s, tables.vllm_s)
         _choose_reproducers(campaign)
         classes = class_frame(campaign.tally.classes.values())
-        from simrig.history.changes import since_previous
 
         summary["since_previous"] = since_previous(summary, classes)
         write_report(report, tables.steps, campaign.findings_frame(), tables.contract, summary,
@@ -132,8 +133,6 @@ def _choose_reproducers(campaign: Any) -> None:
 def findings_frame(campaign: Any) -> Any:
     """One row per class (sorted by class key): its first finding, count,
     verdict and shrunk trace (``findings.csv`` of a campaign)."""
-    import pandas as pd
-
     rows = []
     for cls in sorted(campaign.classes.values(), key=lambda c: c.key):
         row = cls.first.row()
@@ -170,8 +169,6 @@ def graph_line(summary: dict[str, Any]) -> str:
 def junit_xml(campaign: Any) -> str:
     """One testcase per finding class: failure when failing, skipped when known,
     passed (with a note) for loud rejections."""
-    from xml.sax.saxutils import escape, quoteattr
-
     classes = sorted(campaign.classes.values(), key=lambda c: c.key)
     mode = campaign.options.mode
     failures = sum(c.failing for c in classes) + len(campaign.stats.rig_errors)

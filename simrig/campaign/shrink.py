@@ -14,13 +14,17 @@ checks) to confirm the same class comes back.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simrig import lifeline
 from simrig.findings.classes import verdict_of
 from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES
+from simrig.replay import replay_steps
 from simrig.trace_io.trace import Expectation, TraceHeader, write_trace
 
 
@@ -56,11 +60,6 @@ def write_shrunk(cls: Any, options: Any, staging: Path, *, confirm: bool = True)
 def replays_to_a_crash(path: Path, stages: Sequence[str], timeout_s: float = 300.0) -> bool:
     """Does this trace kill (or hang) the process that replays it? Replayed in a
     forked child, so the answer never costs the caller its own process."""
-    import os
-    import sys
-
-    from simrig import lifeline
-
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -105,8 +104,6 @@ def replay_with_checks(path: str | Path, extra_checks: Sequence[Any] = (),
     """Every finding of one trace's replay (``simrig.replay.replay_steps``,
     the same loop ``simrig replay`` runs) and its number of steps; ``stop()``
     true ends it before the next step."""
-    from simrig.replay import replay_steps
-
     found: list[Finding] = []
     count = 0
     for replayed in replay_steps(path, stages=stages, extra_checks=extra_checks, stop=stop):

@@ -9,16 +9,18 @@ corpus folder, replayed first by the next steered campaign
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
+
+from simrig.coverage.session import CoverageRun
+from simrig.trace_io.trace import TraceHeader, write_trace
 
 
 class CoverageSteering:
     """The coverage part of ``simrig.campaign.fuzz.Campaign``."""
 
     def _init_coverage(self, options: Any) -> None:
-        from simrig.coverage.session import CoverageRun
-
         self.coverage = CoverageRun(options.coverage, fail_on_unexplained=options.fail_on_unexplained_coverage,
                                     reasons_path=options.unreached)
         self.unexplained_lines = 0  # set when the report is written
@@ -39,17 +41,13 @@ class CoverageSteering:
                                        "new_arcs": len(new), "arcs_total": len(self._seen_arcs)})
         if not self.options.steer:
             return
-        from hypothesis import target
+        from hypothesis import target  # lazy: hypothesis loads only when this runs
 
         target(float(len(arcs)), label="MRV2 arcs reached by the example")
         if new and self.options.corpus_dir is not None:
             self._keep(machine, len(new))
 
     def _keep(self, machine: Any, new: int) -> None:
-        import hashlib
-
-        from simrig.trace_io.trace import TraceHeader, write_trace
-
         folder = Path(self.options.corpus_dir)
         header = TraceHeader(config=machine.config, adversarial=self.options.mode == "adversarial",
                              source={"kind": "generated", "corpus": "coverage", "new_arcs": new,

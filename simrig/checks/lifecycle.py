@@ -1,21 +1,9 @@
 """The scheduler contract, and how the runner reacts to input that breaks it.
 
-Follows request identity and budgets from the Steps alone:
-
-    finished / preempted  ──► gone (the runner frees the slot; scheduling it again is a violation)
-    new_requests          ──► live (a live id sent as new again is a duplicate, unless it is a
-                              streaming-input update: ``streaming``, an id the runner holds, computed
-                              tokens no further than the runner's own count)
-    cached updates        ──► must name a live id; num_computed must continue the last step
-                              (previous + scheduled - rejected), else the runner's device
-                              cursor and the scheduler disagree
-    num_scheduled_tokens  ──► every id live after this step's lifecycle, and updated this step
-
-Identity violations must make the runner fail loudly (KeyError in lifecycle
-or gather): KeyError -> key_error finding naming the id, another exception ->
-exception finding, nothing raised -> silent_acceptance. Budget violations are
-reported as input violations only. Exceptions on valid input are findings
-(key_error / exception) of check "runner_errors".
+``SchedulerContract`` follows request identity and budgets from the Steps alone (its
+docstring has the rules). An identity violation must make the runner fail loudly, a budget
+violation is reported as an input violation only, and an exception on valid input is a
+finding of ``runner_errors``. See docs/oracle.md, 'The oracle: what every replay checks'.
 """
 
 from __future__ import annotations
@@ -62,6 +50,23 @@ class LifecycleResult:
 
 
 class SchedulerContract:
+    """Follows request identity and budgets from the Steps alone:
+
+        finished / preempted  ──► gone (the runner frees the slot; scheduling it again is a violation)
+        new_requests          ──► live (a live id sent as new again is a duplicate, unless it is a
+                                  streaming-input update: ``streaming``, an id the runner holds, computed
+                                  tokens no further than the runner's own count)
+        cached updates        ──► must name a live id; num_computed must continue the last step
+                                  (previous + scheduled - rejected), else the runner's device
+                                  cursor and the scheduler disagree
+        num_scheduled_tokens  ──► every id live after this step's lifecycle, and updated this step
+
+    Identity violations must make the runner fail loudly (KeyError in lifecycle
+    or gather): KeyError -> key_error finding naming the id, another exception ->
+    exception finding, nothing raised -> silent_acceptance. Budget violations are
+    reported as input violations only. Exceptions on valid input are findings
+    (key_error / exception) of check "runner_errors".
+    """
     def __init__(self, config: RunnerConfig, *, adversarial: bool = False):
         self.config = config
         self.adversarial = adversarial

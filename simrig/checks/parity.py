@@ -1,25 +1,10 @@
 """Dummy/real parity: ``InputBatch.make_dummy`` must build what prepare_inputs builds.
 
-Cudagraph capture and profiling run on dummy batches; a graph captured on a
-dummy field of another dtype (or shape) than the real one is replayed with
-the wrong buffer. For each step the dummy stage is built for the step's own
-descriptor (eager: the real (num_reqs, num_tokens); a graph: the batch that
-graph was captured with), so both are comparable field by field:
-
-    field                         dtype   shape
-    every array in both           =       -
-    eager step:
-      SHAPED_FIELDS               =       =
-      SHAPED_UNLESS_DRAFTS        =       = only when the step has no drafts
-                                          (drafts add logits rows the dummy lacks)
-    graph step (the graph reads these buffers at their captured shape;
-    BatchExecutionDescriptor: "num_reqs None means no request padding"):
-      TOKEN_SHAPED                        = for every graph mode
-      REQUEST_SHAPED                      = for FULL graphs (requests padded too)
-      compared on what the graph runs: the rank-local batches under PCP
-    an array on one side, None    missing_field: a graph captured on the dummy
-      or absent on the other      reads a buffer the real batch fills (or the
-                                  reverse); never skipped
+Cudagraph capture and profiling run on dummy batches, and a graph captured on a dummy field
+of another dtype (or shape) than the real one is replayed with the wrong buffer. Each step's
+dummy stage, built for the step's own descriptor, is compared with the real batch field by
+field (the rules are tabled in ``check_parity``). See docs/oracle.md, 'The oracle: what every
+replay checks' (the ``parity`` row).
 """
 
 from __future__ import annotations
@@ -73,7 +58,29 @@ def check_parity(index: int, real: StageObs, dummy: StageObs, desc: dict | None 
     """``desc``: the step's descriptor as the dispatch stage observed it;
     ``graph_batches``: what the graph runs (PCP rank-local batches), default ``[real]``;
     ``dummy``: the dummy run of this step (its own descriptor in ``desc.*``);
-    ``captured``: the capture dummy of the step's graph (graph steps)."""
+    ``captured``: the capture dummy of the step's graph (graph steps).
+
+    Cudagraph capture and profiling run on dummy batches; a graph captured on a
+    dummy field of another dtype (or shape) than the real one is replayed with
+    the wrong buffer. For each step the dummy stage is built for the step's own
+    descriptor (eager: the real (num_reqs, num_tokens); a graph: the batch that
+    graph was captured with), so both are comparable field by field:
+
+        field                         dtype   shape
+        every array in both           =       -
+        eager step:
+          SHAPED_FIELDS               =       =
+          SHAPED_UNLESS_DRAFTS        =       = only when the step has no drafts
+                                              (drafts add logits rows the dummy lacks)
+        graph step (the graph reads these buffers at their captured shape;
+        BatchExecutionDescriptor: "num_reqs None means no request padding"):
+          TOKEN_SHAPED                        = for every graph mode
+          REQUEST_SHAPED                      = for FULL graphs (requests padded too)
+          compared on what the graph runs: the rank-local batches under PCP
+        an array on one side, None    missing_field: a graph captured on the dummy
+          or absent on the other      reads a buffer the real batch fills (or the
+                                      reverse); never skipped
+    """
     if real.error is not None or dummy.error is not None:
         return []
     drafts = real.fields.get("num_draft_tokens")

@@ -1,44 +1,10 @@
 """The non-last pipeline-parallel rank, judged against the last rank and the trace.
 
-Under PP every rank receives the same ``SchedulerOutput``; only the last rank
-samples and broadcasts what it sampled (``PPHandler``, vllm/v1/worker/gpu/pp_utils.py).
-The harness drives a non-last rank next to the last one (adapters/pipeline.py)
-and records the ``pipeline`` stage (rank 0). What the non-last rank must do,
-from vLLM's own words:
-
-    rule                                  vLLM's meaning
-    ────                                  ──────────────
-    same batch as the last rank           every rank runs the same scheduled batch; a decode's
-      (req_ids, positions, seq_lens,      input is the token the last rank sampled: "update
-      query_start_loc, input_ids)         decode requests with sampler output from the prior step
-                                          in which they were scheduled (pp_size steps ago)"
-                                          (GPUModelRunner.update_pp_decode_requests)
-    drafts received                       a draft position holds the drafts the last rank
-                                          proposed and broadcast in the request's sampling step:
-                                          "Broadcast draft proposals so non-last ranks can embed
-                                          real token ids" (PPHandler.broadcast_drafts)
-    last rank's num_computed_tokens       computed + scheduled - rejected (postprocess_sampled)
-    num_computed_tokens after the step    computed + scheduled: "Optimistically update
-                                          num_computed_tokens for entire batch here. Will be
-                                          adjusted for rejections if necessary"
-                                          (GPUModelRunner.sample_tokens, non-last rank)
-    need_sampled_mask                     "marking requests with outputs that might be needed in
-                                          a subsequent (decode) step" (compute_need_sampled_mask):
-                                          a row whose step ends short of its prefill samples
-                                          nothing and is never marked; a row that samples and may
-                                          run again (its length after the sample below
-                                          min(prompt_len + max_tokens, max_model_len)) is always
-                                          marked; a row whose sample ends the request may be either
-    every broadcast received              what the last rank sends, the other ranks receive
-                                          (a broadcast is collective): none is left over; a
-                                          step with a row that must be marked broadcasts
-
-The scheduler's side of the contract: "V2+PP+async: enforce `pp_size` steps
-between same-req decodes to match worker-side sampled-tokens broadcast slot
-ring cadence" (Scheduler.schedule, ``next_decode_eligible_step``): a request
-that sampled at step k is scheduled again at step k + pp_size at the
-earliest; an earlier one is a contract violation of the input and its rows
-are not judged.
+The harness drives a non-last rank next to the last one (simrig/adapters/pipeline.py) and
+records its ``pipeline`` stage (rank 0). ``PipelineTracker`` holds it to vLLM's own words:
+the same batch as the last rank, the drafts received, num_computed_tokens, the
+need_sampled_mask and every broadcast received (tabled in its docstring, with the
+scheduler's side of the contract). See docs/oracle.md.
 """
 
 from __future__ import annotations
@@ -65,7 +31,48 @@ class _Request:
 
 
 class PipelineTracker:
-    """Follows the trace's requests across steps for the PP rules above."""
+    """Follows the trace's requests across steps for the PP rules above.
+
+    Under PP every rank receives the same ``SchedulerOutput``; only the last rank
+    samples and broadcasts what it sampled (``PPHandler``, vllm/v1/worker/gpu/pp_utils.py).
+    The harness drives a non-last rank next to the last one (adapters/pipeline.py)
+    and records the ``pipeline`` stage (rank 0). What the non-last rank must do,
+    from vLLM's own words:
+
+        rule                                  vLLM's meaning
+        ────                                  ──────────────
+        same batch as the last rank           every rank runs the same scheduled batch; a decode's
+          (req_ids, positions, seq_lens,      input is the token the last rank sampled: "update
+          query_start_loc, input_ids)         decode requests with sampler output from the prior step
+                                              in which they were scheduled (pp_size steps ago)"
+                                              (GPUModelRunner.update_pp_decode_requests)
+        drafts received                       a draft position holds the drafts the last rank
+                                              proposed and broadcast in the request's sampling step:
+                                              "Broadcast draft proposals so non-last ranks can embed
+                                              real token ids" (PPHandler.broadcast_drafts)
+        last rank's num_computed_tokens       computed + scheduled - rejected (postprocess_sampled)
+        num_computed_tokens after the step    computed + scheduled: "Optimistically update
+                                              num_computed_tokens for entire batch here. Will be
+                                              adjusted for rejections if necessary"
+                                              (GPUModelRunner.sample_tokens, non-last rank)
+        need_sampled_mask                     "marking requests with outputs that might be needed in
+                                              a subsequent (decode) step" (compute_need_sampled_mask):
+                                              a row whose step ends short of its prefill samples
+                                              nothing and is never marked; a row that samples and may
+                                              run again (its length after the sample below
+                                              min(prompt_len + max_tokens, max_model_len)) is always
+                                              marked; a row whose sample ends the request may be either
+        every broadcast received              what the last rank sends, the other ranks receive
+                                              (a broadcast is collective): none is left over; a
+                                              step with a row that must be marked broadcasts
+
+    The scheduler's side of the contract: "V2+PP+async: enforce `pp_size` steps
+    between same-req decodes to match worker-side sampled-tokens broadcast slot
+    ring cadence" (Scheduler.schedule, ``next_decode_eligible_step``): a request
+    that sampled at step k is scheduled again at step k + pp_size at the
+    earliest; an earlier one is a contract violation of the input and its rows
+    are not judged.
+    """
 
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config

@@ -1,33 +1,11 @@
 """Spec-decode outcomes: the sampled token rows and what postprocess writes back, from the Step's meaning.
 
-``sample_tokens`` hands ``postprocess_sampled`` the sampler's (or the rejection
-sampler's) token rows, one row per request of the batch, and the per-row
-counts; ``postprocess_sampled`` writes the outcome into the request state.
-The expectations come from the trace alone (a request's drafts ``d`` and the
-drafts the trace says are rejected ``r``, ``simrig.step.rejected_from``) and
-from the meaning vLLM's comments give each value, never from vLLM's code:
-
-    value (postprocess)         expectation                            source (vLLM 0.33.0)
-    ───────────────────         ───────────                            ────────────────────
-    sampled_tokens[i, :s]       the trace's tokens at the s positions  SamplerOutput.sampled_token_ids
-                                sampled: the d - r accepted drafts,    ("[num_reqs, num_speculative_steps
-                                then the target's token at the first   + 1]"); rejection kernel: "Greedy
-                                rejected draft or, every draft kept,   sampling. Accept IFF draft matches
-                                the bonus token, in column d - r (so   target argmax", "Target argmax is
-                                at the right column when d < K)        stored directly"; the bonus is "the
-                                                                       last (bonus) position"
-    s (the count above)         d - r + 1 for a row whose prompt is    Sampler.__call__: "1 sampled token per
-                                done after this step (a final          request, except chunked-prefill
-                                prefill chunk: d = 0, so 1); 0 for a   requests"; get_num_sampled_and_rejected:
-                                chunk that ends before the prompt's    is_chunked_prefilling = seq_len <
-                                end                                    prefill_len
-    post.last_sampled_tokens    the last token sampled (s > 0)         RequestState: "# Last sampled tokens."
-    post.num_computed_tokens    computed + scheduled - rejected        Step.num_accepted, the continuity rule
-                                (a chunk that ends early: + its        the scheduler keeps ("computed(k+1) =
-                                scheduled tokens, nothing rejected)    computed(k) + scheduled(k) - rejected")
-
-Rows with no sampled token keep their last sampled token; that is not judged
-(the model does not follow a row's last token across steps).
+``postprocess_sampled`` writes the sampler's (or the rejection sampler's) token rows and
+per-row counts into the request state. ``expected_outcomes`` derives what it must write from
+the trace alone (a request's drafts and the drafts the trace rejects,
+``simrig.step.rejected_from``) and from the meaning vLLM's comments give each value;
+``check_spec_outcomes`` compares (the table is in its docstring). See docs/known-findings.md,
+'Spec-decode outcomes'.
 """
 
 from __future__ import annotations
@@ -62,7 +40,37 @@ def expected_outcomes(step: Step, pred: Any) -> tuple[np.ndarray, np.ndarray, np
 @guarded("spec_outcomes")
 def check_spec_outcomes(index: int, config: RunnerConfig, step: Step, obs: StepObs, pred: Any,
                         skip: frozenset[str] = frozenset()) -> list[Finding]:
-    """Findings for the module docstring's values, against the model's ``pred``."""
+    """Findings for the module docstring's values, against the model's ``pred``.
+
+    ``sample_tokens`` hands ``postprocess_sampled`` the sampler's (or the rejection
+    sampler's) token rows, one row per request of the batch, and the per-row
+    counts; ``postprocess_sampled`` writes the outcome into the request state.
+    The expectations come from the trace alone (a request's drafts ``d`` and the
+    drafts the trace says are rejected ``r``, ``simrig.step.rejected_from``) and
+    from the meaning vLLM's comments give each value, never from vLLM's code:
+
+        value (postprocess)         expectation                            source (vLLM 0.33.0)
+        ───────────────────         ───────────                            ────────────────────
+        sampled_tokens[i, :s]       the trace's tokens at the s positions  SamplerOutput.sampled_token_ids
+                                    sampled: the d - r accepted drafts,    ("[num_reqs, num_speculative_steps
+                                    then the target's token at the first   + 1]"); rejection kernel: "Greedy
+                                    rejected draft or, every draft kept,   sampling. Accept IFF draft matches
+                                    the bonus token, in column d - r (so   target argmax", "Target argmax is
+                                    at the right column when d < K)        stored directly"; the bonus is "the
+                                                                           last (bonus) position"
+        s (the count above)         d - r + 1 for a row whose prompt is    Sampler.__call__: "1 sampled token per
+                                    done after this step (a final          request, except chunked-prefill
+                                    prefill chunk: d = 0, so 1); 0 for a   requests"; get_num_sampled_and_rejected:
+                                    chunk that ends before the prompt's    is_chunked_prefilling = seq_len <
+                                    end                                    prefill_len
+        post.last_sampled_tokens    the last token sampled (s > 0)         RequestState: "# Last sampled tokens."
+        post.num_computed_tokens    computed + scheduled - rejected        Step.num_accepted, the continuity rule
+                                    (a chunk that ends early: + its        the scheduler keeps ("computed(k+1) =
+                                    scheduled tokens, nothing rejected)    computed(k) + scheduled(k) - rejected")
+
+    Rows with no sampled token keep their last sampled token; that is not judged
+    (the model does not follow a row's last token across steps).
+    """
     post = obs.get(POSTPROCESS)
     if pred is None or post is None or post.error is not None or not post.fields:
         return []

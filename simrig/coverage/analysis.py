@@ -56,7 +56,7 @@ def _model_cache_path(path: Path) -> Path | None:
     """Where the parsed model of ``path`` is kept between processes, keyed by the
     file's size and mtime, coverage.py's and Python's versions and FileModel's
     fields; None when the cache is switched off (SIMRIG_CACHE=none)."""
-    import coverage
+    import coverage  # lazy: coverage loads only when this runs
 
     base = os.environ.get("SIMRIG_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME")
                                                       or Path.home() / ".cache") / "simrig")
@@ -96,7 +96,7 @@ def file_model(root: str, rel: str) -> FileModel:
 
 
 def _parse_file_model(path: Path, rel: str) -> FileModel:
-    from coverage.parser import PythonParser
+    from coverage.parser import PythonParser  # lazy: coverage loads only when this runs
 
     text = path.read_text(encoding="utf-8")
     parser = PythonParser(text=text, filename=str(path), exclude=EXCLUDE)

@@ -56,7 +56,7 @@ class Collector:
     ``start`` and ``stop`` and every launch."""
 
     def __init__(self, gated: bool = True) -> None:
-        import coverage
+        import coverage  # cold path: keeps coverage off simrig --help
 
         root = vllm_root()
         if root is None:

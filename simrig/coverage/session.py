@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from simrig.coverage.collect import Collector, CoverageData, merge
+from simrig.coverage.collect import Collector, CoverageData, merge, to_jsonable
 from simrig.coverage.reasons import Reasons, load_reasons
 
 FINDING_KIND = "unexplained_coverage"
@@ -103,8 +103,7 @@ class CoverageRun:
 
 
 def coverage_report_parts(data: CoverageData, reasons: Reasons | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    from simrig.coverage.analysis import analyze
-    from simrig.coverage.collect import to_jsonable
+    from simrig.coverage.analysis import analyze  # cold path: keeps pandas off simrig --help
 
     reasons = reasons if reasons is not None else load_reasons()  # SIMRIG_UNREACHED or the shipped list
     tables = analyze(data, reasons)

@@ -14,6 +14,9 @@ import argparse
 import logging
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -61,7 +64,7 @@ def distributed_workers(args: argparse.Namespace) -> int | None:
 
 def import_ray() -> Any:
     try:
-        import ray
+        import ray  # optional: ray
     except ImportError:
         raise UsageError(f"--workers: Ray is not installed ({RAY_EXTRA})") from None
     return ray
@@ -133,8 +136,6 @@ def check_reachable(address: str) -> None:
                         dashboard port, answers HTTP/1 and is refused at once) ──►
                         Ray's own GCS client in a child process (killed at the deadline)
     """
-    import socket
-
     if "://" in address or address in _answered:
         return  # ray:// clients time out on their own
     timeout = probe_timeout()
@@ -159,7 +160,7 @@ def check_reachable(address: str) -> None:
 def _auto_address() -> str:
     """The GCS address `ray start` recorded on this machine (what ray.init("auto") joins)."""
     try:
-        from ray._private.services import canonicalize_bootstrap_address_or_die
+        from ray._private.services import canonicalize_bootstrap_address_or_die  # optional: ray
 
         return canonicalize_bootstrap_address_or_die("auto")
     except Exception as exc:  # noqa: BLE001 -- Ray raises ConnectionError and others
@@ -195,9 +196,6 @@ def _check_grpc(sock: Any, address: str, deadline: float, timeout: float) -> Non
 def _check_gcs(address: str, deadline: float, timeout: float) -> None:
     """Ray's own GCS client, in a child process killed at the deadline (its
     retries and warnings stay there)."""
-    import subprocess
-    import sys
-
     try:
         done = subprocess.run([sys.executable, "-c", _GCS_PROBE, address], capture_output=True,
                               text=True, timeout=max(1.0, deadline - time.monotonic()))
@@ -212,7 +210,7 @@ def _check_gcs(address: str, deadline: float, timeout: float) -> None:
 
 def pinned_here(ray: Any) -> dict[str, Any]:
     """Actor options that keep it on the driver's node (it writes the driver's files)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: ray
 
     node = ray.get_runtime_context().get_node_id()
     return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
@@ -220,10 +218,8 @@ def pinned_here(ray: Any) -> dict[str, Any]:
 
 def worker_name() -> str:
     """host:pid/node of the process running a shard (node: Ray node id, 8 hex digits)."""
-    import socket
-
     try:
-        import ray
+        import ray  # optional: ray
 
         node = ray.get_runtime_context().get_node_id()[:8]
     except Exception:  # noqa: BLE001 -- outside a Ray worker

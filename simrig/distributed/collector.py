@@ -108,6 +108,7 @@ class SharedDatabase:
     Counts per shard what it saved and fetched (the report shows both)."""
 
     def __init__(self, path: str) -> None:
+        # lazy: hypothesis loads only when this runs
         from hypothesis.database import DirectoryBasedExampleDatabase
 
         self.db = DirectoryBasedExampleDatabase(path)
@@ -136,6 +137,7 @@ class SharedDatabase:
 
 def actor_database(actor: Any, shard: str) -> Any:
     """A Hypothesis ``ExampleDatabase`` that forwards to a SharedDatabase actor."""
+    # optional: ray; lazy: hypothesis
     import ray
     from hypothesis.database import ExampleDatabase
 

@@ -21,19 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from simrig.campaign.fuzz import Campaign, CampaignOptions
+from simrig.campaign.report import ReportTables, write_campaign_report
 from simrig.distributed.cluster import pinned_here, ray_session
 from simrig.distributed.collector import Collector, SharedDatabase
 from simrig.distributed.merge import concat_frames, merge_contract, prefixed, tally_from_counts
-from simrig.distributed.shard import (  # noqa: F401 -- plan_shards re-exported
-    POLL_S,
-    ShardResult,
-    ShardSpec,
-    plan_shards,
-    run_shard,
-)
+from simrig.distributed.shard import POLL_S, ShardResult, ShardSpec, plan_shards, run_shard  # noqa: F401 -- plan_shards re-exported
 from simrig.findings.classes import merge_tallies
-from simrig.supervision.campaign import apply_crash
+from simrig.interrupt import StopRequests
+from simrig.lifeline import Lifeline
+from simrig.replay import sort_rows
+from simrig.supervision import forked
+from simrig.supervision.campaign import apply_crash, crash_record
 
 # Ray's answers for a worker process that died under its task (a signal, an OOM kill): a crash
 # class when the driver can read what the shard persisted; a lost node or raylet is only lost
@@ -99,11 +100,6 @@ class MergedCampaign(Campaign):
         return findings
 
     def report_tables(self) -> Any:
-        import pandas as pd
-
-        from simrig.campaign.report import ReportTables
-        from simrig.replay import sort_rows
-
         results = [self.sharded.results[n] for n in self.sharded.specs if n in self.sharded.results]
         steps = sort_rows(concat_frames([r.steps for r in results]),
                           ("trace", "pcp_size", "step", "stage", "rank"))
@@ -151,9 +147,6 @@ class ShardedCampaign:
             shutil.rmtree(self.crash_dir, ignore_errors=True)
 
     def _run(self, started: float, cpu0: float) -> int:
-        from simrig.campaign.report import write_campaign_report
-        from simrig.interrupt import StopRequests
-
         with StopRequests(second_raises=False,
                           note="stopping every shard (again to stop waiting for them)") as stop:
             self._stop = stop
@@ -181,7 +174,7 @@ class ShardedCampaign:
         return self.merged.exit_status()
 
     def _drive(self, ray: Any, collector: Any, database: Any) -> None:
-        from ray.exceptions import RayError, RayTaskError
+        from ray.exceptions import RayError, RayTaskError  # optional: ray
 
         task = ray.remote(num_cpus=1, max_retries=0)(run_shard)
         base = dataclasses.replace(self.options, on_class=None, progress="quiet")
@@ -256,10 +249,6 @@ class ShardedCampaign:
     def _crashed(self, spec: ShardSpec, reason: str) -> None:
         """A lost worker's last example, as it persisted it before the step it died in: a
         crash class (when the driver can read the shard's files: the same machine)."""
-        from simrig.lifeline import Lifeline
-        from simrig.supervision import forked
-        from simrig.supervision.campaign import crash_record
-
         base = Path(self.crash_dir) / spec.name
         inflight = forked.load(base.with_name(base.name + ".inflight.pkl"))
         line = base.with_name(base.name + ".lifeline")

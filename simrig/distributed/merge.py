@@ -15,7 +15,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import pandas as pd
+
 from simrig.findings.classes import ClassTally, Where
+from simrig.replay import sort_rows
 
 
 def tally_from_counts(shard: str, state: Any, classes: dict[Any, Any]) -> ClassTally:
@@ -34,16 +37,12 @@ def prefixed(prefix: str) -> Callable[[Where], Where]:
 
 
 def concat_frames(frames: list[Any]) -> Any:
-    import pandas as pd
-
     frames = [f for f in frames if f is not None and len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def merge_contract(frames: list[Any]) -> Any:
     """Sum counts per (stage, field, kind, dtype); the first occurrence from the first frame."""
-    from simrig.replay import sort_rows
-
     frame = concat_frames(frames)
     if not len(frame):
         return frame

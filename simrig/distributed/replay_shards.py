@@ -18,10 +18,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simrig.findings.classes import ClassTally, Where
+from simrig.coverage.collect import Collector
+from simrig.distributed.cluster import ray_session, worker_name
+from simrig.distributed.merge import concat_frames
+from simrig.findings.classes import ClassTally, Where, merge_tallies
 from simrig.findings.findings import Finding
-from simrig.replay import FIRST_FINDINGS, KNOWN_ROWS_PER_SIGNATURE, ReplayRecorder, ReplayResult, sort_rows
+from simrig.replay import (
+    FIRST_FINDINGS,
+    KNOWN_ROWS_PER_SIGNATURE,
+    BatchTracker,
+    ReplayRecorder,
+    ReplayResult,
+    replay_args,
+    run_steps,
+    scan_trace,
+    sort_rows,
+)
+from simrig.sources.live import RunnerMirror
 from simrig.step import Step
+from simrig.trace_io.trace import TraceReader
 
 MIN_SEGMENT_STEPS = 200  # below this a resync costs more than the parallelism gains
 
@@ -77,11 +92,7 @@ class UnitResult:
 def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> UnitResult:
     """A Ray task: one unit through ``run_steps``; step numbers are the trace's own.
     ``coverage``: the arcs of vLLM's MRV2 code this unit reached come back with it."""
-    from simrig.adapters.runner import load
-    from simrig.distributed.cluster import worker_name
-    from simrig.replay import BatchTracker, replay_args, run_steps
-    from simrig.sources.live import RunnerMirror
-    from simrig.trace_io.trace import TraceReader
+    from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
     api = load()
     reader = TraceReader(unit.path)
@@ -109,8 +120,6 @@ def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> 
 
     collector = None
     if coverage:
-        from simrig.coverage.collect import Collector
-
         collector = Collector()
         collector.start()
     started = time.perf_counter()
@@ -150,9 +159,6 @@ def merge_units(results: list[UnitResult], traces: Sequence[str], pcp_sizes: Seq
     """One ReplayResult as a one-process replay of the same traces would give
     (built by the same ``ReplayRecorder.result``: class table, reproducers,
     known-finding explanations)."""
-    from simrig.distributed.merge import concat_frames
-    from simrig.findings.classes import merge_tallies
-
     results = sorted(results, key=lambda r: r.unit.order)
     rec = ReplayRecorder()
     for r in results:
@@ -209,9 +215,6 @@ def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
                    stop: Callable[[], bool] | None = None, coverage: bool = False) -> MergedReplay:
     """Replay traces on Ray workers; the merged result of every unit (of every
     unit back before ``stop()`` turned true, the rest cancelled)."""
-    from simrig.distributed.cluster import ray_session
-    from simrig.replay import scan_trace
-
     listing, used = [], []
     for path in paths:
         header, n = scan_trace(path)

@@ -20,6 +20,7 @@ from typing import Any
 
 from simrig import lifeline
 from simrig.campaign.fuzz import Campaign, CampaignOptions, CampaignStats
+from simrig.campaign.shrink import write_shrunk
 from simrig.distributed.cluster import worker_name
 from simrig.distributed.collector import actor_database
 from simrig.findings.classes import ClassTally
@@ -72,7 +73,7 @@ class ShardCampaign(Campaign):
         self._shrunk_elsewhere: set[Any] = set()
 
     def beat(self, finished: bool = False) -> None:
-        import ray
+        import ray  # optional: ray
 
         counts = {k: c.count for k, c in self.classes.items()}
         stats = dataclasses.asdict(self.stats)
@@ -100,8 +101,6 @@ class ShardCampaign(Campaign):
         return super().stopped()
 
     def finish(self) -> None:
-        from simrig.campaign.shrink import write_shrunk
-
         with tempfile.TemporaryDirectory(prefix="simrig-shard-") as staging:
             for cls in sorted(self.classes.values(), key=lambda c: c.key):
                 if cls.steps is not None and cls.source == "campaign":
@@ -127,7 +126,7 @@ class ShardResult:
 
 def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: Any) -> ShardResult:
     """A Ray task: one shard of the campaign on this worker."""
-    from simrig.adapters.runner import load
+    from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
     load()  # the vLLM import is not part of the budget (as in a one-process campaign)
     options = dataclasses.replace(

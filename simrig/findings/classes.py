@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from simrig.findings.findings import Finding
+from simrig.findings.known import installed_vllm_version, load_known_findings
 
 NEW, KNOWN, EXPECTED = "new", "known", "expected"
 VERDICTS = (NEW, KNOWN, EXPECTED)
@@ -345,8 +346,6 @@ def classes_from_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 def known_lookup() -> Any:
     """(kind, stage, field, check) -> the documented known finding, for explanations."""
-    from simrig.findings.known import installed_vllm_version, load_known_findings
-
     try:
         known = load_known_findings(installed_vllm_version())
     except Exception:  # noqa: BLE001 -- an unreadable baseline only loses the explanation column

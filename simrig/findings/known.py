@@ -15,6 +15,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from simrig.errors import UsageError
@@ -256,8 +257,6 @@ def _for_version(paths: tuple[Path, ...], vllm_version: str) -> KnownFindings:
 @functools.lru_cache(maxsize=None)
 def installed_vllm_version() -> str:
     """The installed vLLM's version from package metadata, without importing vllm."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("vllm")
     except PackageNotFoundError:

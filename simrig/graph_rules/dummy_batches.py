@@ -1,44 +1,11 @@
 """vLLM's dummy batches, each held to what it is for (rules cited from vLLM's comments).
 
-execute_model builds a batch of placeholder rows on three paths; each has a purpose, and
-the purpose decides the values the forward must receive (``evidence.RULES`` holds each
-cited line; tests/test_evidence.py re-reads them):
-
-    path            what it is for                          what follows
-    ────            ──────────────                          ────────────
-    profile run     measure peak memory at the largest      every token real (is_padding all
-                    step: "Profiling and warmup must route   False, in either PCP shape); the
-                    the dummy tokens to experts so MoE       whole token budget ("compiles the
-                    memory is measured"; "a profile run      model for max_num_batched_tokens";
-                    which compiles the model for             below it only when drafts' extra
-                    max_num_batched_tokens"                  slots "would exceed the token
-                                                             budget"); 1..max_num_reqs requests,
-                                                             none longer than ceil(tokens/reqs)
-                                                             ("Distribute the remainder evenly"),
-                                                             nor max_model_len when the budget
-                                                             fits max_num_reqs requests (vLLM
-                                                             warns otherwise)
-    idle (DP) dummy "No actual tokens to run. A dummy run    every token padding; the batch has
-                    for DP": an idle rank runs the shape     its descriptor's tokens (and
-                    its peers run                            requests, when set), the descriptor
-                                                             holds the step's tokens, a promised
-                                                             max query length is carried
-    capture dummy   "Capture with dummy rows marked as       every token padding
-                    padding."
-
-Under PCP the mask may be the MoE-gathered one ("Expand a capture/dummy padding mask,
-identical on every PCP rank, to the rows the MoE routes"): the same value at every
-position, so the rule reads every position. A dummy's DCP local lengths are each DCP
-rank's share of its own seq_lens (blocks.py's rule, "token i is stored on dcp_rank
-i % dcp_world_size"). One meaning for every release: a release that marks profile
-tokens as padding (0.30.0 has no such argument) is judged by it.
-
-Fields of features the rig never enables hold their documented off value on every batch
-(``check_features_off``): ``prompt_lens`` "only populated for R-SWA", ``max_seq_len_np``
-"only populated for non-dummy pipeline-parallel batches", ``fast_prefill`` arms "the
-KV-sharing fast prefill path", ``num_admitted_draft_tokens`` "Set only under adaptive
-verification" (all None), ``has_structured_output_reqs`` False (no trace sends grammar).
-A placeholder batch's ``cu_num_logits_np`` is its ``cu_num_logits`` (both ``[num_reqs + 1]``).
+execute_model builds placeholder rows on three paths (the profile run, the idle DP dummy,
+the capture dummy); each has a purpose, and the purpose decides the values the forward
+must receive: ``check_profile``, ``check_idle_dummy`` and ``check_capture_padding``, with
+the paths tabled in ``check_profile``'s docstring (``evidence.RULES`` holds each cited line).
+Fields of features the rig never enables hold their off value (``check_placeholder_fields``).
+See docs/cudagraph.md and docs/oracle.md.
 """
 
 from __future__ import annotations
@@ -91,7 +58,48 @@ def _padding(index: int, stage: StageObs, want: bool, rule: str) -> list[Finding
 
 @guarded(CHECK)
 def check_profile(index: int, config: RunnerConfig, stage: StageObs) -> list[Finding]:
-    """The profile run's batch: every token real, the whole token budget, an even split."""
+    """The profile run's batch: every token real, the whole token budget, an even split.
+
+    execute_model builds a batch of placeholder rows on three paths; each has a purpose, and
+    the purpose decides the values the forward must receive (``evidence.RULES`` holds each
+    cited line; tests/test_evidence.py re-reads them):
+
+        path            what it is for                          what follows
+        ────            ──────────────                          ────────────
+        profile run     measure peak memory at the largest      every token real (is_padding all
+                        step: "Profiling and warmup must route   False, in either PCP shape); the
+                        the dummy tokens to experts so MoE       whole token budget ("compiles the
+                        memory is measured"; "a profile run      model for max_num_batched_tokens";
+                        which compiles the model for             below it only when drafts' extra
+                        max_num_batched_tokens"                  slots "would exceed the token
+                                                                 budget"); 1..max_num_reqs requests,
+                                                                 none longer than ceil(tokens/reqs)
+                                                                 ("Distribute the remainder evenly"),
+                                                                 nor max_model_len when the budget
+                                                                 fits max_num_reqs requests (vLLM
+                                                                 warns otherwise)
+        idle (DP) dummy "No actual tokens to run. A dummy run    every token padding; the batch has
+                        for DP": an idle rank runs the shape     its descriptor's tokens (and
+                        its peers run                            requests, when set), the descriptor
+                                                                 holds the step's tokens, a promised
+                                                                 max query length is carried
+        capture dummy   "Capture with dummy rows marked as       every token padding
+                        padding."
+
+    Under PCP the mask may be the MoE-gathered one ("Expand a capture/dummy padding mask,
+    identical on every PCP rank, to the rows the MoE routes"): the same value at every
+    position, so the rule reads every position. A dummy's DCP local lengths are each DCP
+    rank's share of its own seq_lens (blocks.py's rule, "token i is stored on dcp_rank
+    i % dcp_world_size"). One meaning for every release: a release that marks profile
+    tokens as padding (0.30.0 has no such argument) is judged by it.
+
+    Fields of features the rig never enables hold their documented off value on every batch
+    (``check_placeholder_fields``): ``prompt_lens`` "only populated for R-SWA", ``max_seq_len_np``
+    "only populated for non-dummy pipeline-parallel batches", ``fast_prefill`` arms "the
+    KV-sharing fast prefill path", ``num_admitted_draft_tokens`` "Set only under adaptive
+    verification" (all None), ``has_structured_output_reqs`` False (no trace sends grammar).
+    A placeholder batch's ``cu_num_logits_np`` is its ``cu_num_logits`` (both ``[num_reqs + 1]``).
+    """
     if stage.stage != PROFILE or stage.error is not None or not stage.fields:
         return []
     out = _padding(index, stage, False, "profile_real")

@@ -1,37 +1,10 @@
 """The LoRA mapping a real step hands the LoRA manager, from what each entry means.
 
-``execute_model`` activates adapters with ``_set_active_loras(prompt_lora_mapping,
-token_lora_mapping, lora_requests)`` (built by ``LoraState.make_lora_inputs``); the
-harness observes the three arguments on the record of the batch they were built
-from (``lora.prompt_mapping``, ``lora.token_mapping``, ``lora.active_ids``: the
-global batch, or PCP rank 0's rank-local one). The oracle derives each from the
-trace's adapters alone (``AdapterTracker``: a request's ``lora_id`` as it was last
-sent new), never from vLLM's slots or arrays:
-
-    rule                                        source (vLLM 0.33.0)
-    ────                                        ────────────────────
-    PER REQUEST: entry i is the adapter id of   lora/punica_wrapper/utils.py convert_mapping:
-      the batch's i-th request, 0 when it runs   "LoRAMapping mapping rows in a batch to LoRA ids";
-      the base model; one entry per request      sampler_indices "mapping requests to LoRA
-                                                 indices for sampler ... For prefill, this will map
-                                                 requests to LoRA indices"; ids "> 0" are adapters
-                                                 (``if x > 0 else -1``); lora_utils.NO_LORA_ID = 0
-    PER TOKEN: one entry per scheduled token,   v1/worker/gpu_input_batch.py make_lora_inputs:
-      in batch order, each its request's         "token_lora_mapping: A tuple of size
-      adapter id (0: none); padded tokens have   np.sum(num_scheduled_tokens) where,
-      no entry                                   token_lora_mapping[i] is the LoRA id to use for
-                                                 ith token"
-    ACTIVE SET: the distinct adapters of the    the same: "lora_requests: Set of relevant LoRA
-      batch's requests, and no other             requests"; LoraState: "req_id -> lora_request"
-
-A slot a request with adapter A left, taken by a request with adapter B or none,
-must map to B or 0: the rules read the request's own adapter, so a stale A is a
-``value_mismatch`` whatever the slot holds. Under PCP the per-token rule counts
-the rank-local tokens of PCP rank 0 (the partition's own ``num_scheduled_tokens``,
-judged by the partition checks); otherwise the step's scheduled counts.
-
-``slot_reuses`` recognises the axis from a trace and the runner's observed slots:
-a new request takes a slot that an earlier request with another adapter held.
+The harness observes the three arguments of ``_set_active_loras`` (``lora.prompt_mapping``,
+``lora.token_mapping``, ``lora.active_ids``); ``check_lora_inputs`` derives each from the
+trace's adapters alone (``AdapterTracker``), never from vLLM's slots or arrays (its
+docstring tables the rules and their sources). ``slot_reuses`` recognises the axis from a
+trace. See docs/cudagraph.md, 'The LoRA dispatch rules'.
 """
 
 from __future__ import annotations
@@ -65,7 +38,41 @@ def check_lora_inputs(index: int, step: Step, record: StageObs | None, adapter: 
                       local_counts: bool, skip: Iterable[str] = ()) -> list[Finding]:
     """The step's LoRA mapping against the trace's adapters (the module's rules).
     ``record`` is the forward batch's record; ``local_counts``: count tokens from its own
-    ``num_scheduled_tokens`` (a PCP rank's share) instead of the step's."""
+    ``num_scheduled_tokens`` (a PCP rank's share) instead of the step's.
+
+    ``execute_model`` activates adapters with ``_set_active_loras(prompt_lora_mapping,
+    token_lora_mapping, lora_requests)`` (built by ``LoraState.make_lora_inputs``); the
+    harness observes the three arguments on the record of the batch they were built
+    from (``lora.prompt_mapping``, ``lora.token_mapping``, ``lora.active_ids``: the
+    global batch, or PCP rank 0's rank-local one). The oracle derives each from the
+    trace's adapters alone (``AdapterTracker``: a request's ``lora_id`` as it was last
+    sent new), never from vLLM's slots or arrays:
+
+        rule                                        source (vLLM 0.33.0)
+        ────                                        ────────────────────
+        PER REQUEST: entry i is the adapter id of   lora/punica_wrapper/utils.py convert_mapping:
+          the batch's i-th request, 0 when it runs   "LoRAMapping mapping rows in a batch to LoRA ids";
+          the base model; one entry per request      sampler_indices "mapping requests to LoRA
+                                                     indices for sampler ... For prefill, this will map
+                                                     requests to LoRA indices"; ids "> 0" are adapters
+                                                     (``if x > 0 else -1``); lora_utils.NO_LORA_ID = 0
+        PER TOKEN: one entry per scheduled token,   v1/worker/gpu_input_batch.py make_lora_inputs:
+          in batch order, each its request's         "token_lora_mapping: A tuple of size
+          adapter id (0: none); padded tokens have   np.sum(num_scheduled_tokens) where,
+          no entry                                   token_lora_mapping[i] is the LoRA id to use for
+                                                     ith token"
+        ACTIVE SET: the distinct adapters of the    the same: "lora_requests: Set of relevant LoRA
+          batch's requests, and no other             requests"; LoraState: "req_id -> lora_request"
+
+    A slot a request with adapter A left, taken by a request with adapter B or none,
+    must map to B or 0: the rules read the request's own adapter, so a stale A is a
+    ``value_mismatch`` whatever the slot holds. Under PCP the per-token rule counts
+    the rank-local tokens of PCP rank 0 (the partition's own ``num_scheduled_tokens``,
+    judged by the partition checks); otherwise the step's scheduled counts.
+
+    ``slot_reuses`` recognises the axis from a trace and the runner's observed slots:
+    a new request takes a slot that an earlier request with another adapter held.
+    """
     if record is None or "lora.prompt_mapping" not in record.fields:
         return []
     req_ids = tuple(str(r) for r in _values(record, "req_ids"))

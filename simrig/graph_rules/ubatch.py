@@ -1,41 +1,10 @@
 """Micro-batches (DBO) and the ``uniform_decode`` flag, from what they mean.
 
-The ``uniform_decode`` flag execute_model hands to ``dispatch_cg_and_sync_dp`` is
-"Whether this rank's batch is a uniform decode, used to pick the microbatching split"
-(its docstring): every row runs as a decode and every query holds ``decode_query_len``
-tokens (the descriptor's meaning of a uniform decode, padding.py). It is judged on
-every step, micro-batching on or off.
-
-With micro-batching on (``RunnerConfig.num_ubatches`` > 1) the ubatch stage holds
-vLLM's split decision and, where it splits, each micro-batch of the batch the forward
-ran (simrig.vllm_parts.ubatch). The rules, each from vLLM's own words:
-
-  DECISION     ParallelConfig: a batch "only containing decodes" is split from
-               ``dbo_decode_token_threshold`` tokens, one "that contain[s] one or more
-               prefills" from ``dbo_prefill_token_threshold``; the field docs say
-               "greater than", the validator says a batch below the threshold is kept
-               out ("the thresholds have to keep it out"), so a batch of exactly the
-               threshold may go either way; the count is the dispatch's (the largest
-               PCP rank's under PCP).
-  TOKENS       "Split a DP-padded batch into the slices its microbatches run on"
-               (create_ubatch_slices), "at the midpoint": the token slices cover the
-               padded batch in order, no token twice or never, each within one token of
-               an even share but the last (which takes the rest); each micro-batch's
-               tokens (input_ids' positions, is_padding) are the batch's in its slice;
-               ``num_tokens`` counts the real ones, ``num_tokens_after_padding`` all.
-  REQUESTS     "A request straddling the boundary appears in both microbatches, its
-               query truncated to the tokens each one owns" (_slice_input_batch): each
-               micro-batch lists, in batch order, the requests with a token in its
-               slice, each with the tokens it owns as its query; a request with no
-               token there only in a micro-batch "entirely inside the padding", whose
-               "request slice [is clamped] onto the last request ... with zero query
-               tokens"; the query lengths of a request over all micro-batches add up
-               to its query; ``idx_mapping_np`` names the same slots.
-  SEQ LENS     "Only tokens past the end of this microbatch are missing; tokens it
-               owns in an earlier microbatch ... still count" (_slice_seq_lens): a
-               request's sequence length (and its host upper bound) is the batch's less
-               its tokens past the slice. (No DCP lengths: vLLM refuses DBO with
-               context parallelism.)
+``expected_uniform_decode`` judges the flag execute_model hands to
+``dispatch_cg_and_sync_dp`` on every step, micro-batching on or off. With micro-batching on
+(``RunnerConfig.num_ubatches`` > 1) ``check_ubatches`` holds vLLM's split decision and each
+micro-batch (simrig.vllm_parts.ubatch records them) to vLLM's own words: the DECISION,
+TOKENS, REQUESTS and SEQ LENS rules in its docstring. See docs/oracle.md, 'Micro-batches'.
 """
 
 from __future__ import annotations
@@ -62,7 +31,45 @@ def check_ubatches(index: int, config: RunnerConfig, obs: StepObs, q: np.ndarray
                    prefilling: np.ndarray | None, as_decode: np.ndarray | None,
                    req_ids: tuple[str, ...] = ()) -> list[Finding]:
     """The module docstring's rules on one step (``q``, ``prefilling``, ``as_decode``:
-    the reference's query lengths, prefill flags and decode rows in batch order)."""
+    the reference's query lengths, prefill flags and decode rows in batch order).
+
+    The ``uniform_decode`` flag execute_model hands to ``dispatch_cg_and_sync_dp`` is
+    "Whether this rank's batch is a uniform decode, used to pick the microbatching split"
+    (its docstring): every row runs as a decode and every query holds ``decode_query_len``
+    tokens (the descriptor's meaning of a uniform decode, padding.py). It is judged on
+    every step, micro-batching on or off.
+
+    With micro-batching on (``RunnerConfig.num_ubatches`` > 1) the ubatch stage holds
+    vLLM's split decision and, where it splits, each micro-batch of the batch the forward
+    ran (simrig.vllm_parts.ubatch). The rules, each from vLLM's own words:
+
+      DECISION     ParallelConfig: a batch "only containing decodes" is split from
+                   ``dbo_decode_token_threshold`` tokens, one "that contain[s] one or more
+                   prefills" from ``dbo_prefill_token_threshold``; the field docs say
+                   "greater than", the validator says a batch below the threshold is kept
+                   out ("the thresholds have to keep it out"), so a batch of exactly the
+                   threshold may go either way; the count is the dispatch's (the largest
+                   PCP rank's under PCP).
+      TOKENS       "Split a DP-padded batch into the slices its microbatches run on"
+                   (create_ubatch_slices), "at the midpoint": the token slices cover the
+                   padded batch in order, no token twice or never, each within one token of
+                   an even share but the last (which takes the rest); each micro-batch's
+                   tokens (input_ids' positions, is_padding) are the batch's in its slice;
+                   ``num_tokens`` counts the real ones, ``num_tokens_after_padding`` all.
+      REQUESTS     "A request straddling the boundary appears in both microbatches, its
+                   query truncated to the tokens each one owns" (_slice_input_batch): each
+                   micro-batch lists, in batch order, the requests with a token in its
+                   slice, each with the tokens it owns as its query; a request with no
+                   token there only in a micro-batch "entirely inside the padding", whose
+                   "request slice [is clamped] onto the last request ... with zero query
+                   tokens"; the query lengths of a request over all micro-batches add up
+                   to its query; ``idx_mapping_np`` names the same slots.
+      SEQ LENS     "Only tokens past the end of this microbatch are missing; tokens it
+                   owns in an earlier microbatch ... still count" (_slice_seq_lens): a
+                   request's sequence length (and its host upper bound) is the batch's less
+                   its tokens past the slice. (No DCP lengths: vLLM refuses DBO with
+                   context parallelism.)
+    """
     out: list[Finding] = []
     if q is None or prefilling is None or as_decode is None or not len(q):
         return out

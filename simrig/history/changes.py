@@ -16,6 +16,9 @@ from typing import Any
 
 import pandas as pd
 
+from simrig.findings.classes import verdict_counts
+from simrig.history.store import RUN_COLUMNS, StoreListing, _read_all, _summary, history_dir, replays_all_of
+
 MAX_LISTED = 40  # classes listed per change kind (the counts are always whole)
 
 # (summary key, history column, label): the numbers compared run to run
@@ -32,8 +35,6 @@ def since_previous(summary: dict[str, Any], classes: pd.DataFrame | None,
                    root: str | Path | None = None) -> dict[str, Any]:
     """The changes of this run (``summary``, ``classes``: not yet in the store) against the
     latest recorded run of its suite. Never raises: a store it cannot read is a status."""
-    from simrig.history.store import history_dir
-
     store = Path(root) if root is not None else history_dir()
     if store is None:
         return {"status": "off"}
@@ -44,9 +45,6 @@ def since_previous(summary: dict[str, Any], classes: pd.DataFrame | None,
 
 
 def _compare(store: Path, summary: dict[str, Any], classes: pd.DataFrame | None) -> dict[str, Any]:
-    from simrig.findings.classes import verdict_counts
-    from simrig.history.store import RUN_COLUMNS, StoreListing, _read_all, _summary, replays_all_of
-
     suite = str(summary.get("suite") or summary.get("command") or "")
     runs = _read_all(store / "runs", RUN_COLUMNS, StoreListing())
     runs = runs[runs["suite"] == suite].sort_values(["created_utc", "run_id"], kind="stable")

@@ -20,14 +20,14 @@ from typing import Any
 
 import pandas as pd
 
-from simrig.history.store import bisect_results, class_timeline, run_trends
+from simrig.history.store import bisect_results, class_timeline, coverage_trend, run_trends
 from simrig.report.html import _CSS, table
 
 
 def trends_png(trends: pd.DataFrame, runs: pd.DataFrame | None = None) -> bytes | None:
     """The panels over run dates (simrig.views.trends.history_trends): classes per run, and
     each rate any run measured; a series of one run is shown as its number."""
-    from simrig.views.trends import history_trends
+    from simrig.views.trends import history_trends  # lazy: views.trends brings matplotlib, needed only here
 
     if runs is not None and len(runs) == len(trends) and "coverage_lines_pct" in runs:
         trends = trends.assign(coverage_lines_pct=runs["coverage_lines_pct"].to_numpy())
@@ -71,7 +71,6 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
                      "releases or commits found each class introduced (first bad; last good) and "
                      "fixed (first good; last bad)</p>"
                      + table(bisected.assign(bisected=bisected["bisected"].map(_short_time))))
-    from simrig.history.store import coverage_trend
 
     cov = coverage_trend(runs)
     if len(cov):
@@ -122,8 +121,6 @@ def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]
     ``fixed``: classes a later replay of the same traces no longer shows;
     ``not_seen``: classes a later run of their suite merely did not hit;
     ``still_new``: new classes the latest run of their suite still shows."""
-    from simrig.history.store import coverage_trend
-
     timeline = class_timeline(runs, classes)
     cov = coverage_trend(runs)
     return {"runs": int(len(runs)), "classes": int(len(timeline)),

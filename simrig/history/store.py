@@ -23,6 +23,12 @@ from typing import Any
 
 import pandas as pd
 
+from simrig.coverage.analysis import analyze
+from simrig.coverage.collect import from_jsonable
+from simrig.coverage.reasons import Reasons
+from simrig.errors import EXIT_INTERRUPTED, EXIT_RIG_ERROR
+from simrig.findings.classes import verdict_counts
+
 RUN_COLUMNS = {  # column -> dtype: a fixed schema, so every file reads as one dataset
     "run_id": "string", "command": "string", "suite": "string", "created_utc": "string",
     "vllm_version": "string", "device": "string", "exit_status": "int64", "steps": "float64", "steps_per_s": "float64",
@@ -104,8 +110,6 @@ def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
 
 def append_run(root: str | Path, summary: dict[str, Any], classes: pd.DataFrame | None) -> str:
     """Write one run (and its classes) into the store; returns the run id."""
-    from simrig.findings.classes import verdict_counts
-
     root = Path(root)
     classes = classes if classes is not None else pd.DataFrame({"verdict": []})
     summary = dict(summary)
@@ -136,10 +140,6 @@ def append_run(root: str | Path, summary: dict[str, Any], classes: pd.DataFrame 
 
 def coverage_rows(data: dict[str, Any], run_id: str, vllm_version: str) -> pd.DataFrame:
     """The branch arcs of the run's driven functions, reached or not (simrig coverage)."""
-    from simrig.coverage.analysis import analyze
-    from simrig.coverage.collect import from_jsonable
-    from simrig.coverage.reasons import Reasons
-
     branches = analyze(from_jsonable(data), Reasons([])).branches
     rows = branches.assign(run_id=run_id, vllm_version=vllm_version)
     return rows.reindex(columns=list(COVERAGE_COLUMNS)).astype(COVERAGE_COLUMNS)
@@ -268,8 +268,6 @@ def replays_all_of(later: dict[str, Any], earlier: dict[str, Any]) -> bool:
     what ``earlier`` ran (the stages it could judge, its PCP sizes): a class of
     ``earlier`` that ``later`` does not show is then *fixed*, not merely *not seen*.
     Fuzz and selftest runs never are: each run draws other examples."""
-    from simrig.errors import EXIT_INTERRUPTED, EXIT_RIG_ERROR
-
     if later.get("command") != "replay" or later.get("stopped_by"):
         return False
     if later.get("exit_status") in (EXIT_RIG_ERROR, EXIT_INTERRUPTED):

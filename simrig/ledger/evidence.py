@@ -1,18 +1,10 @@
 """The vLLM lines behind every reason a value is not judged, and behind the dummy checks' rules.
 
-A reason such as "placeholder by design (make_dummy)" is a claim about vLLM's code; when
-the code changes, the claim silently hides a class of bugs. So every entry of
-``unchecked.UNCHECKED`` cites the line that makes it so (``Cite``: a file relative to the
-vllm package, the function or class, the line's text), and ``tests/test_evidence.py``
-re-reads each line in the installed release's source (and a side venv's, when one is
-given) and fails when it no longer says so. Where the text differs between releases the
-citation lists each release's text; ``None`` there means the release has no such line:
-for a reason, that the field does not exist there either (``absent_field``).
-
-A few reasons are about the rig, not vLLM (a value the harness itself records); their
-citation names the rig's file (``simrig/...``) and is re-read the same way.
-
-``verify(root, version)`` does the reading: pure text, never an import of vLLM.
+Every entry of ``unchecked.UNCHECKED`` (and every rule of ``RULES``) cites the line of vLLM
+that makes it so (``Cite``: a file relative to the vllm package, the function or class, the
+line's text; ``absent=True``: the release has no such line). ``verify`` re-reads each line
+in an installed release's source, pure text, never an import of vLLM; tests/test_evidence.py
+runs it. See docs/decisions.md and ``Cite`` for the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +23,22 @@ RIG = Path(__file__).resolve().parents[2]  # the checkout: rig citations are rel
 
 @dataclass(frozen=True)
 class Cite:
-    """One line of vLLM (or of the rig, for ``simrig/...`` files) that a reason or rule rests on."""
+    """One line of vLLM (or of the rig, for ``simrig/...`` files) that a reason or rule rests on.
+
+    A reason such as "placeholder by design (make_dummy)" is a claim about vLLM's code; when
+    the code changes, the claim silently hides a class of bugs. So every entry of
+    ``unchecked.UNCHECKED`` cites the line that makes it so (``Cite``: a file relative to the
+    vllm package, the function or class, the line's text), and ``tests/test_evidence.py``
+    re-reads each line in the installed release's source (and a side venv's, when one is
+    given) and fails when it no longer says so. Where the text differs between releases the
+    citation lists each release's text; ``None`` there means the release has no such line:
+    for a reason, that the field does not exist there either (``absent=True``).
+
+    A few reasons are about the rig, not vLLM (a value the harness itself records); their
+    citation names the rig's file (``simrig/...``) and is re-read the same way.
+
+    ``verify(root, version)`` does the reading: pure text, never an import of vLLM.
+    """
 
     file: str  # relative to the vllm package ("v1/worker/gpu/input_batch.py"), or "simrig/..."
     function: str  # "Class.method", "function" or "Class" (a field comment)

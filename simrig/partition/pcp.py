@@ -1,48 +1,11 @@
 """PCP invariants: each rank's partition of the global batch, and the manager's global view.
 
-Which tokens each rank holds, in which rows and order, comes from
-``pcp_layout`` (DualChunkSwap written token by token from vLLM's
-documentation, with the source of every rule). Each rank-local batch (every
-DCP peer of it too) is judged against the reference model's global batch
-(``GlobalBatch``: query lengths, prefill flags, positions, input ids and slots
-predicted from the Steps), not prepare_inputs' output, so a bug shared by
-prepare and partition cannot hide:
-
-    field                      expected                          source
-    ─────                      ────────                          ──────
-    req_ids, idx_mapping(_np)  the global request (and slot) of  pcp_layout ROWS
-                               each row; an idle rank: one row   (IDLE RANK: undocumented,
-                               of any request of the batch        our rule)
-    num_scheduled_tokens       the row lengths                   pcp_layout
-    positions, input_ids       the global values of the held     "rank-local DualChunkSwap rows"
-                               tokens; padded tokens in range     (PCPManager); padded values are
-                               (positions < max_model_len, ids    not documented: the global
-                               in the vocabulary)                 batch's rule (padding.py)
-    query_start_loc            cumsum of the rows, then the      "Pad for full CUDA graph mode ...
-                               token count for FULL graphs'       non-decreasing" (prepare_inputs)
-                               padded requests
-    num_computed_tokens_np     request's context + row offset    what the field means for a chunk
-    seq_lens                   last position of the row + 1,     "pad unused seq_lens as 0 for
-                               then 0 for padded requests         full CUDA graphs"
-    is_padding                 [num_tokens_after_padding]: the   InputBatch "# [num_tokens_after_
-                               tail past the rank's tokens; or,   padding]"; PCPManager: "Padding
-                               when vLLM gathers tokens for the   mask over the PCP-gathered rows
-                               MoE (moe_gathers_tokens, vLLM's    the MoE routes (rank-major)".
-                               default), P x width, rank-major,   The shape observed selects which
-                               each rank's own tail
-    pcp.dcp_local_seq_lens_    None without DCP; with DCP the    PCPBatchMetadata: "set only under
-      cpu_upper_bound          largest DCP shard of the row's     PCP+DCP"; partition_batch: "The
-                               whole request, 0 for padded rows   largest DCP shard of each row's
-                                                                  whole request, identical on every
-                                                                  PCP rank"
-
-The manager keeps the global view: gathered = all ranks' rows, each padded to
-the longest rank, rank-major; padded_gather_idx maps a gathered row to its
-global token, hidden_restore_idx a global token to the gathered row that
-restores it ("global = gathered[hidden_restore_idx] and padded_gathered =
-global[padded_gather_idx]"). So padded_gather_idx[hidden_restore_idx] ==
-arange(num_tokens), and every global token is KV-written exactly once
-(gathered_kv_write_mask).
+Which tokens each rank holds comes from ``pcp_layout`` (DualChunkSwap, token by token,
+from vLLM's documentation). ``check_pcp`` judges each rank-local batch (and
+``check_dcp_peers`` every DCP peer of it) against the reference model's global batch, not
+prepare_inputs' output, so a bug shared by prepare and partition cannot hide; the fields,
+their expected values and sources, and the manager's gather/restore rules are tabled in
+``check_pcp``'s docstring. See docs/oracle.md, 'PCP: which tokens each rank holds'.
 """
 
 from __future__ import annotations
@@ -108,7 +71,52 @@ def check_pcp(index: int, config: RunnerConfig, prepare: StageObs,
     manager's index maps, against the model's global batch ``expected``
     (without one, against prepare's output: the weaker check for callers that
     have no model). ``desc``: the step's cudagraph descriptor; a graph pads
-    every rank to its token count (and a FULL graph to its request count)."""
+    every rank to its token count (and a FULL graph to its request count).
+
+    Which tokens each rank holds, in which rows and order, comes from
+    ``pcp_layout`` (DualChunkSwap written token by token from vLLM's
+    documentation, with the source of every rule). Each rank-local batch (every
+    DCP peer of it too) is judged against the reference model's global batch
+    (``GlobalBatch``: query lengths, prefill flags, positions, input ids and slots
+    predicted from the Steps), not prepare_inputs' output, so a bug shared by
+    prepare and partition cannot hide:
+
+        field                      expected                          source
+        ─────                      ────────                          ──────
+        req_ids, idx_mapping(_np)  the global request (and slot) of  pcp_layout ROWS
+                                   each row; an idle rank: one row   (IDLE RANK: undocumented,
+                                   of any request of the batch        our rule)
+        num_scheduled_tokens       the row lengths                   pcp_layout
+        positions, input_ids       the global values of the held     "rank-local DualChunkSwap rows"
+                                   tokens; padded tokens in range     (PCPManager); padded values are
+                                   (positions < max_model_len, ids    not documented: the global
+                                   in the vocabulary)                 batch's rule (padding.py)
+        query_start_loc            cumsum of the rows, then the      "Pad for full CUDA graph mode ...
+                                   token count for FULL graphs'       non-decreasing" (prepare_inputs)
+                                   padded requests
+        num_computed_tokens_np     request's context + row offset    what the field means for a chunk
+        seq_lens                   last position of the row + 1,     "pad unused seq_lens as 0 for
+                                   then 0 for padded requests         full CUDA graphs"
+        is_padding                 [num_tokens_after_padding]: the   InputBatch "# [num_tokens_after_
+                                   tail past the rank's tokens; or,   padding]"; PCPManager: "Padding
+                                   when vLLM gathers tokens for the   mask over the PCP-gathered rows
+                                   MoE (moe_gathers_tokens, vLLM's    the MoE routes (rank-major)".
+                                   default), P x width, rank-major,   The shape observed selects which
+                                   each rank's own tail
+        pcp.dcp_local_seq_lens_    None without DCP; with DCP the    PCPBatchMetadata: "set only under
+          cpu_upper_bound          largest DCP shard of the row's     PCP+DCP"; partition_batch: "The
+                                   whole request, 0 for padded rows   largest DCP shard of each row's
+                                                                      whole request, identical on every
+                                                                      PCP rank"
+
+    The manager keeps the global view: gathered = all ranks' rows, each padded to
+    the longest rank, rank-major; padded_gather_idx maps a gathered row to its
+    global token, hidden_restore_idx a global token to the gathered row that
+    restores it ("global = gathered[hidden_restore_idx] and padded_gathered =
+    global[padded_gather_idx]"). So padded_gather_idx[hidden_restore_idx] ==
+    arange(num_tokens), and every global token is KV-written exactly once
+    (gathered_kv_write_mask).
+    """
     out: list[Finding] = []
     if prepare.error is not None or not prepare.fields:
         return out

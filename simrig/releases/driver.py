@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from simrig.errors import UsageError
+from simrig.findings.classes import KNOWN, NEW, ClassStats, class_frame
 from simrig.releases import diff
 from simrig.releases.envs import PROJECT, SideSpec
 from simrig.releases.side import PREFIX
@@ -151,7 +152,7 @@ def write(result: Comparison, out: Path) -> Path:
     a class both have, or only A, is *known* (its side says which). The
     side-by-side class diff is ``class_sides``.
     """
-    from simrig.report.writer import write_report
+    from simrig.report.writer import write_report  # late-bound: tests monkeypatch writer.write_report
 
     if out.exists() and any(out.iterdir()) and not (out / "summary.json").is_file():
         raise UsageError(f"--out: {out} is a non-empty directory that is not a simrig report")
@@ -173,8 +174,6 @@ def write(result: Comparison, out: Path) -> Path:
 
 def class_verdicts(sides: pd.DataFrame) -> pd.DataFrame:
     """The class diff as one row per class with a verdict (report.classes)."""
-    from simrig.findings.classes import KNOWN, NEW, ClassStats, class_frame
-
     stats = []
     for row in sides.itertuples():
         b_only = row.side == diff.B_ONLY

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simrig.errors import UsageError
+from simrig.findings.known import installed_vllm_version
 
 PROJECT = Path(__file__).resolve().parents[2]
 VENVS = Path(os.environ.get("SIMRIG_VENVS", PROJECT / ".venvs"))
@@ -90,8 +91,6 @@ def side_for_compare(spec: str) -> SideSpec:
     installed vLLM when its version is the requested release."""
     side = resolve_spec(spec)
     if side.kind == "release" and not (side.venv / "bin" / "python").exists():
-        from simrig.findings.known import installed_vllm_version
-
         if installed_vllm_version() == side.spec:
             return SideSpec(side.spec, "installed", None)
     if side.venv is not None and not (side.venv / "bin" / "python").exists():

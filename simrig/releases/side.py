@@ -27,6 +27,8 @@ import numpy as np
 import pandas as pd
 
 from simrig.observe import FieldObs
+from simrig.replay import replay_steps
+from simrig.trace_io.trace import TraceReader
 
 PREFIX = "SIMRIG-SIDE "
 SEP = "\t"  # stage SEP trace: timings are kept per trace so unshared work is never compared
@@ -64,9 +66,7 @@ class SideRun:
         return stage_s
 
     def _replay(self, collect_values: bool) -> tuple[dict[str, float], dict[tuple, str]]:
-        from simrig.adapters.runner import load
-        from simrig.replay import replay_steps
-        from simrig.trace_io.trace import TraceReader
+        from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
         api = load()
         stage_s: dict[str, float] = defaultdict(float)
@@ -89,9 +89,7 @@ class SideRun:
         """Replay every trace once; seconds per stage (and the tables when ``collect``)."""
         if not collect:  # a timed round
             return self._replay(collect_values=False)[0]
-        from simrig.adapters.runner import load
-        from simrig.replay import replay_steps
-        from simrig.trace_io.trace import TraceReader
+        from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
         api = load()
         stage_s: dict[str, float] = defaultdict(float)
@@ -139,6 +137,7 @@ class SideRun:
 
 def main(argv: list[str]) -> int:
     out, stages, traces = Path(argv[0]), tuple(s for s in argv[1].split(",") if s), argv[2:]
+    # late-bound: tests monkeypatch runner.load
     from simrig.adapters.runner import VllmApiError, VllmUnavailable, load
 
     try:

@@ -16,9 +16,12 @@ Pure Python: reads the JSON files, never imports vLLM.
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Any
+
+from simrig.layout import FLOORS
 
 BASELINES = Path(__file__).resolve().parents[2] / "reports" / "baselines"
 
@@ -43,7 +46,7 @@ def known_findings_table(folder: Path | None = None) -> str:
     ``folder`` (default the committed ``reports/baselines/``), in file and entry order. Each row
     carries its entry's anchor (``simrig.views.sections.entry_anchor``): a report's known
     class links to it."""
-    from simrig.views.sections import entry_anchor
+    from simrig.views.sections import entry_anchor  # lazy: views.sections brings pandas, needed only here
 
     folder = BASELINES if folder is None else Path(folder)
     rows = ["| entry | kind · stage · field | check | releases | signature | explanation |",
@@ -87,8 +90,6 @@ HISTORY_KINDS = ("bug_fix", "regression", "feature", "refactor", "api_change", "
 
 def read_history(path: Path | None = None) -> list[dict[str, str]]:
     """The rows of ``reports/baselines/history.csv``."""
-    import csv
-
     path = BASELINES / "history.csv" if path is None else Path(path)
     with path.open(encoding="utf-8", newline="") as fh:
         return list(csv.DictReader(fh))
@@ -123,8 +124,6 @@ def floors_table() -> str:
     """docs/layout.md's *Floors* table: one row per floor of ``simrig.layout.FLOORS``, the
     highest first; a floor's units in the order the layout lists them (top-level modules by
     name, ``__init__`` first)."""
-    from simrig.layout import FLOORS
-
     rows = ["| floor | units |", "|---|---|"]
     for number in range(len(FLOORS) - 1, -1, -1):
         units = sorted(FLOORS[number], key=lambda u: (u != "__init__", u))

@@ -1,22 +1,8 @@
 """The self-contained HTML page of a report, opening at the verdict.
 
-Every report (replay, fuzz, selftest) reads in the same order, one section after another
-(``render_html`` builds them as a list):
-
-    ┌──────────────────────────────────────────────────────────────────┐
-    │ title                                                            │
-    │ VERDICT  1 new finding class (5 known, 0 expected) — exit 1      │  verdict_section
-    │ one line of facts: steps, traces, steps/s, vLLM, device          │
-    │ New classes: one card each: signature, what went wrong,          │  sections.new_classes_section
-    │   `simrig replay ...` and `simrig repro ...`, ▸ occurrences      │
-    │ Since the previous run: new / gone classes, rates, coverage      │  sections.changes_section
-    │ Plots: coverage and classes over time (campaigns), batch         │  plots_section
-    │   composition, stage latency, where the time goes               │
-    │ ▸ Known and expected classes: one line each, entry, links        │  sections.folded_classes_section
-    │ coverage, extra tables, ▸ dtype contract, ▸ summary.json         │  evidence_sections
-    └──────────────────────────────────────────────────────────────────┘
-
-Everything is inline (CSS, PNG as data URIs): the file opens anywhere.
+Every report (replay, fuzz, selftest) reads in the same order, one section after another;
+``render_html`` builds them as a list (its docstring draws the page). Everything is inline
+(CSS, PNG as data URIs): the file opens anywhere. See docs/reports.md.
 """
 
 from __future__ import annotations
@@ -30,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from simrig.findings.classes import verdict_line
+from simrig.views.sections import Links, changes_section, folded_classes_section, new_classes_section
 
 HTML_ROWS = 200  # rows per table shown in the HTML (the files hold all)
 OCCURRENCES_SHOWN = 50  # occurrence rows under each class
@@ -74,8 +63,6 @@ def jsonable(value: Any) -> Any:
 
 def banner(summary: dict[str, Any]) -> tuple[str, bool]:
     """(text, bad) from the class verdict counts summary.json carries."""
-    from simrig.findings.classes import verdict_line
-
     counts = summary.get("classes") or {}
     text = verdict_line(counts)
     extra = summary.get("verdict_note")
@@ -95,9 +82,26 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
                 extra_sections: Sequence[str] = ()) -> str:
     """The page, as a list of sections in reading order (see the module docstring);
     ``extra_sections`` (HTML) go after the folded classes, before the evidence tables.
-    ``page_dir``: where the page will live, for its links into the checkout."""
-    from simrig.views.sections import Links, changes_section, folded_classes_section, new_classes_section
+    ``page_dir``: where the page will live, for its links into the checkout.
 
+    Every report (replay, fuzz, selftest) reads in the same order, one section after another
+    (``render_html`` builds them as a list):
+
+        ┌──────────────────────────────────────────────────────────────────┐
+        │ title                                                            │
+        │ VERDICT  1 new finding class (5 known, 0 expected) — exit 1      │  verdict_section
+        │ one line of facts: steps, traces, steps/s, vLLM, device          │
+        │ New classes: one card each: signature, what went wrong,          │  sections.new_classes_section
+        │   `simrig replay ...` and `simrig repro ...`, ▸ occurrences      │
+        │ Since the previous run: new / gone classes, rates, coverage      │  sections.changes_section
+        │ Plots: coverage and classes over time (campaigns), batch         │  plots_section
+        │   composition, stage latency, where the time goes               │
+        │ ▸ Known and expected classes: one line each, entry, links        │  sections.folded_classes_section
+        │ coverage, extra tables, ▸ dtype contract, ▸ summary.json         │  evidence_sections
+        └──────────────────────────────────────────────────────────────────┘
+
+    Everything is inline (CSS, PNG as data URIs): the file opens anywhere.
+    """
     classes = classes if classes is not None else pd.DataFrame()
     occurrences = occurrences if occurrences is not None else findings
     sections = [
@@ -128,6 +132,7 @@ def verdict_section(title: str, summary: dict[str, Any], headline: str) -> str:
 def plots_section(summary: dict[str, Any], steps: pd.DataFrame, classes: pd.DataFrame,
                   extra_tables: dict[str, pd.DataFrame]) -> str:
     """A campaign's curves over time, the batch composition, the stage latency, the time share."""
+    # lazy: report.plots and views.trends bring matplotlib, needed only here
     from simrig.report import plots
     from simrig.views import trends
 

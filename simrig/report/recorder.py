@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from simrig import observe as obs
+from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RIG_ERROR
 from simrig.findings.classes import ClassTally, Where, fails_run, known_lookup, verdict_counts, verdict_of
 from simrig.findings.findings import Finding
 from simrig.report.tables import ColumnTable, kind_of
@@ -73,8 +74,6 @@ class ReplayResult:
     @property
     def exit_status(self) -> int:
         """EXIT_RIG_ERROR when simrig's own code failed, else 1 for new findings, else 0."""
-        from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_RIG_ERROR
-
         if self.num_rig_errors:
             return EXIT_RIG_ERROR
         return EXIT_FINDINGS if self.num_new else EXIT_CLEAN

@@ -12,6 +12,7 @@ See docs/replay.md for the files and their columns.
 from __future__ import annotations
 
 import errno
+import html as _html
 import json
 import os
 import shutil
@@ -23,8 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from simrig.coverage.session import coverage_report_parts
 from simrig.errors import UsageError
-from simrig.report.html import jsonable, render_html
+from simrig.findings.classes import classes_from_rows, verdict_counts
+from simrig.report.html import _CSS, coverage_section, jsonable, render_html
+from simrig.triton_interpreter import registry
 
 if TYPE_CHECKING:
     from simrig.coverage.collect import CoverageData
@@ -124,8 +128,6 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
     under ``classes``; ``headline`` is one line of facts under it. ``page_dir``: where the
     page will finally live when that is not ``out_dir`` (a campaign writes its report in a
     staging folder first), for the page's links into the checkout."""
-    from simrig.findings.classes import classes_from_rows, verdict_counts
-
     out = check_out_dir(out_dir)
     extra_tables = dict(extra_tables or {})
     classes = classes if classes is not None else classes_from_rows(findings)
@@ -134,8 +136,6 @@ def write_report(out_dir: str | Path, steps: pd.DataFrame, findings: pd.DataFram
         raise ValueError(f"extra_tables: reserved name(s) {sorted(clash)}")
     tmp = staging_dir(out, "report")
     try:
-        from simrig.triton_interpreter import registry
-
         summary = {"simrig_version": simrig_version(),
                    "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                    "interpreter_patches": registry.summary(),  # this process's; a caller's own wins
@@ -199,13 +199,6 @@ def swap_into_place(tmp: Path, out: Path, attempts: int = 50) -> None:
 def write_coverage_dir(out: str, data: CoverageData, title: str = "simrig coverage") -> str:
     """Coverage tables (parquet + CSV), summary.json and a one-page coverage.html
     in ``out`` (the pytest plugin's ``--simrig-coverage DIR``)."""
-    import html as _html
-    import json
-    from pathlib import Path
-
-    from simrig.coverage.session import coverage_report_parts
-    from simrig.report.html import _CSS, coverage_section
-
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     tables, summary = coverage_report_parts(data)

@@ -7,8 +7,8 @@ alone: ``GPUModelRunner.__new__`` plus the attributes ``execute_model``,
 ``_dummy_run``, ``profile_run`` and ``capture_model`` read; vLLM's VllmConfig,
 BlockTables, RequestState, InputBuffers, PCPManager, LoRA state and
 ModelCudaGraphManager; stand-ins only for the model, the model state's
-attention builders, the sampler and CUDA's streams and graphs. A ``Recorder``
-keeps what the runner hands the forward (the batch, its cudagraph descriptor,
+attention builders, the sampler and CUDA's streams and graphs. A Recorder class
+(in ``RUNNER``) keeps what the runner hands the forward (the batch, its cudagraph descriptor,
 the block tables), observing only.
 '''
 

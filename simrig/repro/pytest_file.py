@@ -11,11 +11,14 @@ See docs/bisect.md, 'From finding to fix'.
 
 from __future__ import annotations
 
+import os
 import pprint
 import re
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from simrig.bisect.search import ClassKey
 from simrig.errors import UsageError
@@ -84,8 +87,6 @@ def _header_class(path: Path) -> ClassKey:
 
 
 def _from_report(report: Path, key: ClassKey) -> Path:
-    import pandas as pd
-
     table = report / "classes.csv"
     if not table.is_file():
         raise UsageError(f"--report {report}: no classes.csv there (not a simrig report)")
@@ -202,8 +203,6 @@ def run_pytest(python: str, file: Path, timeout: float = 900, env: dict[str, str
                ) -> tuple[int, str]:
     """(pytest's exit status, its last lines) for ``file`` under ``python``, with simrig's
     pytest plugin off and no project configuration (the file stands alone)."""
-    import os
-
     python = os.path.abspath(python) if os.sep in python else python  # it runs in the file's folder
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:simrig",
            "-c", os.devnull, "--rootdir", str(file.parent), str(file)]

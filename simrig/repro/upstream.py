@@ -19,7 +19,9 @@ from typing import Any
 
 from simrig.bisect.search import ClassKey
 from simrig.errors import UsageError
+from simrig.findings.known import in_range
 from simrig.repro.impact import IMPACT, section, tag
+from simrig.trace_io.trace import read_trace
 
 RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 KNOWN = Path(__file__).resolve().parents[2] / "reports" / "baselines" / "known-findings.json"
@@ -124,8 +126,6 @@ FINDINGS: dict[str, Upstream] = {
 
 def expected_verdicts(known: tuple[int, ...], path: Path = KNOWN) -> dict[str, str]:
     """'fails' on each release an entry of the class covers, 'passes' elsewhere."""
-    from simrig.findings.known import in_range
-
     entries = json.loads(path.read_text())["findings"]
     ranges = [entries[i].get("vllm", "") for i in known]
     return {r: "fails" if any(in_range(r, spec) for spec in ranges) else "passes"
@@ -169,8 +169,6 @@ def write_folder(folder: Path, trace: Path, key: ClassKey, text: str) -> Path:
 
 
 def issue_text(info: Upstream, key: ClassKey, trace: Path, test: Path) -> str:
-    from simrig.trace_io.trace import read_trace
-
     header, steps = read_trace(trace)
     # the idle dummy's column only where a step goes on without it (older folders read as before)
     idle = not all(s.idle_dummy for s in steps)

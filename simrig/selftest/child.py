@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from simrig.coverage.collect import to_jsonable
 from simrig.selftest.driver import BASELINE, PHASE_TRACES, ChildResult, counts_as_detection
 
 
@@ -23,6 +24,7 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
                       start: float, collect_all: bool) -> bool:
     """Replay bundled traces (loud rejections marked from each header); stop
     after the first trace that shows a finding class outside ``known``."""
+    # late-bound: tests monkeypatch shrink.replay_with_checks
     from simrig.campaign.shrink import replay_with_checks
 
     for path in traces:
@@ -34,6 +36,7 @@ def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[s
                 # findings/known.py) does not excuse a new finding of the same class
                 if list(sig) not in result.signatures and not finding.known:
                     result.signatures.append(list(sig))
+                # lazy: findings.classes brings pandas, needed only here
                 from simrig.findings.classes import fails_run, verdict_of
 
                 result.new_findings += int(fails_run(verdict_of(finding)))
@@ -60,15 +63,18 @@ def main(spec_path: str, result_path: str) -> int:
     result = ChildResult(mutant=spec["mutant"])
     collector = None
     try:
+        # in the try: a failed import is the mutant run's reported error
         from simrig.adapters.runner import load
 
         load()
         if spec.get("coverage") and spec["mutant"] == BASELINE:
+            # in the try: a failed import is the mutant run's reported error
             from simrig.coverage.collect import Collector
 
             collector = Collector()
             collector.start()
         if spec["mutant"] != BASELINE:
+            # in the try: a failed import is the mutant run's reported error
             from simrig.selftest.catalogue import BY_NAME
             from simrig.vllm_runtime import mutate
 
@@ -83,6 +89,7 @@ def main(spec_path: str, result_path: str) -> int:
             found = _replay_until_new(result, spec["traces"], known, start, collect_all)
             remaining = spec["budget_s"] - (time.monotonic() - start)
             if not found and (remaining > 0 or spec.get("max_examples")):
+                # in the try: a failed import is the mutant run's reported error
                 from simrig.selftest.fuzz_phase import fuzz_until_new
 
                 fuzz_until_new(result, known, remaining, spec["seed"], Path(spec["out_dir"]),
@@ -90,8 +97,6 @@ def main(spec_path: str, result_path: str) -> int:
     except Exception as exc:  # the scoreboard shows it; the parent goes on
         result.error = f"{type(exc).__name__}: {exc}"
     if collector is not None:
-        from simrig.coverage.collect import to_jsonable
-
         collector.stop()
         result.coverage = to_jsonable(collector.data())
     result.elapsed_s = time.monotonic() - start

@@ -24,7 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from simrig.errors import UsageError
+from simrig.findings.known import installed_vllm_version
 from simrig.selftest.catalogue import BY_NAME, CATALOGUE
+from simrig.trace_io.trace import trace_files_in
 
 BASELINE = "baseline"
 
@@ -76,15 +79,11 @@ def counts_as_detection(finding: Any, baseline: set[tuple[str, ...]]) -> bool:
 
 def baseline_cache(root: Path) -> Path:
     """Where the last baseline run's classes are kept for ``--skip-baseline``."""
-    from simrig.findings.known import installed_vllm_version
-
     return root / ".cache" / "selftest" / f"baseline-vllm-{installed_vllm_version()}.json"
 
 
 def bundled_traces(root: Path) -> list[Path]:
     """Regressions first, then samples and the recorded corpus."""
-    from simrig.trace_io.trace import trace_files_in
-
     out: list[Path] = []
     for sub in ("regressions", "samples", "recorded"):
         folder = root / "traces" / sub
@@ -158,8 +157,6 @@ def scoreboard_rows(results: list[ChildResult]) -> list[dict[str, Any]]:
 
 
 def select_mutants(names: list[str] | None) -> list[str]:
-    from simrig.errors import UsageError
-
     if not names:
         return [m.name for m in CATALOGUE]
     unknown = [n for n in names if n not in BY_NAME]
@@ -179,6 +176,7 @@ def scoreboard_classes(rows: list[dict[str, Any]]) -> Any:
     A clean baseline and a surviving control mutant are no class: their
     absence of one is the point.
     """
+    # lazy: findings.classes brings pandas, needed only here
     from simrig.findings.classes import EXPECTED, KNOWN, NEW, ClassStats, Where, class_frame
 
     out = []

@@ -1,26 +1,11 @@
 """Live recording: write a running vLLM deployment's scheduler steps as traces.
 
-Enable in a deployment (simrig installed next to vLLM)::
-
-    SIMRIG_RECORD=/var/tmp/simrig          directory for the trace files
-    SIMRIG_RECORD_MAX_MB=64                trace JSON per file (before gzip), then rotate
-    SIMRIG_RECORD_MAX_FILES=16             files kept per scheduler (oldest deleted)
-
-vLLM loads ``simrig.sources.live:register`` through its ``vllm.general_plugins`` entry
-point; with SIMRIG_RECORD unset it does nothing. Otherwise it wraps
-``Scheduler.schedule`` and ``Scheduler.update_from_output``:
-
-    schedule()            -> SchedulerOutput -> Step (lengths, ids, blocks, drafts)
-    update_from_output()  -> drafts rejected this step -> Step complete -> file
-
-Files: ``<dir>/sched-<pid>-<n>-<part>.jsonl.gz``, each a complete v1 trace that
-appears atomically when it is closed (on rotation and at exit). A part after
-the first starts with a *resync* step: every request the runner holds at that
-point, re-sent as a new request with its num_computed_tokens and blocks and no
-scheduled tokens, so each file replays on its own (header source
-``"resync_step": 0``). Prompt token ids are never written: traces carry
-lengths only, and replay synthesises ids. A recorder error disables
-recording and never reaches the scheduler.
+vLLM loads ``register`` through its ``vllm.general_plugins`` entry point; with SIMRIG_RECORD
+unset it does nothing, otherwise it wraps ``Scheduler.schedule`` and
+``Scheduler.update_from_output`` and writes rotating, self-contained trace files
+(``LiveRecorder``'s docstring has the settings and the file layout). A recorder error
+disables recording and never reaches the scheduler. See docs/recording.md, 'Live recording
+in your deployment'.
 """
 
 from __future__ import annotations
@@ -36,6 +21,13 @@ from typing import Any
 
 from simrig.step import NewRequest, RunnerConfig, Step, block_groups, step_block_ids
 from simrig.trace_io.trace import TraceHeader, TraceWriter, step_to_json
+from simrig.vllm_parts.scheduler import (
+    rejected_from_output,
+    runner_config_of,
+    scheduler_class,
+    step_from_output,
+    vllm_version,
+)
 
 log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"
@@ -137,6 +129,28 @@ class LiveRecorder:
     Outputs are completed in schedule order (update_from_output is called in
     FIFO order, also with a batch queue); a step whose update never comes is
     written with no rejections when a later one completes.
+
+    Enable in a deployment (simrig installed next to vLLM)::
+
+        SIMRIG_RECORD=/var/tmp/simrig          directory for the trace files
+        SIMRIG_RECORD_MAX_MB=64                trace JSON per file (before gzip), then rotate
+        SIMRIG_RECORD_MAX_FILES=16             files kept per scheduler (oldest deleted)
+
+    vLLM loads ``simrig.sources.live:register`` through its ``vllm.general_plugins`` entry
+    point; with SIMRIG_RECORD unset it does nothing. Otherwise it wraps
+    ``Scheduler.schedule`` and ``Scheduler.update_from_output``:
+
+        schedule()            -> SchedulerOutput -> Step (lengths, ids, blocks, drafts)
+        update_from_output()  -> drafts rejected this step -> Step complete -> file
+
+    Files: ``<dir>/sched-<pid>-<n>-<part>.jsonl.gz``, each a complete v1 trace that
+    appears atomically when it is closed (on rotation and at exit). A part after
+    the first starts with a *resync* step: every request the runner holds at that
+    point, re-sent as a new request with its num_computed_tokens and blocks and no
+    scheduled tokens, so each file replays on its own (header source
+    ``"resync_step": 0``). Prompt token ids are never written: traces carry
+    lengths only, and replay synthesises ids. A recorder error disables
+    recording and never reaches the scheduler.
     """
 
     def __init__(self, writer: RotatingTraceWriter):
@@ -145,8 +159,6 @@ class LiveRecorder:
         self.live: set[str] = set()  # ids the runner holds: a new request among them is a streaming update
 
     def on_schedule(self, so: Any) -> None:
-        from simrig.vllm_parts.scheduler import step_from_output
-
         self.pending[id(so)] = step_from_output(so, keep_token_ids=False, live=self.live)
 
     def on_output(self, so: Any, rejected: dict[str, int]) -> None:
@@ -172,8 +184,6 @@ class LiveRecorder:
 
 
 def recorder_for(scheduler: Any, directory: str, *, max_mb: float = 64.0, max_files: int = 16) -> LiveRecorder:
-    from simrig.vllm_parts.scheduler import runner_config_of, vllm_version
-
     config = runner_config_of(scheduler)
     stem = f"sched-{os.getpid()}-{next(_instances)}"
     source = {"kind": "recorded", "tool": "simrig live", "vllm_version": vllm_version(),
@@ -206,8 +216,6 @@ def attach(scheduler: Any, recorder: LiveRecorder) -> None:
 
 
 def _count_rejected(so: Any, model_runner_output: Any, into: dict[str, int]) -> None:
-    from simrig.vllm_parts.scheduler import rejected_from_output
-
     into.update(rejected_from_output(so, model_runner_output))
 
 
@@ -237,7 +245,6 @@ def register() -> None:
         return
     max_mb = float(os.environ.get(ENV_MAX_MB, "64"))
     max_files = int(os.environ.get(ENV_MAX_FILES, "16"))
-    from simrig.vllm_parts.scheduler import scheduler_class
 
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):
@@ -258,8 +265,6 @@ def register() -> None:
 
 def unregister() -> None:
     """Undo ``register`` (Schedulers built later are not recorded)."""
-    from simrig.vllm_parts.scheduler import scheduler_class
-
     cls = scheduler_class()
     if getattr(cls, "_simrig_patched", False):
         cls.__init__ = cls._simrig_original_init

@@ -1,21 +1,10 @@
 """Record traces from vLLM's real scheduler, fed by a workload (vLLM-agnostic).
 
-One loop, on a simulated clock:
-
-    clock t ─► admit every request with arrival_s <= t (add_request)
-            ─► schedule()                    real vLLM Scheduler -> Step
-            ─► synthetic sampler             sampled tokens, rejected drafts
-            ─► update_from_output(...)       real; then the drafter's proposals
-            ─► Step (+ rejected) ─► TraceWriter
-            ─► t += step_time(tokens)        modelled step duration
-
-The step-duration model: ``base_ms + per_token_ms * scheduled tokens``
-(defaults 12 ms + 0.06 ms/token, a mid-size model on one GPU). When nothing
-is running and the next arrival lies ahead, the clock jumps to it (idle time
-records no steps). ``time_scale`` multiplies arrival times (0.5 = arrivals
-twice as dense).
-
-The scheduler-side plumbing lives in ``simrig.vllm_parts.scheduler`` (adapter).
+``record`` runs one loop on a simulated clock: admit the requests that have arrived, the real
+``schedule()``, a synthetic sampler, the real ``update_from_output``, one Step to the trace,
+then the clock advances by a modelled step time (``StepTimeModel``). The loop is drawn in
+``record``'s docstring; the scheduler-side plumbing is ``simrig.vllm_parts.scheduler``.
+See docs/recording.md.
 """
 
 from __future__ import annotations
@@ -29,6 +18,7 @@ from simrig.sources.sampler import SyntheticSampler
 from simrig.sources.workloads import WorkloadRequest
 from simrig.step import Step
 from simrig.trace_io.trace import TraceHeader, TraceWriter
+from simrig.vllm_parts import scheduler as vs
 
 
 @dataclass(frozen=True)
@@ -122,7 +112,25 @@ def record(scheduler: Any, workload: list[WorkloadRequest], sampler: SyntheticSa
            time_model: StepTimeModel = StepTimeModel(), time_scale: float = 1.0,
            max_idle_steps: int = 1000) -> RecordResult:
     """Drive ``scheduler`` (a ``vllm_scheduler.RealScheduler``) until the workload
-    drains or ``max_steps`` steps were recorded; every Step goes to ``sink``."""
+    drains or ``max_steps`` steps were recorded; every Step goes to ``sink``.
+
+    One loop, on a simulated clock:
+
+        clock t ─► admit every request with arrival_s <= t (add_request)
+                ─► schedule()                    real vLLM Scheduler -> Step
+                ─► synthetic sampler             sampled tokens, rejected drafts
+                ─► update_from_output(...)       real; then the drafter's proposals
+                ─► Step (+ rejected) ─► TraceWriter
+                ─► t += step_time(tokens)        modelled step duration
+
+    The step-duration model: ``base_ms + per_token_ms * scheduled tokens``
+    (defaults 12 ms + 0.06 ms/token, a mid-size model on one GPU). When nothing
+    is running and the next arrival lies ahead, the clock jumps to it (idle time
+    records no steps). ``time_scale`` multiplies arrival times (0.5 = arrivals
+    twice as dense).
+
+    The scheduler-side plumbing lives in ``simrig.vllm_parts.scheduler`` (adapter).
+    """
     pending = sorted(workload, key=lambda r: r.arrival_s)
     stats = TraceStats()
     clock, next_i, sched_s, idle = 0.0, 0, 0.0, 0
@@ -168,8 +176,6 @@ def record_to_file(path: str, setup: Any, workload: list[WorkloadRequest], *, sp
                    extra_source: dict | None = None) -> RecordResult:
     """Build a real scheduler for ``setup`` and stream the trace to ``path``
     (written atomically: an error leaves no file behind)."""
-    from simrig.vllm_parts import scheduler as vs
-
     t0 = time.perf_counter()
     scheduler = vs.RealScheduler(setup)
     setup_s = time.perf_counter() - t0

@@ -292,8 +292,6 @@ def assign_adapters(reqs: list[WorkloadRequest], num_adapters: int, seed: int) -
     ids 1 .. num_adapters, each as likely. More adapters than a batch may hold
     (LoRAConfig.max_loras) leaves the scheduler's own limit to act; a request that
     finishes frees a runner slot the next, with another adapter or none, takes."""
-    import random
-
     rng = random.Random(f"lora:{seed}")
     for r in reqs:
         pick = rng.randint(0, num_adapters)

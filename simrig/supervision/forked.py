@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from simrig import lifeline as lifeline_mod
+from simrig.errors import EXIT_RIG_ERROR
 
 MAX_CRASHES = 20  # then the last worker only writes the report
 DEFAULT_STEP_TIMEOUT_S = 600.0  # no stage opened for this long: the worker hangs
@@ -46,8 +47,7 @@ def supervise(command: str, out_dir: Path, work: Callable[[Path, bool, float], i
 
     ``state_dir`` is removed when the supervisor returns.
     """
-    from simrig.adapters.runner import load
-    from simrig.errors import EXIT_RIG_ERROR
+    from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 
     load()  # once, before any fork: every worker starts from this state
     timeout = timeout_s if timeout_s is not None else DEFAULT_STEP_TIMEOUT_S

@@ -1,26 +1,11 @@
 """Input bounded before vLLM runs: every size in a trace against its own config,
 and the config against the machine.
 
-    header  config.*            the estimated allocation <= the memory this process can have;
-                                every count fits the runner's int32 tensors
-    step    prompt_len,         <= config.max_model_len
-            prefill_len
-            num_computed +      <= config.max_model_len (computed: the step's own value, or
-              scheduled            what the earlier steps left for a request without one)
-            the batch           each request's tokens and their sum <= max_num_batched_tokens;
-                                at most max_num_reqs requests
-            requests held       <= config.max_num_reqs (after finished, preempted, new)
-            block ids           < config.num_kv_blocks; a request's row <= blocks_per_request
-            token_ids, lora_id, fit int32 (the runner's token table, max_seq_len, LoRA ids)
-            prompt_len + max_tokens
-    file    a line's length     <= max_line_bytes(config) (HEADER_LINE_BYTES for line 1)
-
-These hold for every trace, adversarial ones too: an adversarial trace breaks
-request *identity* on purpose (``simrig.trace_io.trace._LiveIds``), never the
-sizes the runner's buffers were built for. Each problem is a ``TraceError``
-(``FILE:LINE: field: problem``, exit 2), raised while the file is read, so
-``simrig replay`` refuses the input before vLLM is imported or anything is
-allocated. The format's spec (traces/README.md, *Bounds*) lists the same rules.
+``check_config`` and ``StepBounds`` hold every size to what the runner's buffers were built
+for (the rules are tabled in ``StepBounds``'s docstring), adversarial traces too. Each
+problem is a ``TraceError`` raised while the file is read, so ``simrig replay`` refuses the
+input before vLLM is imported. The format's spec (traces/README.md, *Bounds*) lists the same
+rules.
 """
 
 from __future__ import annotations
@@ -205,7 +190,29 @@ def check_config(config: RunnerConfig, path: str) -> None:
 class StepBounds:
     """The per-line bounds, with what they need to remember across lines: the
     requests held (after finished, preempted and new ones), the computed tokens
-    each will have before its next step, the blocks in each row."""
+    each will have before its next step, the blocks in each row.
+
+        header  config.*            the estimated allocation <= the memory this process can have;
+                                    every count fits the runner's int32 tensors
+        step    prompt_len,         <= config.max_model_len
+                prefill_len
+                num_computed +      <= config.max_model_len (computed: the step's own value, or
+                  scheduled            what the earlier steps left for a request without one)
+                the batch           each request's tokens and their sum <= max_num_batched_tokens;
+                                    at most max_num_reqs requests
+                requests held       <= config.max_num_reqs (after finished, preempted, new)
+                block ids           < config.num_kv_blocks; a request's row <= blocks_per_request
+                token_ids, lora_id, fit int32 (the runner's token table, max_seq_len, LoRA ids)
+                prompt_len + max_tokens
+        file    a line's length     <= max_line_bytes(config) (HEADER_LINE_BYTES for line 1)
+
+    These hold for every trace, adversarial ones too: an adversarial trace breaks
+    request *identity* on purpose (``simrig.trace_io.trace._LiveIds``), never the
+    sizes the runner's buffers were built for. Each problem is a ``TraceError``
+    (``FILE:LINE: field: problem``, exit 2), raised while the file is read, so
+    ``simrig replay`` refuses the input before vLLM is imported or anything is
+    allocated. The format's spec (traces/README.md, *Bounds*) lists the same rules.
+    """
 
     def __init__(self, config: RunnerConfig) -> None:
         self.config = config

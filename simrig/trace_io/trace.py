@@ -1,18 +1,10 @@
 """Trace format v1: JSON Lines, streamed, optionally gzip or zstd compressed.
 
-    line 1   {"format": "simrig-trace", "version": 1, "config": {...}, "source": {...}}
-    line 2+  {"step": 0, "new_requests": [...], "cached_requests": [...],
-              "num_scheduled_tokens": {...}, "spec_tokens": {...}, "rejected": {...},
-              "finished": [...], "preempted": [...]}
-
-The full specification is traces/README.md. This module reads files; the data
-model and the parsing of one line are ``simrig.trace_io.trace_format``, writing
-is ``simrig.trace_io.trace_writer`` (both re-exported here, so
-``from simrig.trace_io.trace import TraceHeader, TraceWriter`` keeps working).
-
-Every problem with a file -- a malformed line, bytes that are not UTF-8, a
-compressed stream cut short, a read error -- raises ``TraceError`` whose text is
-the one line ``FILE:LINE: field: problem`` (field ``file`` for the file itself).
+This module reads files (``TraceReader``, ``read_trace``); the data model and the parsing
+of one line are ``simrig.trace_io.trace_format``, writing is ``simrig.trace_io.trace_writer``
+(both re-exported here). Every problem with a file raises ``TraceError`` whose text is the
+one line ``FILE:LINE: field: problem``. The full specification is traces/README.md; the
+line layout is in ``TraceReader``'s docstring. See docs/trace-format.md.
 """
 
 from __future__ import annotations
@@ -60,7 +52,7 @@ class _ZstdReader(io.RawIOBase):
     (zstandard's own stream reader just stops there, silently)."""
 
     def __init__(self, raw: IO[bytes]):
-        import zstandard
+        import zstandard  # cold path: keeps zstandard off simrig --help
 
         self._raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
         self._frame: Any = None  # the frame being decompressed; None between frames
@@ -166,7 +158,22 @@ class TraceReader:
     """Streams a trace: ``header`` is read on open, steps on iteration.
 
     The file is read as bytes, one line at a time, and each line decoded on its
-    own, so every problem names the line it is on."""
+    own, so every problem names the line it is on.
+
+        line 1   {"format": "simrig-trace", "version": 1, "config": {...}, "source": {...}}
+        line 2+  {"step": 0, "new_requests": [...], "cached_requests": [...],
+                  "num_scheduled_tokens": {...}, "spec_tokens": {...}, "rejected": {...},
+                  "finished": [...], "preempted": [...]}
+
+    The full specification is traces/README.md. This module reads files; the data
+    model and the parsing of one line are ``simrig.trace_io.trace_format``, writing
+    is ``simrig.trace_io.trace_writer`` (both re-exported here, so
+    ``from simrig.trace_io.trace import TraceHeader, TraceWriter`` keeps working).
+
+    Every problem with a file -- a malformed line, bytes that are not UTF-8, a
+    compressed stream cut short, a read error -- raises ``TraceError`` whose text is
+    the one line ``FILE:LINE: field: problem`` (field ``file`` for the file itself).
+    """
 
     def __init__(self, path: str | os.PathLike[str], *, validate: bool = True):
         self.path = Path(path)

@@ -20,7 +20,7 @@ def _open_for_writing(path: Path) -> IO[str]:
     if name.endswith(".gz"):
         return io.TextIOWrapper(gzip.open(path, "wb"), encoding="utf-8")
     if name.endswith(".zst"):
-        import zstandard
+        import zstandard  # cold path: keeps zstandard off simrig --help
 
         stream = zstandard.ZstdCompressor(level=10).stream_writer(open(path, "wb"), closefd=True)
         return io.TextIOWrapper(stream, encoding="utf-8")

@@ -29,6 +29,7 @@ def kernel_bytes() -> list:
     """A tiny kernel's output, as Triton's interpreter leaves it: masked loads
     and stores, scalar and constexpr operands, a default and a keyword argument."""
     global _kernel
+    # lazy: torch and triton load only when this runs
     import torch
     import triton
     import triton.language as tl
@@ -50,6 +51,7 @@ def kernel_bytes() -> list:
 
 
 def _np_dtypes() -> list:
+    # lazy: triton loads only when this runs
     import triton.language as tl
     from triton.runtime import interpreter as triton_interpreter
 
@@ -60,7 +62,7 @@ def _np_dtypes() -> list:
 
 def _bindings() -> list:
     """What the interpreter module's ``inspect`` answers for a launch's binding."""
-    from triton.runtime import interpreter as triton_interpreter
+    from triton.runtime import interpreter as triton_interpreter  # lazy: triton loads only when this runs
 
     def kernel(a, b, c=3, d=None):
         pass
@@ -76,14 +78,14 @@ def _bindings() -> list:
 
 
 def _unwrapped() -> list:
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     values = [tl.constexpr(3), 5, True, 1.5, "s", None, (tl.constexpr(2), 4), [tl.constexpr(1)], tl.constexpr(None)]
     return [_state(tl.core._unwrap_if_constexpr(v)) for v in values]
 
 
 def _block_types() -> list:
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     shapes = ([4, 8], tl.core.tuple([16]), tl.core.tuple([tl.constexpr(2), 4]), [tl.constexpr(8)], [1, 2, 4])
     elements = (tl.int32, tl.float32, tl.pointer_type(tl.int64), tl.int1, tl.uint8)
@@ -91,7 +93,7 @@ def _block_types() -> list:
 
 
 def _tensors() -> list:
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     types = (tl.int32, tl.block_type(tl.int32, [1024]), tl.block_type(tl.pointer_type(tl.int64), [4, 2]),
              tl.int1, tl.pointer_type(tl.int32), tl.void)
@@ -100,6 +102,7 @@ def _tensors() -> list:
 
 def _binary_typing() -> list:
     """Which operands the binary-op typing hands back, and their types."""
+    # lazy: triton loads only when this runs
     import triton.language as tl
     from triton.runtime import interpreter as triton_interpreter
 
@@ -124,13 +127,14 @@ def _binary_typing() -> list:
 
 
 def _str_types() -> list:
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     return [_state(tl.str_to_ty(name, None)) for name in ("*i32", "*ki64", "i64", "i32", "u64", "fp32", "i1")]
 
 
 def _splats() -> list:
     """A block and a scalar broadcast both ways: types and data."""
+    # lazy: numpy loads only when this runs; lazy: triton loads only when this runs
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter as triton_interpreter
@@ -152,7 +156,7 @@ def _splats() -> list:
 
 
 def _launch_options() -> list:
-    from triton.runtime import interpreter as triton_interpreter
+    from triton.runtime import interpreter as triton_interpreter  # lazy: triton loads only when this runs
 
     return [bool(getattr(triton_interpreter.interpreter_builder.options, "debug", True))] + kernel_bytes()
 
@@ -160,7 +164,7 @@ def _launch_options() -> list:
 def _undo_language_once() -> None:
     """The language patched once is put back through the scope Triton's own
     ``_patch_lang`` returned."""
-    from triton.runtime import interpreter as triton_interpreter
+    from triton.runtime import interpreter as triton_interpreter  # lazy: triton loads only when this runs
 
     scope = getattr(triton_interpreter._patch_lang, "__simrig_scope__", None)
     if scope is not None:

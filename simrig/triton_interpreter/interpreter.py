@@ -1,22 +1,11 @@
 """Triton's interpreter, run as a GPU runs a kernel compiled without debug.
 
-On CPU every MRV2 kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``).
-With ``sanitize_overflow`` on (the interpreter's default), every integer
-``+``, ``-`` and ``*`` narrower than 64 bits is recomputed in int64 and
-compared against the type's bounds, and the result handed to
-``device_assert``, which ``semantic.device_assert`` drops unless
-``options.debug`` is set:
-
-    if not self.builder.options.debug:
-        return
-
-So without debug the check is computed and thrown away: about a seventh of a
-campaign's wall time on CPU, for no observable effect. A compiled kernel on a
-GPU has no such check either (assertions are compiled out without debug).
-This module switches the dead work off, and only while the interpreter's
-options say debug is off (a user who turns debug on keeps both).
-
-Platform plumbing only: no vLLM code and no kernel body is changed.
+With ``sanitize_overflow`` on, the interpreter recomputes every narrow integer op in int64
+and hands the check to ``device_assert``, which drops it unless ``options.debug`` is set:
+about a seventh of a campaign's CPU time for no effect (``skip_dead_overflow_checks`` has
+the detail). This module switches that dead work off while debug is off, patches the
+language once and routes launches past the coverage sampler. Platform plumbing only: no
+vLLM code and no kernel body is changed. See docs/setup.md, "Triton's interpreter patches".
 """
 
 from __future__ import annotations
@@ -24,13 +13,34 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from simrig import trace_gate as gate
+
 
 def skip_dead_overflow_checks() -> bool:
     """Turn ``sanitize_overflow`` off in the interpreter's builder when its
     assertions are off. Returns whether it did (False: debug on, or a Triton
-    without this interpreter layout, which is then left as it is)."""
+    without this interpreter layout, which is then left as it is).
+
+    On CPU every MRV2 kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``).
+    With ``sanitize_overflow`` on (the interpreter's default), every integer
+    ``+``, ``-`` and ``*`` narrower than 64 bits is recomputed in int64 and
+    compared against the type's bounds, and the result handed to
+    ``device_assert``, which ``semantic.device_assert`` drops unless
+    ``options.debug`` is set:
+
+        if not self.builder.options.debug:
+            return
+
+    So without debug the check is computed and thrown away: about a seventh of a
+    campaign's wall time on CPU, for no observable effect. A compiled kernel on a
+    GPU has no such check either (assertions are compiled out without debug).
+    This module switches the dead work off, and only while the interpreter's
+    options say debug is off (a user who turns debug on keeps both).
+
+    Platform plumbing only: no vLLM code and no kernel body is changed.
+    """
     try:
-        from triton.runtime import interpreter
+        from triton.runtime import interpreter  # optional: triton
     except ImportError:
         return False
     builder = getattr(interpreter, "interpreter_builder", None)
@@ -62,6 +72,7 @@ def patch_language_once() -> bool:
     whether it did (False: a Triton without this interpreter layout).
     """
     try:
+        # optional: triton
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
@@ -89,14 +100,13 @@ def sample_traced_launches() -> bool:
     (a plain call while none runs). Returns whether it was installed (False:
     a Triton without this interpreter layout, or already installed)."""
     try:
-        from triton.runtime import interpreter
+        from triton.runtime import interpreter  # optional: triton
     except ImportError:
         return False
     executor = getattr(interpreter, "GridExecutor", None)
     original = getattr(executor, "__call__", None)
     if original is None or getattr(original, "__simrig_sampled__", False):
         return False
-    from simrig import trace_gate as gate
 
     def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
         if gate.ACTIVE is None:

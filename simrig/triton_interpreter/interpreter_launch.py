@@ -1,12 +1,25 @@
 """Triton's interpreter, launching a kernel and splatting a scalar with less overhead.
 
 The last of the interpreter plumbing a campaign's profile showed, after
-``interpreter_speed`` and ``interpreter_types``: work per launch and per
-scalar operand that leads to the same memory, types and values either way.
-Like those modules, each patch leaves Triton as it is (returning False) when
-the layout it expects is not there, and is checked on install.
+``interpreter_speed`` and ``interpreter_types``: work per launch and per scalar operand that
+leads to the same memory, types and values either way. Each patch (``args_in_place``,
+``memoise_str_to_ty``, ``fast_splat``; its docstring says what it skips and why that is
+safe) leaves Triton as it is when the layout it expects is not there, and is checked on
+install. See docs/setup.md, "Triton's interpreter patches".
+"""
 
-``args_in_place``
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from simrig.triton_interpreter.interpreter_types import MAX_KEPT, _core_members
+
+
+def args_in_place() -> bool:
+    """Hand a launch its CPU tensors as they are. Returns whether it was
+    installed (False: a Triton without this layout, or already installed).
+
     ``GridExecutor`` copies every tensor argument "to the host" before a
     launch and back after it: per argument it takes the tensor's storage's
     ``cpu()`` (for a CPU storage, that storage itself), builds a new tensor
@@ -22,42 +35,9 @@ the layout it expects is not there, and is checked on install.
         device tensor ──storage.cpu()──► host view ──kernel──► host storage
              ▲                                                      │
              └──────────────── copy_ (the same memory on CPU) ──────┘
-
-``memoise_str_to_ty``
-    Every launch types each argument with ``tl.str_to_ty(mangled name)``,
-    which parses the name (``"*i32"``, ``"i64"``) and builds a new type.
-    A type is never changed after its constructor, so the answer for a
-    plain name is kept; a tuple of names or a non-None second argument goes
-    to Triton's.
-
-``fast_splat``
-    ``broadcast_impl_value(block, scalar)`` (every op between a block and a
-    scalar: ``offset < n``, ``x + 1``) splats the scalar: the block's type with
-    the scalar's element (``with_element_ty``), lowered through ``to_ir``,
-    which in the interpreter builds an equal block type again, and
-    ``create_splat``, which reads only that type's shape. The fast path hands
-    ``create_splat`` the block type itself, and keeps ``with_element_ty``'s
-    answer per kept block type and element. Two operands of the very same
-    type come back as they are, as Triton's own code hands them back. Every
-    other pair goes to Triton's. Only the interpreter's semantic object is
-    patched (an attribute of the instance), not the class the compiler uses.
-
-``install_all`` applies them; ``platform.apply_after_import`` calls it.
-Platform plumbing only.
-"""
-
-from __future__ import annotations
-
-import types
-from typing import Any
-
-from simrig.triton_interpreter.interpreter_types import MAX_KEPT, _core_members
-
-
-def args_in_place() -> bool:
-    """Hand a launch its CPU tensors as they are. Returns whether it was
-    installed (False: a Triton without this layout, or already installed)."""
+    """
     try:
+        # optional: torch, triton
         import torch
         from triton.runtime import interpreter
     except ImportError:
@@ -107,9 +87,16 @@ def args_in_place() -> bool:
 
 def memoise_str_to_ty() -> bool:
     """Keep ``tl.str_to_ty``'s type per plain name. Returns whether it was
-    installed (False: a Triton without it, or already installed)."""
+    installed (False: a Triton without it, or already installed).
+
+    Every launch types each argument with ``tl.str_to_ty(mangled name)``,
+    which parses the name (``"*i32"``, ``"i64"``) and builds a new type.
+    A type is never changed after its constructor, so the answer for a
+    plain name is kept; a tuple of names or a non-None second argument goes
+    to Triton's.
+    """
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return False
     original = getattr(tl, "str_to_ty", None)
@@ -141,11 +128,24 @@ def memoise_str_to_ty() -> bool:
 
 def fast_splat() -> bool:
     """Splat a scalar operand without lowering its type twice. Returns whether
-    it was installed (False: a Triton without this layout, or already installed)."""
+    it was installed (False: a Triton without this layout, or already installed).
+
+    ``broadcast_impl_value(block, scalar)`` (every op between a block and a
+    scalar: ``offset < n``, ``x + 1``) splats the scalar: the block's type with
+    the scalar's element (``with_element_ty``), lowered through ``to_ir``,
+    which in the interpreter builds an equal block type again, and
+    ``create_splat``, which reads only that type's shape. The fast path hands
+    ``create_splat`` the block type itself, and keeps ``with_element_ty``'s
+    answer per kept block type and element. Two operands of the very same
+    type come back as they are, as Triton's own code hands them back. Every
+    other pair goes to Triton's. Only the interpreter's semantic object is
+    patched (an attribute of the instance), not the class the compiler uses.
+    """
     members = _core_members("block_type", "dtype", "pointer_type")
     if members is None:
         return False
     try:
+        # optional: numpy, triton
         import numpy as np
         import triton.language as tl
         from triton.runtime import interpreter

@@ -1,74 +1,11 @@
 """Triton's interpreter, doing the same work per kernel launch with less overhead.
 
-On CPU every MRV2 kernel runs in Triton's interpreter, and most of that time
-is not numpy but the interpreter's Python layer around each op: the
-language's builtins are re-dispatched through wrappers, types are rebuilt
-and argument bindings recomputed on every call. Each patch below replaces one
-such piece of Triton's interpreter plumbing with one that returns the same
-values (same objects where the original returns shared ones, equal fresh
-ones where it builds them), and leaves Triton as it is (returning False) when
-the layout it expects is not there. No kernel body, no vLLM code and no
-numpy semantics change; the kernels' own lines still run, one by one, in the
-interpreter, so coverage traces them as before.
-
-``memoise_np_dtype``
-    ``interpreter._get_np_dtype(tt_dtype)`` rebuilds a 19-entry dict of
-    Triton dtype → numpy dtype on every call (tens of thousands per campaign
-    step batch) and looks the type up in it. For a plain scalar ``tl.dtype``
-    the answer depends only on its ``name`` (the dict's keys hash and compare
-    by name), and for a ``block_type`` of a plain scalar only on its element's
-    name; those answers are kept per name after the original first computes
-    them. Pointer types, subclasses and anything else still go to the
-    original. Safe: same numpy dtype object (numpy interns them), same
-    errors (a KeyError is never cached).
-
-``lean_builtin_calls``
-    Each builtin of ``tl`` the interpreter patches is a lambda that copies its
-    kwargs into a new dict without ``_semantic`` and calls the builtin's
-    ``@builtin`` wrapper, which checks ``_semantic`` is given and calls the
-    function. The lean wrapper drops ``_semantic`` from the (already fresh)
-    kwargs dict, adds the interpreter's semantic last (the same order), and
-    calls the function under ``@builtin`` directly: the check it skips can
-    never fail, as the semantic it is handed is never None. A member that is
-    not Triton's ``@builtin`` wrapper is called through, as before. Must be
-    installed before ``interpreter.patch_language_once`` (which applies the
-    patch once, through ``_patch_attr``).
-
-``cache_launch_binding``
-    ``GridExecutor.__call__`` calls ``inspect.getfullargspec`` and
-    ``inspect.getcallargs`` on the (rewritten) kernel at every launch: a full
-    ``inspect.Signature`` build each time. The interpreter module's
-    ``inspect`` is replaced by a stand-in that forwards everything to
-    ``inspect`` except those two: ``getfullargspec`` is kept per function
-    while its code, defaults and annotations are the same objects, and
-    ``getcallargs`` binds a plain function's positional-or-keyword parameters
-    in the order ``inspect.getcallargs`` does (positionals, keywords as
-    given, then defaults), falling back to ``inspect.getcallargs`` for
-    anything else, and for every call it would reject (so the same error).
-
-``fast_unwrap_constexpr``
-    ``tl.core._unwrap_if_constexpr`` is called about a million times per
-    campaign, mostly with a ``tl.tensor``, an ``int`` or a ``tl.constexpr``;
-    it runs four ``isinstance`` checks before answering. The fast path answers
-    for exactly those types (``o`` itself, or ``o.value`` for an exact
-    ``constexpr``) and hands every other value, subclasses included, to the
-    original. ``semantic`` reaches it as ``tl._unwrap_if_constexpr`` (an
-    attribute of the core module), so the one module attribute is enough.
-
-``lean_block_type``
-    ``tl.block_type(element_ty, shape)`` is built two or three times per op
-    (``to_ir``, ``with_element_ty``, the interpreter's ``get_block_ty``), each
-    time unwrapping the shape through ``_unwrap_shape`` (a new ``tl.tuple``
-    and two list copies) and typing it through ``_type_for_tuple_values``.
-    For a shape that is exactly a ``list`` or ``tl.tuple`` of exact ``int``
-    (what those callers pass) the lean constructor sets the same attributes,
-    in the same order, to equal values: a ``tl.tuple`` of the ints typed by
-    their ``constexpr_type``, ``validate_block_shape``'s numel (and its
-    errors), the same name. Anything else goes to Triton's constructor. The
-    patch is only installed when probes built both ways agree attribute by
-    attribute.
-
-``install_all`` applies them in the order they need. Platform plumbing only.
+Most of an interpreted kernel's time is the interpreter's Python layer around each op. Each
+patch here (``memoise_np_dtype``, ``lean_builtin_calls``, ``cache_launch_binding``,
+``fast_unwrap_constexpr``, ``lean_block_type``; its docstring says what it skips and why
+that is safe) returns the same values as the plumbing it replaces, and leaves Triton as it
+is when the layout it expects is not there. See docs/setup.md, "Triton's interpreter
+patches", and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -80,8 +17,20 @@ from typing import Any
 
 def memoise_np_dtype() -> bool:
     """Keep ``_get_np_dtype``'s answer per scalar dtype name. Returns whether it
-    was installed (False: a Triton without this layout, or already installed)."""
+    was installed (False: a Triton without this layout, or already installed).
+
+    ``interpreter._get_np_dtype(tt_dtype)`` rebuilds a 19-entry dict of
+    Triton dtype → numpy dtype on every call (tens of thousands per campaign
+    step batch) and looks the type up in it. For a plain scalar ``tl.dtype``
+    the answer depends only on its ``name`` (the dict's keys hash and compare
+    by name), and for a ``block_type`` of a plain scalar only on its element's
+    name; those answers are kept per name after the original first computes
+    them. Pointer types, subclasses and anything else still go to the
+    original. Safe: same numpy dtype object (numpy interns them), same
+    errors (a KeyError is never cached).
+    """
     try:
+        # optional: triton
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
@@ -132,8 +81,21 @@ def _builtin_target(member: Any, wrapper_code: Any) -> Any:
 def lean_builtin_calls() -> bool:
     """Replace the interpreter's ``_patch_attr`` with one whose wrappers call
     the builtin's function directly. Returns whether it was installed (False:
-    a Triton without this layout, or already installed)."""
+    a Triton without this layout, or already installed).
+
+    Each builtin of ``tl`` the interpreter patches is a lambda that copies its
+    kwargs into a new dict without ``_semantic`` and calls the builtin's
+    ``@builtin`` wrapper, which checks ``_semantic`` is given and calls the
+    function. The lean wrapper drops ``_semantic`` from the (already fresh)
+    kwargs dict, adds the interpreter's semantic last (the same order), and
+    calls the function under ``@builtin`` directly: the check it skips can
+    never fail, as the semantic it is handed is never None. A member that is
+    not Triton's ``@builtin`` wrapper is called through, as before. Must be
+    installed before ``interpreter.patch_language_once`` (which applies the
+    patch once, through ``_patch_attr``).
+    """
     try:
+        # optional: triton
         import triton.language as tl
         from triton.runtime import interpreter
     except ImportError:
@@ -225,9 +187,21 @@ def cache_launch_binding() -> bool:
     """Give the interpreter module an ``inspect`` that keeps each kernel's
     argument spec and binds its arguments without a Signature. Returns whether
     it was installed (False: a Triton without this layout, or already
-    installed)."""
+    installed).
+
+    ``GridExecutor.__call__`` calls ``inspect.getfullargspec`` and
+    ``inspect.getcallargs`` on the (rewritten) kernel at every launch: a full
+    ``inspect.Signature`` build each time. The interpreter module's
+    ``inspect`` is replaced by a stand-in that forwards everything to
+    ``inspect`` except those two: ``getfullargspec`` is kept per function
+    while its code, defaults and annotations are the same objects, and
+    ``getcallargs`` binds a plain function's positional-or-keyword parameters
+    in the order ``inspect.getcallargs`` does (positionals, keywords as
+    given, then defaults), falling back to ``inspect.getcallargs`` for
+    anything else, and for every call it would reject (so the same error).
+    """
     try:
-        from triton.runtime import interpreter
+        from triton.runtime import interpreter  # optional: triton
     except ImportError:
         return False
     if getattr(interpreter, "inspect", None) is not inspect or not hasattr(interpreter, "GridExecutor"):
@@ -239,9 +213,18 @@ def cache_launch_binding() -> bool:
 def fast_unwrap_constexpr() -> bool:
     """Answer ``_unwrap_if_constexpr`` for exact tensors, ints and constexprs
     without its isinstance chain. Returns whether it was installed (False: a
-    Triton without this layout, or already installed)."""
+    Triton without this layout, or already installed).
+
+    ``tl.core._unwrap_if_constexpr`` is called about a million times per
+    campaign, mostly with a ``tl.tensor``, an ``int`` or a ``tl.constexpr``;
+    it runs four ``isinstance`` checks before answering. The fast path answers
+    for exactly those types (``o`` itself, or ``o.value`` for an exact
+    ``constexpr``) and hands every other value, subclasses included, to the
+    original. ``semantic`` reaches it as ``tl._unwrap_if_constexpr`` (an
+    attribute of the core module), so the one module attribute is enough.
+    """
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return False
     core = tl.core
@@ -288,9 +271,22 @@ def _state(value: Any, depth: int = 0) -> Any:
 def lean_block_type() -> bool:
     """Build ``tl.block_type`` from a shape of plain ints without the generic
     unwrapping its constructor does. Returns whether it was installed (False:
-    a Triton without this layout, or already installed)."""
+    a Triton without this layout, or already installed).
+
+    ``tl.block_type(element_ty, shape)`` is built two or three times per op
+    (``to_ir``, ``with_element_ty``, the interpreter's ``get_block_ty``), each
+    time unwrapping the shape through ``_unwrap_shape`` (a new ``tl.tuple``
+    and two list copies) and typing it through ``_type_for_tuple_values``.
+    For a shape that is exactly a ``list`` or ``tl.tuple`` of exact ``int``
+    (what those callers pass) the lean constructor sets the same attributes,
+    in the same order, to equal values: a ``tl.tuple`` of the ints typed by
+    their ``constexpr_type``, ``validate_block_shape``'s numel (and its
+    errors), the same name. Anything else goes to Triton's constructor. The
+    patch is only installed when probes built both ways agree attribute by
+    attribute.
+    """
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return False
     core = tl.core

@@ -1,52 +1,11 @@
 """Triton's interpreter, building each op's types once instead of per program.
 
-Every op a kernel runs in Triton's interpreter builds its result's type and
-its result tensor from scratch: ``tl.block_type(element, shape)`` wraps the
-shape in a ``tl.tuple`` and types it, and ``tl.tensor(handle, type)`` makes a
-fresh ``constexpr`` for the element count and for each dimension. A kernel
-body sees a handful of distinct types, and runs once per program of its
-grid, so the same few objects are rebuilt hundreds of thousands of times per
-campaign. Like ``interpreter_speed``, each patch returns what Triton's own
-code returns and leaves Triton as it is (returning False) when the layout it
-expects is not there. No kernel body, no vLLM code and no numpy work changes.
-
-``intern_block_types``
-    ``tl.block_type(element, shape)`` returns one kept instance per element
-    object (an exact ``tl.dtype``, by identity; an exact ``tl.pointer_type``
-    to such a dtype, by its element's identity, address space and constness,
-    the fields its ``__eq__`` compares) and per shape of plain ints. A block
-    type is never changed after its constructor (Triton assigns its fields
-    only there), so one shared instance answers every question a fresh one
-    would: ``==``, ``name``, ``shape``, ``numel``, ``scalar``. The kept
-    instance holds the first element object it was built with; a scalar
-    element is the one passed (identity kept, as Triton's
-    ``element_ty is tl.float16`` checks need); a pointer element is an equal
-    one (Triton compares pointer types with ``==`` only). At most
-    ``MAX_KEPT`` are kept; past that, fresh ones are built as before.
-
-``lean_tensors``
-    ``tl.tensor.__init__`` for an exact tensor whose type is a scalar or a
-    kept block type sets the same attributes, in the same
-    order, to equal values. A scalar's (a ``tl.dtype`` or ``tl.pointer_type``)
-    are fixed: an empty shape, one element, the type its own scalar type. A
-    kept block type's come from the first tensor built with it: its shape's
-    ``constexpr`` dimensions (in a new ``tl.tuple`` per tensor, as a
-    ``tl.tuple`` can be changed), ``numel`` and ``dtype``. Those ``constexpr``
-    objects are shared: Triton never assigns a constexpr's ``value`` after its
-    constructor. Any other tensor goes to Triton's constructor.
-
-``fast_binary_type_checks``
-    ``binary_op_type_checking_impl`` (every ``+``, ``-``, ``*``, ``<``, ...)
-    types its two operands and hands them back cast and broadcast. For two
-    tensors that need neither it hands back the very operands it was given:
-    the same integer type (promotion of a type with itself is that type, and
-    a cast to a tensor's own scalar type is the tensor), or a pointer and an
-    integer of the same shape where the pointer's side allows a pointer (no
-    arithmetic typing with a pointer; no broadcast between equal shapes).
-    Those two cases are answered directly; every other goes to Triton's.
-
-All are checked on install: probes built both ways agree attribute by
-attribute, or the patch is not installed. Platform plumbing only.
+A kernel body sees a handful of distinct types and runs once per program of its grid, so
+the same few type and tensor objects are rebuilt hundreds of thousands of times per
+campaign. Each patch here (``intern_block_types``, ``lean_tensors``,
+``fast_binary_type_checks``; its docstring says why that is safe) returns what Triton's own
+code returns, and is installed only when probes built both ways agree. See docs/setup.md,
+"Triton's interpreter patches".
 """
 
 from __future__ import annotations
@@ -62,7 +21,7 @@ def _core_members(*names: str) -> tuple | None:
     """``triton.language.core``'s members by name, or None when Triton or any
     of them is missing (each patch then leaves Triton as it is)."""
     try:
-        import triton.language as tl
+        import triton.language as tl  # optional: triton
     except ImportError:
         return None
     found = tuple(getattr(tl.core, name, None) for name in names)
@@ -90,11 +49,25 @@ def _element_key(element: Any, scalar: type, pointer: type) -> Any:
 def intern_block_types() -> bool:
     """Keep one ``tl.block_type`` per element and shape of plain ints.
     Returns whether it was installed (False: a Triton without this layout, or
-    already installed)."""
+    already installed).
+
+    ``tl.block_type(element, shape)`` returns one kept instance per element
+    object (an exact ``tl.dtype``, by identity; an exact ``tl.pointer_type``
+    to such a dtype, by its element's identity, address space and constness,
+    the fields its ``__eq__`` compares) and per shape of plain ints. A block
+    type is never changed after its constructor (Triton assigns its fields
+    only there), so one shared instance answers every question a fresh one
+    would: ``==``, ``name``, ``shape``, ``numel``, ``scalar``. The kept
+    instance holds the first element object it was built with; a scalar
+    element is the one passed (identity kept, as Triton's
+    ``element_ty is tl.float16`` checks need); a pointer element is an equal
+    one (Triton compares pointer types with ``==`` only). At most
+    ``MAX_KEPT`` are kept; past that, fresh ones are built as before.
+    """
     members = _core_members("block_type", "dtype", "pointer_type", "tuple")
     if members is None or getattr(members[0].__new__, "__simrig_interned__", False):
         return False
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     block, scalar, pointer, tl_tuple = members
     init = block.__init__
@@ -168,11 +141,22 @@ def intern_block_types() -> bool:
 def lean_tensors() -> bool:
     """Build ``tl.tensor`` of a scalar dtype or a kept block type from
     attributes kept per type. Returns whether it was installed (False: a
-    Triton without this layout, or already installed)."""
+    Triton without this layout, or already installed).
+
+    ``tl.tensor.__init__`` for an exact tensor whose type is a scalar or a
+    kept block type sets the same attributes, in the same
+    order, to equal values. A scalar's (a ``tl.dtype`` or ``tl.pointer_type``)
+    are fixed: an empty shape, one element, the type its own scalar type. A
+    kept block type's come from the first tensor built with it: its shape's
+    ``constexpr`` dimensions (in a new ``tl.tuple`` per tensor, as a
+    ``tl.tuple`` can be changed), ``numel`` and ``dtype``. Those ``constexpr``
+    objects are shared: Triton never assigns a constexpr's ``value`` after its
+    constructor. Any other tensor goes to Triton's constructor.
+    """
     members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple", "constexpr")
     if members is None:
         return False
-    import triton.language as tl
+    import triton.language as tl  # lazy: triton loads only when this runs
 
     tensor, block, scalar, pointer, tl_tuple, constexpr = members
     original = tensor.__init__
@@ -234,10 +218,21 @@ def lean_tensors() -> bool:
 def fast_binary_type_checks() -> bool:
     """Answer the operand typing of a binary op directly where it hands back
     its operands unchanged. Returns whether it was installed (False: a Triton
-    without this layout, or already installed)."""
+    without this layout, or already installed).
+
+    ``binary_op_type_checking_impl`` (every ``+``, ``-``, ``*``, ``<``, ...)
+    types its two operands and hands them back cast and broadcast. For two
+    tensors that need neither it hands back the very operands it was given:
+    the same integer type (promotion of a type with itself is that type, and
+    a cast to a tensor's own scalar type is the tensor), or a pointer and an
+    integer of the same shape where the pointer's side allows a pointer (no
+    arithmetic typing with a pointer; no broadcast between equal shapes).
+    Those two cases are answered directly; every other goes to Triton's.
+    """
     members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple")
     if members is None:
         return False
+    # lazy: triton loads only when this runs
     import triton.language as tl
     from triton.language import semantic as semantic_module
     from triton.runtime import interpreter

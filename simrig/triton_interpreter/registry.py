@@ -1,23 +1,10 @@
 """Every patch to Triton's interpreter goes in through here, checked and recorded.
 
-A patch declares its target (a module and the attributes it replaces), a
-probe (a small computation whose answer is plain data: values, dtypes, a tiny
-kernel's bytes) and the Triton versions it is known good on. ``apply``:
-
-    SIMRIG_INTERPRETER_SPEEDUPS=0, not required ─► skipped (Triton's own plumbing)
-    Triton not in its known-good list           ─► skipped, unless SIMRIG_INTERPRETER_PATCHES=force
-    a patch it needs is not installed           ─► skipped
-    a target attribute missing                  ─► failed
-    probe() with Triton's answer as it stands ──┐
-    install(); probe() again ───────────────────┴► equal: installed
-                                                   refused, raised, or differs: failed,
-                                                   every target attribute put back
-
-so a patch is never left half applied, and ``patch_states`` says, per patch,
-what happened and why (``simrig doctor`` and every report's summary show it).
-On a forced unknown Triton, ``install_all`` also runs a start-up check (a real
-kernel, handed in by the caller) before and after, and takes every patch back
-if its bytes differ.
+A patch declares its target, a probe (a small computation whose answer is plain data) and
+the Triton versions it is known good on. ``apply`` installs it only when the probe agrees
+before and after (the decision is drawn in its docstring), so a patch is never left half
+applied, and ``patch_states`` says per patch what happened and why (``simrig doctor`` and
+every report's summary show it). See docs/setup.md, "Triton's interpreter patches".
 """
 
 from __future__ import annotations
@@ -28,6 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from simrig.triton_interpreter.interpreter_types import plain_new
 
 SPEEDUPS_ENV = "SIMRIG_INTERPRETER_SPEEDUPS"  # "0": no speed patch (Triton's own plumbing, to compare)
 PATCHES_ENV = "SIMRIG_INTERPRETER_PATCHES"  # "force": install on a Triton no patch is known good on
@@ -71,7 +60,7 @@ def triton_version() -> str:
     """The installed Triton's version ("" without Triton); tests replace it to
     simulate a Triton the patches do not know."""
     try:
-        import triton
+        import triton  # optional: triton
     except ImportError:
         return ""
     return str(getattr(triton, "__version__", ""))
@@ -134,7 +123,6 @@ def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]], undo: bool 
                 setattr(owner, name, value)
         elif name in vars(owner):
             if name == "__new__":  # a class's __new__ cannot be deleted again once assigned
-                from simrig.triton_interpreter.interpreter_types import plain_new
 
                 setattr(owner, name, plain_new)
             else:
@@ -152,7 +140,27 @@ def _record(patch: Patch, state: str, reason: str = "") -> PatchState:
 def apply(patch: Patch, force: bool | None = None) -> PatchState:
     """Install one patch if it may and its probe agrees; record its state.
     A patch already installed, or failed, in this process keeps its state
-    (a skipped one is looked at again: the environment may have changed)."""
+    (a skipped one is looked at again: the environment may have changed).
+
+    A patch declares its target (a module and the attributes it replaces), a
+    probe (a small computation whose answer is plain data: values, dtypes, a tiny
+    kernel's bytes) and the Triton versions it is known good on. ``apply``:
+
+        SIMRIG_INTERPRETER_SPEEDUPS=0, not required ─► skipped (Triton's own plumbing)
+        Triton not in its known-good list           ─► skipped, unless SIMRIG_INTERPRETER_PATCHES=force
+        a patch it needs is not installed           ─► skipped
+        a target attribute missing                  ─► failed
+        probe() with Triton's answer as it stands ──┐
+        install(); probe() again ───────────────────┴► equal: installed
+                                                       refused, raised, or differs: failed,
+                                                       every target attribute put back
+
+    so a patch is never left half applied, and ``patch_states`` says, per patch,
+    what happened and why (``simrig doctor`` and every report's summary show it).
+    On a forced unknown Triton, ``install_all`` also runs a start-up check (a real
+    kernel, handed in by the caller) before and after, and takes every patch back
+    if its bytes differ.
+    """
     known = _states.get(patch.name)
     if known is not None and known.state in (INSTALLED, FAILED):
         return known

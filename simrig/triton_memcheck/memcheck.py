@@ -1,36 +1,16 @@
 """A memory checker for kernels run in Triton's interpreter (``SIMRIG_MEMCHECK=1``).
 
-On a GPU an out-of-bounds store of an MRV2 kernel corrupts memory silently;
-in the interpreter it writes the CPU heap. With memcheck installed, each
-kernel launch knows the allocations (storage base, bytes) of its tensor
-arguments by parameter name, and every load, store and atomic checks its
-unmasked lanes (address .. address + element size) against them before
-Triton's own access runs, so the heap is never touched. A lane outside every
-allocation raises ``KernelMemoryError`` naming the kernel, the argument (the
-one holding the access's other lanes, else the one whose base is the largest
-below the address, else the nearest above), the element index, the bounds,
-the operation and the kernel's source line.
-
-Pointers a kernel casts from integers (vLLM's block-table pointer tables)
-point at tensors that are no argument: their allocations are resolved from
-the tensors whose ``data_ptr()`` vLLM took outside a launch, held weakly.
-
-Offset arithmetic: Triton's overflow sanitizer (which ops it covers, where a
-kernel opts out) is turned back on, and its check, whose answer is dropped
-without ``options.debug``, is answered with one numpy comparison that raises
-``KernelOverflowError`` (a ``KernelMemoryError``). Other ``device_assert``s
-stay off, as on a GPU without debug.
-
-An exception inside a kernel reaches vLLM as Triton's ``InterpreterError``;
-the launch hands back the checker's own exception instead, so a finding
-carries its type and text. ``install`` / ``uninstall``; ``stats`` counts
-what was checked. A launch with a non-CPU tensor (a host copy, elsewhere) is
-left unchecked and counted.
+On a GPU an out-of-bounds store of an MRV2 kernel corrupts memory silently. With memcheck installed,
+every load, store and atomic of a launch checks its unmasked lanes against the allocations of the
+kernel's tensor arguments (and of tensors whose ``data_ptr()`` vLLM took) before Triton's own access
+runs, and offset arithmetic is checked for overflow: a ``KernelMemoryError`` (or ``KernelOverflowError``)
+names the kernel, argument, element and source line (``install``). See docs/replay.md, 'Memcheck'.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import operator
 import os
 import sys
@@ -128,7 +108,7 @@ def _collect(launch: _Launch, name: str, value: Any, torch: Any) -> bool:
 
 def _where() -> str:
     """The innermost kernel line on the stack (a frame outside Triton and simrig)."""
-    import triton
+    import triton  # lazy: triton loads only when this runs
 
     skip = (os.path.dirname(os.path.abspath(triton.__file__)), _HERE, _INTERPRETER)
     frame = sys._getframe(1)
@@ -225,7 +205,7 @@ def _resolve(launch: _Launch, addr: int) -> None:
 
 def _table_name(launch: _Launch, addr: int) -> str:
     """``*table[i]`` for the argument (a small 64-bit integer tensor) holding ``addr``."""
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     for name, tensor, *_ in launch.args:
         if tensor.dtype in (torch.int64, torch.uint64) and tensor.numel() <= 4096:
@@ -291,15 +271,37 @@ def _set(owner: Any, name: str, value: Any) -> None:
 
 
 def install() -> bool:
-    """Check every load, store and atomic of every interpreted kernel launch, and
-    its narrow integer arithmetic for overflow. Returns whether it was installed
-    (False: already installed, or a Triton without this interpreter layout)."""
+    """Check every load, store and atomic of every interpreted kernel launch, and its narrow integer
+    arithmetic for overflow. Returns whether it was installed (False: already installed, or a Triton
+    without this interpreter layout).
+
+    On a GPU an out-of-bounds store of an MRV2 kernel corrupts memory silently; in the interpreter
+    it writes the CPU heap. With memcheck installed, each kernel launch knows the allocations
+    (storage base, bytes) of its tensor arguments by parameter name, and every load, store and
+    atomic checks its unmasked lanes (address .. address + element size) against them before
+    Triton's own access runs, so the heap is never touched. A lane outside every allocation raises
+    ``KernelMemoryError`` naming the kernel, the argument (the one holding the access's other lanes,
+    else the one whose base is the largest below the address, else the nearest above), the element
+    index, the bounds, the operation and the kernel's source line.
+
+    Pointers a kernel casts from integers (vLLM's block-table pointer tables) point at tensors that
+    are no argument: their allocations are resolved from the tensors whose ``data_ptr()`` vLLM took
+    outside a launch, held weakly.
+
+    Offset arithmetic: Triton's overflow sanitizer (which ops it covers, where a kernel opts out) is
+    turned back on, and its check, whose answer is dropped without ``options.debug``, is answered
+    with one numpy comparison that raises ``KernelOverflowError`` (a ``KernelMemoryError``). Other
+    ``device_assert``s stay off, as on a GPU without debug.
+
+    An exception inside a kernel reaches vLLM as Triton's ``InterpreterError``; the launch hands
+    back the checker's own exception instead, so a finding carries its type and text. ``install`` /
+    ``uninstall``; ``stats`` counts what was checked. A launch with a non-CPU tensor (a host copy,
+    elsewhere) is left unchecked and counted.
+    """
     if _saved:
         return False
     try:
-        import dataclasses
-
-        import torch
+        import torch  # optional: torch, triton
         from triton.runtime import interpreter
     except ImportError:
         return False

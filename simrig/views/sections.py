@@ -25,6 +25,8 @@ from typing import Any
 
 import pandas as pd
 
+from simrig.views.changes import change_lines, previous_label
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_URL_ENV = "SIMRIG_DOCS_URL"  # a built docs site (URL or folder) to link explanations into
 MESSAGE_CHARS = 240  # one line of what went wrong, under a new class
@@ -124,8 +126,6 @@ def new_classes_section(classes: pd.DataFrame, occurrences_html: Any) -> str:
 
 def changes_section(changes: dict[str, Any] | None) -> str:
     """What changed since the previous run of the suite, in a few lines."""
-    from simrig.views.changes import change_lines, previous_label
-
     if not changes:
         return ""
     label = previous_label(changes)

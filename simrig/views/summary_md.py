@@ -13,6 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from simrig.views.changes import change_lines, previous_label
+
 MAX_NEW = 20  # new classes listed (the report has them all)
 MESSAGE_CHARS = 200
 
@@ -21,8 +23,6 @@ def summary_markdown(command: str, verdict: str, headline: str, summary: dict[st
                      classes: pd.DataFrame | None, report: str) -> str:
     """The Markdown summary of one run: ``verdict`` is the banner's text, ``headline``
     the facts line, ``summary`` the report's summary.json (its ``since_previous``)."""
-    from simrig.views.changes import change_lines, previous_label
-
     lines = [f"### simrig {command}: {_flat(verdict)}"]
     if headline:
         lines.append(_flat(headline))

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 from matplotlib.figure import Figure
 
 VERDICT_COLOURS = {"new": "#c0392b", "known": "#999999", "expected": "#2e8b57"}
@@ -116,8 +117,6 @@ def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: 
 
 
 def _date_axis(ax: Any) -> None:
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
-
     locator = AutoDateLocator(minticks=3, maxticks=8)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))

@@ -1,53 +1,17 @@
 """Differences between vLLM releases at the entry points simrig drives: the one place.
 
-Every MRV2 release from 0.30.0 on is driven through the same Step stream. What
-differs between releases is read off the installed code (parameters and
-dataclass fields), never off the version string, so a source checkout of a
-newer vLLM is handled by what it offers:
-
-    difference (module.attribute)                   0.30 0.31 0.32 0.33   simrig does
-    ──────────────────────────────────────────────  ──── ──── ──── ────   ──────────────────────────
-    GPUModelRunner.prepare_inputs(num_active_loras)   -    +    +    +    nothing: execute_model calls it
-    PCPManager.partition_batch(input, batch_desc)     -    +    +    +    ranks past 0: as the release's
-                                                                           prepare_inputs does (0.30: the
-                                                                           module's maybe_partition_pcp_batch)
-    PCPManager(shard_decode_requests)                 -    -    +    +    capability: without it the
-                                                                           partition stage of a sharding
-                                                                           trace is *unavailable*
-    PCPManager.prepare_inputs_for_capture_or_         -    -    -    +    capture dummies under PCP are
-      profile                                                              staged where present, else
-                                                                           compared as make_dummy built them
-    BlockTables(sliding_window_reach)                 -    -    -    +    passed for sliding-window groups where
-                                                                           present; the blocks oracle expects the
-                                                                           entries below the window null on every
-                                                                           release (0.30-0.32 keep them: a known
-                                                                           finding, the bug 0.33 fixed)
-    SchedulerOutput.num_common_prefix_blocks        req  req  opt  opt    filled with [] when required
-    streaming input: v1.request.StreamingUpdate,      +    +    +    +    nothing: a streaming update is a
-      GPUModelRunner.add_requests removes a live                           NewRequestData with the live id
-      id first ("Streaming input update")                                  (Step NewRequest.streaming); the
-                                                                           valid contract holds it on every
-                                                                           release where present (doctor
-                                                                           prints it; where absent a live id
-                                                                           sent as new is only a duplicate)
-    LoRA dispatch: lora_utils (LoraState,             +    +    +    +    nothing: the same in every release
-      get_lora_capture_cases), LoRAConfig.                                  (0.30.0 execute_model counts and
-      specialize_active_lora, CompilationConfig.                            dispatches adapters as 0.33.0 does;
-      cudagraph_specialize_lora, descriptor's                               only prepare_inputs lacks the count)
-      num_active_loras
-    any other required parameter or field simrig does not pass           -> VllmApiError (one line)
-
-A capability the installed release lacks is an ``Unavailable`` (stage,
-capability, reason): doctor lists it, a replay reports it per trace and runs
-every other stage. Call-shape differences never reach the runner: each release's own
-``execute_model`` calls its own functions with its own arguments; the harness
-only partitions the ranks past 0 the way that release does
-(``partition_for_rank``).
+Every MRV2 release from 0.30.0 on is driven through the same Step stream. What differs is
+read off the installed code (parameters and dataclass fields), never off the version string
+(``detect_shape``; its docstring tables every difference and what simrig does about it).
+A capability a release lacks is an ``Unavailable``; each release's own ``execute_model``
+calls its own functions, and the harness only partitions the ranks past 0 the way that
+release does (``partition_for_rank``). See docs/releases.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -207,7 +171,52 @@ REQUEST_STATE_ARGS = {"max_num_reqs", "max_model_len", "max_num_batched_tokens",
 def detect_shape(version: str, *, runner_cls: Any, pcp_cls: Any, request_state_cls: Any,
                  scheduler_output_cls: Any, new_request_cls: Any, cached_request_cls: Any,
                  block_tables_cls: Any = None) -> ApiShape:
-    """Read the installed release's call shapes; VllmApiError on a shape simrig does not know."""
+    """Read the installed release's call shapes; VllmApiError on a shape simrig does not know.
+
+    Every MRV2 release from 0.30.0 on is driven through the same Step stream. What
+    differs between releases is read off the installed code (parameters and
+    dataclass fields), never off the version string, so a source checkout of a
+    newer vLLM is handled by what it offers:
+
+        difference (module.attribute)                   0.30 0.31 0.32 0.33   simrig does
+        ──────────────────────────────────────────────  ──── ──── ──── ────   ──────────────────────────
+        GPUModelRunner.prepare_inputs(num_active_loras)   -    +    +    +    nothing: execute_model calls it
+        PCPManager.partition_batch(input, batch_desc)     -    +    +    +    ranks past 0: as the release's
+                                                                               prepare_inputs does (0.30: the
+                                                                               module's maybe_partition_pcp_batch)
+        PCPManager(shard_decode_requests)                 -    -    +    +    capability: without it the
+                                                                               partition stage of a sharding
+                                                                               trace is *unavailable*
+        PCPManager.prepare_inputs_for_capture_or_         -    -    -    +    capture dummies under PCP are
+          profile                                                              staged where present, else
+                                                                               compared as make_dummy built them
+        BlockTables(sliding_window_reach)                 -    -    -    +    passed for sliding-window groups where
+                                                                               present; the blocks oracle expects the
+                                                                               entries below the window null on every
+                                                                               release (0.30-0.32 keep them: a known
+                                                                               finding, the bug 0.33 fixed)
+        SchedulerOutput.num_common_prefix_blocks        req  req  opt  opt    filled with [] when required
+        streaming input: v1.request.StreamingUpdate,      +    +    +    +    nothing: a streaming update is a
+          GPUModelRunner.add_requests removes a live                           NewRequestData with the live id
+          id first ("Streaming input update")                                  (Step NewRequest.streaming); the
+                                                                               valid contract holds it on every
+                                                                               release where present (doctor
+                                                                               prints it; where absent a live id
+                                                                               sent as new is only a duplicate)
+        LoRA dispatch: lora_utils (LoraState,             +    +    +    +    nothing: the same in every release
+          get_lora_capture_cases), LoRAConfig.                                  (0.30.0 execute_model counts and
+          specialize_active_lora, CompilationConfig.                            dispatches adapters as 0.33.0 does;
+          cudagraph_specialize_lora, descriptor's                               only prepare_inputs lacks the count)
+          num_active_loras
+        any other required parameter or field simrig does not pass           -> VllmApiError (one line)
+
+    A capability the installed release lacks is an ``Unavailable`` (stage,
+    capability, reason): doctor lists it, a replay reports it per trace and runs
+    every other stage. Call-shape differences never reach the runner: each release's own
+    ``execute_model`` calls its own functions with its own arguments; the harness
+    only partitions the ranks past 0 the way that release does
+    (``partition_for_rank``).
+    """
     prepare = _params(runner_cls.prepare_inputs)
     loras = "num_active_loras" in prepare
     check_call(MODEL_RUNNER, "GPUModelRunner.prepare_inputs", runner_cls.prepare_inputs,
@@ -248,8 +257,6 @@ def streaming_input(runner_cls: Any) -> bool:
     """Whether the installed release has streaming input: the scheduler's
     ``StreamingUpdate`` and an ``add_requests`` that removes a live request before
     re-adding it (its source calls ``_remove_request``), read off the code."""
-    import importlib
-
     try:
         has_update = hasattr(importlib.import_module("vllm.v1.request"), "StreamingUpdate")
         source = inspect.getsource(runner_cls.add_requests)
@@ -292,7 +299,6 @@ def partition_for_rank(shape: ApiShape, manager: Any, input_batch: Any, batch_de
     derives the padded sizes from the descriptor)."""
     if shape.partition_takes_batch_desc:
         return manager.partition_batch(input_batch, batch_desc)
-    import importlib
 
     return importlib.import_module(PCP_MANAGER).maybe_partition_pcp_batch(
         manager, input_batch, batch_desc)

@@ -18,6 +18,8 @@ from typing import Any
 
 from simrig.step import CUDAGRAPH_MODES, RunnerConfig
 from simrig.vllm_parts import lora
+from simrig.vllm_parts.vllm_config import vllm_config_for
+from simrig.vllm_runtime import platform
 
 MODES = CUDAGRAPH_MODES
 
@@ -48,10 +50,9 @@ def dispatcher_for(config: RunnerConfig) -> Any:
     """vLLM's manager for a runner config, built by its own ``__init__`` from
     the config's VllmConfig (eager configs get one too: it dispatches every
     batch to a NONE descriptor, as vLLM does)."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.worker.gpu.cudagraph_utils import ModelCudaGraphManager
 
-    from simrig.vllm_parts.vllm_config import vllm_config_for
-    from simrig.vllm_runtime import platform
 
     vllm_config = vllm_config_for(config)
     with platform.graph_manager_without_process_groups():
@@ -82,6 +83,7 @@ def dispatch(manager: Any, *, num_reqs: int, num_tokens: int, uniform_token_coun
     """The descriptor ``execute_model`` would run this batch with, through
     vLLM's ``dispatch_cg_and_sync_dp`` (one DP rank, no LoRA, no ubatching;
     its parameters are checked with the other entry points)."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
 
     desc, _ = dispatch_cg_and_sync_dp(

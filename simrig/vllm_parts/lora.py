@@ -19,13 +19,14 @@ def lora_config(config: RunnerConfig) -> Any:
     """vLLM's LoRAConfig for the trace config, or None when LoRA is off."""
     if config.max_loras <= 0:
         return None
-    from vllm.config.lora import LoRAConfig
+    from vllm.config.lora import LoRAConfig  # lazy: vllm loads after platform.configure() sets its env
 
     return LoRAConfig(max_loras=config.max_loras, specialize_active_lora=config.specialize_active_lora)
 
 
 def lora_state(config: RunnerConfig) -> Any:
     """vLLM's per-request adapter bookkeeping (GPUModelRunner.__init__ builds the same)."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.worker.gpu.lora_utils import LoraState
 
     return LoraState(max_num_reqs=config.max_num_reqs)
@@ -34,6 +35,7 @@ def lora_state(config: RunnerConfig) -> Any:
 def capture_cases(config: RunnerConfig) -> list[int]:
     """The active-adapter counts vLLM captures graphs for: its own
     ``get_lora_capture_cases``, as GPUModelRunner.__init__ calls it."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.config import CompilationConfig
     from vllm.v1.worker.gpu.lora_utils import get_lora_capture_cases
 
@@ -46,7 +48,7 @@ def lora_request(lora_id: int | None) -> Any:
     LoRARequest compares by name, so the name is a function of the id."""
     if lora_id is None:
         return None
-    from vllm.lora.request import LoRARequest
+    from vllm.lora.request import LoRARequest  # lazy: vllm loads after platform.configure() sets its env
 
     return LoRARequest(lora_name=f"adapter-{lora_id}", lora_int_id=lora_id,
                        lora_path=f"/simrig/adapters/{lora_id}")

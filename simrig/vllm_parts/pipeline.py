@@ -113,7 +113,7 @@ def collectives(mailbox: BroadcastMailbox | None) -> Iterator[None]:
     if mailbox is None:
         yield
         return
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     patches: list[tuple[Any, str, Any]] = [(torch.distributed, "broadcast", mailbox.broadcast)]
     if platform.current() is not None and platform.current().is_cpu:
@@ -126,7 +126,7 @@ def pp_handler(rank: int, world_size: int, mailbox: BroadcastMailbox, *, max_num
                num_speculative_steps: int, device: Any) -> Any:
     """vLLM's own ``PPHandler`` for ``rank``, built by its ``__init__`` with the
     group stand-in in place of ``get_pp_group()``."""
-    from vllm.v1.worker.gpu import pp_utils
+    from vllm.v1.worker.gpu import pp_utils  # lazy: vllm loads after platform.configure() sets its env
 
     group = PipelineGroupStandIn(rank, world_size, mailbox)
     with platform.streams_without_cuda(), _patched([(pp_utils, "get_pp_group", lambda: group)]):

@@ -1,32 +1,25 @@
 """vLLM adapter for the scheduler side: the real v1 ``Scheduler``, offline.
 
-Together with ``simrig.adapters.runner`` this is the adapter layer, one of the
-rooms that touch vllm (see ``simrig.vllm_parts``). Everything around it (workloads, the synthetic
-sampler, the record loop, the live recorder) speaks simrig's own types.
-
-    SchedulerSetup ──► engine config (tiny llama config.json, dummy weights,
-                       no tokenizer) + hand-made KVCacheConfig (num_kv_blocks)
-                   ──► vllm.v1.core.sched.scheduler.Scheduler (real)
-
-    RealScheduler.add(WorkloadRequest)       Scheduler.add_request(Request)
-    RealScheduler.schedule() -> (Step, so)   Scheduler.schedule()
-    RealScheduler.complete(so, sampled)      Scheduler.update_from_output(ModelRunnerOutput)
-    RealScheduler.propose_drafts(drafts)     Scheduler.update_draft_token_ids(DraftTokenIds)
-
-``step_from_output`` converts a SchedulerOutput into a Step right after
-``schedule()``: NewRequestData.prefill_token_ids is the request's live token
-list, which grows once outputs are appended.
+One of the rooms that may import vllm (see ``simrig.vllm_parts``); everything around it
+(workloads, the synthetic sampler, the record loop, the live recorder) speaks simrig's own
+types. ``RealScheduler`` drives the real Scheduler step by step (its docstring maps each of
+its methods to vLLM's); ``step_from_output`` converts a SchedulerOutput into a Step right
+after ``schedule()``. See docs/recording.md.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from simrig.step import SYNTH_VOCAB_SIZE, CachedUpdate, NewRequest, RunnerConfig, Step, synth_token
+from simrig.vllm_parts.lora import lora_request
+from simrig.vllm_runtime import platform
 
 # A token id synth_token never produces: the synthetic sampler emits it to stop
 # a request early (vLLM's stop_token_ids path, the same check EOS takes).
@@ -67,12 +60,11 @@ class SchedulerSetup:
 
 def _vllm() -> Any:
     """Import the scheduler-side vLLM names (platform first, as everywhere)."""
-    from simrig.vllm_runtime import platform
-
     platform.configure()
     import vllm  # noqa: F401
 
     platform.apply_after_import()
+    # lazy: vllm and torch load after platform.configure() sets the env
     import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.sampling_params import SamplingParams
@@ -92,8 +84,6 @@ def _vllm() -> Any:
 
 
 def vllm_version() -> str:
-    from importlib.metadata import version
-
     return version("vllm")
 
 
@@ -135,11 +125,27 @@ def engine_config(setup: SchedulerSetup) -> Any:
 
 
 class RealScheduler:
-    """One real vLLM Scheduler, driven step by step."""
+    """One real vLLM Scheduler, driven step by step.
+
+    Together with ``simrig.adapters.runner`` this is the adapter layer, one of the
+    rooms that touch vllm (see ``simrig.vllm_parts``). Everything around it (workloads, the synthetic
+    sampler, the record loop, the live recorder) speaks simrig's own types.
+
+        SchedulerSetup ──► engine config (tiny llama config.json, dummy weights,
+                           no tokenizer) + hand-made KVCacheConfig (num_kv_blocks)
+                       ──► vllm.v1.core.sched.scheduler.Scheduler (real)
+
+        RealScheduler.add(WorkloadRequest)       Scheduler.add_request(Request)
+        RealScheduler.schedule() -> (Step, so)   Scheduler.schedule()
+        RealScheduler.complete(so, sampled)      Scheduler.update_from_output(ModelRunnerOutput)
+        RealScheduler.propose_drafts(drafts)     Scheduler.update_draft_token_ids(DraftTokenIds)
+
+    ``step_from_output`` converts a SchedulerOutput into a Step right after
+    ``schedule()``: NewRequestData.prefill_token_ids is the request's live token
+    list, which grows once outputs are appended.
+    """
 
     def __init__(self, setup: SchedulerSetup):
-        import copy
-
         v = self._v = _vllm()
         self.setup = setup
         self._live: set[str] = set()  # ids the runner holds (streaming updates re-send one)
@@ -157,6 +163,8 @@ class RealScheduler:
             # The engine core hands every request this hasher; without it the
             # prefix cache never hits.
             from vllm.utils.hashing import get_hash_fn_by_name
+
+            # lazy: vllm loads after platform.configure() sets its env
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
             hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
@@ -176,8 +184,6 @@ class RealScheduler:
             arrival_s: float = 0.0, lora_id: int | None = None, resumable: bool = False) -> None:
         """A request; ``resumable``: a streaming-input session (adding the same id again
         sends its next input, vLLM's ``Scheduler.add_request`` with a live id)."""
-        from simrig.vllm_parts.lora import lora_request
-
         params = self._v["SamplingParams"](max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN_ID],
                                            ignore_eos=True)
         extra = {"resumable": True} if resumable else {}
@@ -299,6 +305,7 @@ def runner_config_of(scheduler: Any) -> RunnerConfig:
 def scheduler_class() -> Any:
     """The installed Scheduler class, imported as-is (the live hook runs
     inside a user's vLLM process: no platform changes there)."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.core.sched.scheduler import Scheduler
 
     return Scheduler

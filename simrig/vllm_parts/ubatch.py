@@ -1,23 +1,11 @@
 """Micro-batching (DBO): vLLM's own split decision and slicing, on the batch a step ran.
 
-vLLM's ``UBatchRunner`` cannot be built in this process: ``maybe_build_ubatch_runner``
-returns None unless ``data_parallel_size > 1``, and its constructor takes CUDA streams
-(``torch.cuda.Stream``) that a CPU build of torch does not have; its threads hand off on
-CUDA events (``vllm.v1.worker.ubatching``). Those are the collectives and streams; the
-part that touches the scheduler/runner boundary does not need them:
-
-    execute_model --dispatch_cg_and_sync_dp(..., uniform_decode=...)--> the split decision
-    UBatchRunner.prepare --create_ubatch_slices--> the slices
-                         --_slice_input_batch---> each micro-batch's InputBatch
-
-So the tap records the arguments ``execute_model`` hands to ``dispatch_cg_and_sync_dp``
-(the ``uniform_decode`` flag among them), and after the step the same call is made again
-as a DBO rank would make it: ``allow_ubatching=True``, a second DP rank running the same
-batch (vLLM's own ``skip_dp_coordination`` stands in for the all-reduce: every rank's row
-is this rank's), and a ``ParallelConfig`` with the trace's micro-batch settings. Where
-vLLM's decision splits, vLLM's ``create_ubatch_slices`` and ``_slice_input_batch`` split the
-batch the forward ran, as ``UBatchRunner.prepare`` would. Every function is looked up at
-call time, so a mutated vLLM is what runs.
+vLLM's ``UBatchRunner`` cannot be built in this process (it needs DP > 1 and CUDA streams),
+but the part at the scheduler/runner boundary needs neither: ``DispatchTap`` records what
+``execute_model`` hands to ``dispatch_cg_and_sync_dp``, and after the step ``decide`` and
+``split`` make the same calls a DBO rank would make, with vLLM's own functions looked up at
+call time (``install_dispatch_tap``'s docstring has the flow). See docs/oracle.md,
+'Micro-batches'.
 """
 
 from __future__ import annotations
@@ -49,7 +37,27 @@ _TAP = DispatchTap()
 def install_dispatch_tap(runner: Any) -> DispatchTap:
     """Shadow the model runner module's ``dispatch_cg_and_sync_dp`` (execute_model reads
     it from its module's globals) with a wrapper that records the bound arguments while
-    the tap is armed, and calls dp_utils' current function (a mutant's, if one is applied)."""
+    the tap is armed, and calls dp_utils' current function (a mutant's, if one is applied).
+
+    vLLM's ``UBatchRunner`` cannot be built in this process: ``maybe_build_ubatch_runner``
+    returns None unless ``data_parallel_size > 1``, and its constructor takes CUDA streams
+    (``torch.cuda.Stream``) that a CPU build of torch does not have; its threads hand off on
+    CUDA events (``vllm.v1.worker.ubatching``). Those are the collectives and streams; the
+    part that touches the scheduler/runner boundary does not need them:
+
+        execute_model --dispatch_cg_and_sync_dp(..., uniform_decode=...)--> the split decision
+        UBatchRunner.prepare --create_ubatch_slices--> the slices
+                             --_slice_input_batch---> each micro-batch's InputBatch
+
+    So the tap records the arguments ``execute_model`` hands to ``dispatch_cg_and_sync_dp``
+    (the ``uniform_decode`` flag among them), and after the step the same call is made again
+    as a DBO rank would make it: ``allow_ubatching=True``, a second DP rank running the same
+    batch (vLLM's own ``skip_dp_coordination`` stands in for the all-reduce: every rank's row
+    is this rank's), and a ``ParallelConfig`` with the trace's micro-batch settings. Where
+    vLLM's decision splits, vLLM's ``create_ubatch_slices`` and ``_slice_input_batch`` split the
+    batch the forward ran, as ``UBatchRunner.prepare`` would. Every function is looked up at
+    call time, so a mutated vLLM is what runs.
+    """
     module = sys.modules[type(runner).__module__]
     current = getattr(module, _DISPATCH, None)
     if current is None or getattr(current, _TAPPED, False):
@@ -78,7 +86,7 @@ def _parallel_config(runner: Any, num_ubatches: int, decode_threshold: int,
                      prefill_threshold: int) -> Any:
     """vLLM's ParallelConfig with the trace's micro-batch settings (its own validator
     holds the thresholds to at least the number of micro-batches)."""
-    from vllm.config import ParallelConfig
+    from vllm.config import ParallelConfig  # lazy: vllm loads after platform.configure() sets its env
 
     dbo = dict(enable_dbo=True) if num_ubatches == 2 else dict(ubatch_size=num_ubatches)
     return ParallelConfig(prefill_context_parallel_size=runner.parallel_config.prefill_context_parallel_size,
@@ -90,6 +98,7 @@ def decide(runner: Any, call: inspect.BoundArguments, num_ubatches: int, decode_
            prefill_threshold: int) -> Any:
     """vLLM's own dispatch with DP agreement, as a DBO rank runs it: the descriptor
     (``num_ubatches`` > 1: the step is split)."""
+    # lazy: vllm loads after platform.configure() sets its env
     import vllm.v1.worker.dp_utils as worker_dp_utils
 
     dp_utils = sys.modules[_DP_UTILS]
@@ -110,7 +119,7 @@ def split(runner: Any, input_batch: Any, num_ubatches: int) -> dict[str, obs.Fie
     """``create_ubatch_slices`` and ``_slice_input_batch`` on ``input_batch`` (the batch
     the forward ran), each micro-batch with its own buffers as ``UBatchRunner`` keeps
     them; the observed fields, one list entry per micro-batch."""
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     ubatch_utils = sys.modules.get(_UBATCH) or __import__(_UBATCH, fromlist=["_"])
     slices = ubatch_utils.create_ubatch_slices(input_batch, num_ubatches)

@@ -1,26 +1,9 @@
 """vLLM's own ``VllmConfig`` for a trace config: where capture sizes and PCP options come from.
 
-A worker builds its runner from a ``VllmConfig``; simrig builds the same kind
-of object from the trace's ``RunnerConfig`` and lets vLLM's own config code
-decide what the runner would run with:
-
-    trace config (RunnerConfig)          VllmConfig part          decided by vLLM
-    ───────────────────────────          ───────────────          ───────────────
-    max_num_reqs, max_num_batched_       SchedulerConfig          max_num_seqs, token budget
-      tokens, max_model_len
-    cudagraph_mode, capture_sizes        CompilationConfig        cudagraph_capture_sizes (the
-      (() = not named)                                            trace's, else the default
-                                                                  list), max_cudagraph_capture_size
-    num_speculative_tokens > 0           SpeculativeConfig        uniform_decode_query_len, the
-                                                                  decode sizes added to the list
-    pcp_size (not dcp_size: see          ParallelConfig           PCP manager options (expert
-      _parallel_config), pp_size                                  parallelism, KV interleave),
-                                                                  pipeline_parallel_size
-
-The model is the tiny llama config the recorder uses (no weights are read).
-The first ``VllmConfig`` of a process costs about half a second, later ones a
-few milliseconds; campaigns build many harnesses, so each is cached per
-config key and must be treated as read-only.
+``vllm_config_for`` builds the object a worker builds its runner from, out of the trace's
+``RunnerConfig``, and lets vLLM's own config code decide what the runner would run with (its
+docstring tables which config part decides what). Each is cached per ``config_key`` and
+must be treated as read-only. See docs/cudagraph.md.
 """
 
 from __future__ import annotations
@@ -28,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from simrig.step import RunnerConfig
+from simrig.vllm_parts.scheduler import _model_dir
 
 _CONFIGS: dict[tuple, Any] = {}
 # A campaign draws many configs; the oldest are dropped past this many.
@@ -44,7 +28,30 @@ def config_key(config: RunnerConfig) -> tuple:
 def vllm_config_for(config: RunnerConfig) -> Any:
     """vLLM's VllmConfig for ``config`` (cached; read-only), its capture sizes
     decided by vLLM's ``VllmConfig._set_cudagraph_sizes`` and the runner's
-    ``resolve_cudagraph_mode_and_sizes``."""
+    ``resolve_cudagraph_mode_and_sizes``.
+
+    A worker builds its runner from a ``VllmConfig``; simrig builds the same kind
+    of object from the trace's ``RunnerConfig`` and lets vLLM's own config code
+    decide what the runner would run with:
+
+        trace config (RunnerConfig)          VllmConfig part          decided by vLLM
+        ───────────────────────────          ───────────────          ───────────────
+        max_num_reqs, max_num_batched_       SchedulerConfig          max_num_seqs, token budget
+          tokens, max_model_len
+        cudagraph_mode, capture_sizes        CompilationConfig        cudagraph_capture_sizes (the
+          (() = not named)                                            trace's, else the default
+                                                                      list), max_cudagraph_capture_size
+        num_speculative_tokens > 0           SpeculativeConfig        uniform_decode_query_len, the
+                                                                      decode sizes added to the list
+        pcp_size (not dcp_size: see          ParallelConfig           PCP manager options (expert
+          _parallel_config), pp_size                                  parallelism, KV interleave),
+                                                                      pipeline_parallel_size
+
+    The model is the tiny llama config the recorder uses (no weights are read).
+    The first ``VllmConfig`` of a process costs about half a second, later ones a
+    few milliseconds; campaigns build many harnesses, so each is cached per
+    config key and must be treated as read-only.
+    """
     key = config_key(config)
     if key not in _CONFIGS:
         try:
@@ -73,6 +80,7 @@ def capture_sizes_for(config: RunnerConfig) -> tuple[int, ...]:
 
 
 def _build(config: RunnerConfig) -> Any:
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.config import (
         CompilationConfig,
         CUDAGraphMode,
@@ -83,7 +91,6 @@ def _build(config: RunnerConfig) -> Any:
         VllmConfig,
     )
 
-    from simrig.vllm_parts.scheduler import _model_dir
 
     model_dir = str(_model_dir())
     model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32",
@@ -122,6 +129,7 @@ def _resolve_as_the_runner_does(compilation: Any, config: RunnerConfig) -> None:
     """GPUModelRunner.initialize_kv_cache's ``resolve_cudagraph_mode_and_sizes``
     (same keywords on 0.30-0.33), with attention that supports every graph: the
     attention builders are stand-ins, the trace's mode is the one to run."""
+    # lazy: vllm loads after platform.configure() sets its env
     from vllm.v1.attention.backend import AttentionCGSupport
 
     compilation.resolve_cudagraph_mode_and_sizes(

@@ -23,7 +23,7 @@ CHECK_KERNEL = "_compute_slot_mappings_kernel"
 
 def memcheck_patch() -> registry.Patch:
     """``--memcheck`` as a registry entry: a checker asked for, not a speed-up."""
-    from simrig.triton_memcheck import memcheck
+    from simrig.triton_memcheck import memcheck  # lazy: triton_memcheck brings numpy, needed only here
 
     builder = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas",
                "create_int_to_ptr", "options")
@@ -47,6 +47,7 @@ def patches() -> list[registry.Patch]:
 def slot_mapping_bytes() -> list:
     """vLLM's ``BlockTables.compute_slot_mappings`` (its Triton kernel) on a
     small batch of two KV-cache groups: the slot mappings it writes, as plain data."""
+    # lazy: vllm and torch load after platform.configure() sets the env
     import torch
     from vllm.v1.worker.gpu.block_table import BlockTables
 

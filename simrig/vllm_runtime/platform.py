@@ -15,12 +15,16 @@ explicit-copy buffer class instead of the pinned-memory one.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+from simrig.vllm_runtime import interpreter_patches
 
 CPU_MODE = "cpu-interpreter"
 CUDA_MODE = "cuda"
@@ -63,7 +67,7 @@ def configure(force_cpu: bool | None = None) -> PlatformChoice:
             raise RuntimeError("simrig: platform already configured for CUDA")
         return _choice
 
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     use_cuda = torch.cuda.is_available() and not force_cpu
     os.environ.setdefault("VLLM_CACHE_ROOT", _default_cache_root())
@@ -91,10 +95,9 @@ def apply_after_import() -> None:
     the interpreter patches (``interpreter_patches``)."""
     if _choice is None or not _choice.is_cpu:
         return
-    from vllm.v1.worker.gpu import buffer_utils
+    from vllm.v1.worker.gpu import buffer_utils  # lazy: vllm loads after platform.configure() sets its env
 
     buffer_utils.is_uva_available = lambda: False
-    from simrig.vllm_runtime import interpreter_patches
 
     # every patch through the registry: probed against Triton's own answer,
     # skipped on a Triton it is not known good on, its state recorded
@@ -129,6 +132,7 @@ def graph_capture_without_cuda() -> Iterator[None]:
     vLLM's own code and runs unchanged; a "captured" graph replays nothing, so
     a FULL replay returns the hidden states stored at capture, as on a GPU.
     """
+    # lazy: vllm and torch load after platform.configure() sets the env
     import torch
     from vllm.v1.worker.gpu import cudagraph_utils
 
@@ -137,11 +141,11 @@ def graph_capture_without_cuda() -> Iterator[None]:
             pass
 
     nothing = contextlib.nullcontext
-    from vllm.v1.worker import workspace
+    from vllm.v1.worker import workspace  # lazy: vllm loads after platform.configure() sets its env
 
     if not workspace.is_workspace_manager_initialized():  # the worker makes it at startup
         workspace.init_workspace_manager(torch.device(_choice.device if _choice else "cpu"))
-    from vllm.v1.worker.gpu import model_runner
+    from vllm.v1.worker.gpu import model_runner  # lazy: vllm loads after platform.configure() sets its env
 
     patches = [
         # a full gc.collect() twice per capture: it keeps graph memory from being
@@ -171,9 +175,7 @@ def graph_manager_without_process_groups() -> Iterator[None]:
     stage, first and last; no process group exists) and the platform's graph
     pool (no graph is ever captured into it: see graph_capture_without_cuda).
     Everything the manager decides from its VllmConfig runs unchanged."""
-    from types import SimpleNamespace
-
-    from vllm.v1.worker.gpu import cudagraph_utils
+    from vllm.v1.worker.gpu import cudagraph_utils  # lazy: vllm loads after platform.configure() sets its env
 
     one_stage = SimpleNamespace(is_first_rank=True, is_last_rank=True)
     with _patched([(cudagraph_utils, "get_pp_group", lambda: one_stage),
@@ -185,7 +187,7 @@ def unlock_workspace() -> None:
     """After a capture: vLLM locks its workspace once the worker's graphs are
     captured; each simrig runner in this process captures its own, so the next
     one must be able to size it again."""
-    from vllm.v1.worker import workspace
+    from vllm.v1.worker import workspace  # lazy: vllm loads after platform.configure() sets its env
 
     if workspace.is_workspace_manager_initialized():
         workspace.unlock_workspace()
@@ -235,7 +237,7 @@ def streams_without_cuda() -> Iterator[None]:
     if _choice is None or not _choice.is_cpu:
         yield
         return
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     with _patched([(torch.cuda, "Event", EventStandIn),
                    (torch.cuda, "Stream", lambda *args, **kwargs: StreamStandIn()),
@@ -255,7 +257,7 @@ class OneProcessGroup:
         self.world_size = world_size
 
     def all_gather(self, tensor: Any, dim: int = 0) -> Any:
-        import torch
+        import torch  # lazy: torch loads only when this runs
 
         return torch.cat([tensor] * self.world_size, dim=dim)
 
@@ -264,7 +266,7 @@ class OneProcessGroup:
 def pcp_group(world_size: int) -> Iterator[None]:
     """vLLM's PCP process group as a ``OneProcessGroup`` for one call
     (sampling restores the PCP-sharded hidden states with an all-gather)."""
-    from vllm.distributed import parallel_state
+    from vllm.distributed import parallel_state  # lazy: vllm loads after platform.configure() sets its env
 
     with _patched([(parallel_state, "_PCP", OneProcessGroup(world_size))]):
         yield
@@ -276,7 +278,7 @@ def dp_group(world_size: int) -> Iterator[None]:
     ``sync_cudagraph_and_dp_padding`` looks the group's ``cpu_group`` up before it
     asks ``should_skip_dp_coordination()``; under vLLM's skip every rank's row is this
     rank's and the handle is never used."""
-    from vllm.distributed import parallel_state
+    from vllm.distributed import parallel_state  # lazy: vllm loads after platform.configure() sets its env
 
     group = OneProcessGroup(world_size)
     group.cpu_group = None  # type: ignore[attr-defined]
@@ -289,9 +291,7 @@ def profile_without_cuda() -> Iterator[None]:
     """For the length of ``profile_run``: the accelerator sync as a no-op on
     CPU (nothing is queued), and no full ``gc.collect()`` (it frees the
     profile's memory on a GPU and costs a tenth of a second per runner here)."""
-    import gc
-
-    import torch
+    import torch  # lazy: torch loads only when this runs
 
     patches: list[tuple[Any, str, Any]] = [(gc, "collect", lambda *args: 0)]
     if _choice is not None and _choice.is_cpu and hasattr(torch, "accelerator"):
