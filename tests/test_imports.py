@@ -28,7 +28,6 @@ PENDING = (
     "simrig/commands/replay.py",
     "simrig/commands/repro.py",
     "simrig/commands/selftest.py",
-    "simrig/harness.py",
     "simrig/tools/bench.py",
     "simrig/tools/common.py",
     "simrig/tools/contract.py",
