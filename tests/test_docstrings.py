@@ -35,7 +35,7 @@ MODULES_DONE = (
     "simrig/campaign/pytest_plugin.py",
     "simrig/campaign/report.py",
     "simrig/checks/fields.py",
-    "simrig/commands/dispatch.py",
+    "simrig/cli/dispatch.py",
     "simrig/coverage/collect.py",
     "simrig/coverage/reasons.py",
     "simrig/distributed/__init__.py",

@@ -13,7 +13,7 @@ EPILOG = ("exit status: 0 every leg named its release or commit; 1 a leg is ambi
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_output_flags
+    from simrig.cli.flags import add_output_flags
 
     p = sub.add_parser(
         "bisect", help="find the vLLM release or commit that introduced (or fixed) a finding class",
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from simrig.errors import UsageError
     from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.tools.common import emit_json, record_history
+    from simrig.cli.flags import emit_json, record_history
     from simrig.vllm_runtime.overlay import parse_paths
 
     trace = Path(args.reproducer)

@@ -16,7 +16,7 @@ DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import (add_memcheck_flag, add_output_flags, add_step_timeout_flag,
+    from simrig.cli.flags import (add_memcheck_flag, add_output_flags, add_step_timeout_flag,
                                      add_summary_md_flag)
 
     p = sub.add_parser(
@@ -114,7 +114,7 @@ def options_from_args(args: argparse.Namespace):
     from simrig.errors import UsageError
     from simrig.replay import parse_stages, scan_trace
     from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.tools.common import check_step_timeout, check_summary_md, progress_mode
+    from simrig.cli.flags import check_step_timeout, check_summary_md, progress_mode
     from simrig.trace_io.trace import trace_files_in
     from strategies.machine import VIOLATIONS
 
@@ -165,7 +165,7 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.tools.common import memcheck_env
+    from simrig.cli.flags import memcheck_env
 
     with memcheck_env(args.memcheck):
         return _run(args)
@@ -205,7 +205,7 @@ def _finish(args: argparse.Namespace, options: Any, campaign: Any, status: int, 
     from simrig.coverage.session import without_coverage_data
     from simrig.findings.classes import class_rows_for_print, verdict_line
     from simrig.report.timing import time_share_line
-    from simrig.tools.common import changes_line, emit_json, record_history, write_summary_md
+    from simrig.cli.flags import changes_line, emit_json, record_history, write_summary_md
 
     s = campaign.report_summary
     write_summary_md(args, "fuzz", s, campaign.class_table, headline(s),

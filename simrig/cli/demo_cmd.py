@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.commands.dispatch import main
+    from simrig.cli.dispatch import main
     from simrig.errors import EXIT_USAGE
     from simrig.history.store import history_dir
     from simrig.report.writer import check_out_dir

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from simrig.history.page import history_summary, render_history
     from simrig.history.store import StoreListing, load_history
-    from simrig.tools.common import emit_json, open_history_store
+    from simrig.cli.flags import emit_json, open_history_store
 
     store = open_history_store(args)
     listing = StoreListing()

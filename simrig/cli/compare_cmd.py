@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if args.fuzz_budget > 0:
             fuzz_classes(result, a, b, args.fuzz_budget, Path(work), log=log)
         report = write(result, out)
-    from simrig.tools.common import record_history
+    from simrig.cli.flags import record_history
 
     written = json.loads((report / "summary.json").read_text())
     record_history(written, pd.read_parquet(report / "classes.parquet"))

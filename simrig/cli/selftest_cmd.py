@@ -14,7 +14,7 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_output_flags, add_summary_md_flag
+    from simrig.cli.flags import add_output_flags, add_summary_md_flag
 
     p = sub.add_parser(
         "selftest", help="mutate the installed vLLM in a child process and check simrig catches it",
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """The self-test; its children run under the kernel memory checker unless --no-memcheck
     (they inherit SIMRIG_MEMCHECK)."""
-    from simrig.tools.common import memcheck_env
+    from simrig.cli.flags import memcheck_env
 
     with memcheck_env(not args.no_memcheck):
         return _run(args)
@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
     from simrig.report.writer import check_out_dir, default_out_dir
     from simrig.selftest.catalogue import CATALOGUE
     from simrig.selftest.driver import bundled_traces, select_mutants
-    from simrig.tools.common import progress_mode
+    from simrig.cli.flags import progress_mode
 
     if args.list:
         for m in CATALOGUE:
@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--budget-per-mutant: must be > 0 seconds")
     names = select_mutants([n for n in (args.mutants or "").split(",") if n])
     out = check_out_dir(args.out or default_out_dir("selftest"))
-    from simrig.tools.common import check_summary_md
+    from simrig.cli.flags import check_summary_md
 
     check_summary_md(args)
     from simrig.coverage.session import CoverageRun
@@ -177,7 +177,7 @@ def _scoreboard(args: argparse.Namespace, names: list[str], results: list[Any], 
     from simrig.findings.known import installed_vllm_version
     from simrig.report.writer import write_report
     from simrig.selftest.driver import scoreboard_classes, scoreboard_rows
-    from simrig.tools.common import changes_line, emit_json, record_history, write_summary_md
+    from simrig.cli.flags import changes_line, emit_json, record_history, write_summary_md
 
     if not results:  # stopped before the first child finished: nothing to score
         print("simrig selftest: interrupted before the first run finished; no scoreboard written",

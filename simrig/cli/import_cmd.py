@@ -7,7 +7,7 @@ import argparse
 import time
 
 from simrig.errors import UsageError
-from simrig.tools.record import add_scheduler_options, print_summary, setup_from_args
+from simrig.cli.record_cmd import add_scheduler_options, print_summary, setup_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@
     --memcheck           the kernel memory checker (replay, fuzz; selftest: on, --no-memcheck)
     --step-timeout S     a supervised worker that opens no stage for S seconds hangs (replay, fuzz)
     --summary-md FILE    a few Markdown lines for a CI job page (replay, fuzz, selftest)
-    --verbose            show vLLM's own import messages (added to every command by simrig.commands.dispatch)
+    --verbose            show vLLM's own import messages (added to every command by simrig.cli.dispatch)
 
 and the history record each of them appends (simrig.history.store).
 """

@@ -1,6 +1,6 @@
 """One ``simrig`` command line: parsed, dispatched to its subcommand, ended with an exit status.
 
-``simrig.cli`` starts ``main``; ``simrig demo`` runs its command lines through it too.
+``simrig.cli`` exports ``main``; ``simrig demo`` runs its command lines through it too.
 Every command ends with 0 (clean), 1 (findings), 2 (one line naming what was wrong, no
 traceback), 3 (simrig's own code raised: ``simrig.errors.EXIT_RIG_ERROR``) or 130
 (Ctrl-C, ``simrig.interrupt``). ``quiet_vllm_logs`` keeps vLLM's CPU import messages
@@ -19,7 +19,10 @@ import sys
 import tempfile
 import traceback
 
-from simrig.commands import COMMAND_MODULES
+# The order in which subcommands appear in ``simrig --help``: each one's module.
+COMMAND_MODULES = tuple(f"simrig.cli.{name}_cmd" for name in (
+    "demo", "replay", "fuzz", "record", "import", "contract", "bench", "selftest", "history",
+    "coverage", "doctor", "env", "compare", "bisect", "repro"))
 
 # Exit statuses of commands whose own module states them in its description only.
 DEFAULT_EPILOGS = {

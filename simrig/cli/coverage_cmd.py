@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from simrig.errors import UsageError
     from simrig.history.store import load_coverage, load_history, never_reached_branches
-    from simrig.tools.common import emit_json, open_history_store
+    from simrig.cli.flags import emit_json, open_history_store
 
     if args.out and not str(args.out).endswith((".csv", ".parquet")):
         raise UsageError(f"--out: {args.out}: name a .csv or .parquet file")

@@ -16,7 +16,7 @@ from simrig.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import (add_memcheck_flag, add_output_flags, add_step_timeout_flag,
+    from simrig.cli.flags import (add_memcheck_flag, add_output_flags, add_step_timeout_flag,
                                      add_summary_md_flag)
 
     p = sub.add_parser(
@@ -58,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.tools.common import memcheck_env
+    from simrig.cli.flags import memcheck_env
 
     with memcheck_env(args.memcheck):
         return _run(args)
@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     from simrig.distributed.cluster import distributed_workers
 
     workers = distributed_workers(args)
-    from simrig.tools.common import check_step_timeout, check_summary_md
+    from simrig.cli.flags import check_step_timeout, check_summary_md
 
     check_step_timeout(args)
     check_summary_md(args)
@@ -124,7 +124,7 @@ def _replay_here(args: argparse.Namespace, started: float, paths: list, pcp_size
     from simrig.interrupt import StopRequests
     from simrig.progress import Progress
     from simrig.replay import ReplayRecorder, recorded_result, replay_traces
-    from simrig.tools.common import progress_mode
+    from simrig.cli.flags import progress_mode
 
     recorder = book.recorder if book is not None else ReplayRecorder()
     progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
@@ -152,7 +152,7 @@ def _replay_sharded(args: argparse.Namespace, started: float, paths: list, pcp_s
     from simrig.distributed.replay_shards import replay_sharded
     from simrig.interrupt import StopRequests
     from simrig.progress import Progress
-    from simrig.tools.common import progress_mode
+    from simrig.cli.flags import progress_mode
 
     progress = Progress(sys.stderr, mode=progress_mode(args), total=total)
     with StopRequests() as stop:
@@ -179,7 +179,7 @@ def _report(args: argparse.Namespace, started: float, paths: list, workers: int 
     from simrig.findings.classes import class_rows_for_print, verdict_counts, verdict_line
     from simrig.report.timing import time_share_line
     from simrig.report.writer import write_report
-    from simrig.tools.common import changes_line, emit_json, record_history, write_summary_md
+    from simrig.cli.flags import changes_line, emit_json, record_history, write_summary_md
 
     summary = {"command": "replay", "suite": "replay " + " ".join(map(_short_path, args.traces)),
                **result.summary()}
