@@ -1,29 +1,23 @@
-"""Flags every report-writing command shares, with one meaning everywhere.
+"""Flags several commands share, with one meaning everywhere, and their checks.
 
-    --out DIR            the report directory
-    --progress MODE      tty | plain | quiet (default: tty on a terminal, else plain)
-    --quiet              same as --progress quiet
-    --json               print summary.json on stdout (nothing else there), for scripts
-    --memcheck           the kernel memory checker (replay, fuzz; selftest: on, --no-memcheck)
-    --step-timeout S     a supervised worker that opens no stage for S seconds hangs (replay, fuzz)
-    --summary-md FILE    a few Markdown lines for a CI job page (replay, fuzz, selftest)
-    --verbose            show vLLM's own import messages (added to every command by simrig.cli.dispatch)
-
-and the history record each of them appends (simrig.history.store).
+``add_output_flags`` (--out, --progress, --quiet, --json), ``add_summary_md_flag``,
+``add_memcheck_flag``, ``add_step_timeout_flag`` and ``add_run_flags`` (all of them, and
+--coverage, for replay and fuzz); ``add_scheduler_options`` (record and import).
+--verbose and --known are added by ``simrig.cli.dispatch``. What a flag means for
+a command is in docs/commands.md, 'Flags every report-writing command shares'.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-EXIT_STATUSES = ("exit status: 0 nothing new; 1 a new finding class (or a surviving mutant); "
-                 "2 bad arguments or input (one line on stderr, no report)")
+from simrig.coverage.session import add_coverage_flags
+from simrig.errors import UsageError
 
 
 def add_output_flags(p: argparse.ArgumentParser, kind: str, *, out_default: str | None = None) -> None:
@@ -43,43 +37,6 @@ def add_summary_md_flag(p: argparse.ArgumentParser) -> None:
                         "CI job page (e.g. cat FILE >> $GITHUB_STEP_SUMMARY)")
 
 
-def check_summary_md(args: argparse.Namespace) -> None:
-    """Refuse an unwritable --summary-md before the run (exit 2)."""
-    if getattr(args, "summary_md", None):
-        from simrig.report.writer import check_out_file
-
-        check_out_file(args.summary_md, "--summary-md")
-
-
-def write_summary_md(args: argparse.Namespace, command: str, summary: dict[str, Any], classes: Any,
-                     headline: str, report: str) -> None:
-    """--summary-md FILE: the run's Markdown summary, written whole (temporary file, rename)."""
-    path = getattr(args, "summary_md", None)
-    if not path:
-        return
-    import tempfile
-    from pathlib import Path
-
-    from simrig.report.html import banner
-    from simrig.views.summary_md import summary_markdown
-
-    text = summary_markdown(command, banner(summary)[0], headline, summary, classes, report)
-    target = Path(path)
-    target.absolute().parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}-", dir=target.absolute().parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, target)
-
-
-def changes_line(summary: dict[str, Any]) -> str:
-    """'since the previous run: ...' for the terminal ('' when the summary has no changes)."""
-    from simrig.views.changes import change_lines
-
-    lines = change_lines(summary.get("since_previous"))
-    return "since the previous run: " + "; ".join(lines) if lines else ""
-
-
 def add_memcheck_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memcheck", action="store_true",
                    help="check every load and store of MRV2's interpreted kernels against the "
@@ -95,9 +52,25 @@ def add_step_timeout_flag(p: argparse.ArgumentParser) -> None:
                         "(default 600)")
 
 
-def check_step_timeout(args: argparse.Namespace) -> None:
-    from simrig.errors import UsageError
+def add_run_flags(p: argparse.ArgumentParser, kind: str) -> None:
+    """The flags of a judged run in a supervised worker (replay, fuzz): output, --summary-md,
+    --memcheck, --step-timeout and --coverage (on by default)."""
+    add_output_flags(p, kind)
+    add_summary_md_flag(p)
+    add_memcheck_flag(p)
+    add_step_timeout_flag(p)
+    add_coverage_flags(p, default=True)
 
+
+def check_summary_md(args: argparse.Namespace) -> None:
+    """Refuse an unwritable --summary-md before the run (exit 2)."""
+    if getattr(args, "summary_md", None):
+        from simrig.report.writer import check_out_file  # cold path: pandas off `simrig --help`
+
+        check_out_file(args.summary_md, "--summary-md")
+
+
+def check_step_timeout(args: argparse.Namespace) -> None:
     if getattr(args, "step_timeout", None) is not None and args.step_timeout <= 0:
         raise UsageError(f"--step-timeout: must be > 0 seconds, got {args.step_timeout}")
 
@@ -131,39 +104,13 @@ def progress_mode(args: argparse.Namespace) -> str | None:
     return mode
 
 
-def emit_json(summary: dict[str, Any]) -> None:
-    from simrig.report.html import jsonable
-
-    sys.stdout.write(json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n")
-
-
-def record_history(summary: dict[str, Any], classes: Any) -> None:
-    """Append this run to the history store. The run's result is already decided:
-    a store that cannot be written, any error from it, or a Ctrl-C during the
-    append costs one warning line, never the exit status."""
-    root = None
-    try:
-        from simrig.history.store import append_run, history_dir
-
-        root = history_dir()
-        if root is None:
-            return
-        append_run(root, summary, classes)
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 -- see above
-        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
-            " ".join(str(exc).split()) or type(exc).__name__
-        where = root if root is not None else "the history store"
-        print(f"simrig: warning: history not recorded in {where}: {why}", file=sys.stderr)
-
-
 def open_history_store(args: argparse.Namespace) -> Any:
     """The store ``--store`` (or $SIMRIG_HISTORY) names, checked before reading:
     recording on, ``--since`` an ISO date/time, ``runs/`` present (UsageError)."""
     from datetime import datetime
     from pathlib import Path
 
-    from simrig.errors import UsageError
-    from simrig.history.store import history_dir
+    from simrig.history.store import history_dir  # cold path: pandas off `simrig --help`
 
     store = Path(args.store) if args.store else history_dir()
     if store is None:
@@ -176,3 +123,68 @@ def open_history_store(args: argparse.Namespace) -> Any:
     if not (store / "runs").is_dir():
         raise UsageError(f"--store: {store} holds no history yet (runs/ is missing)")
     return store
+
+
+def add_scheduler_options(p: argparse.ArgumentParser, *, max_model_len: int, max_num_seqs: int = 16,
+                          max_num_batched_tokens: int = 256, num_kv_blocks: int = 256) -> None:
+    """Output and scheduler knobs shared by ``record`` and ``import``."""
+    p.add_argument("--out", required=True, metavar="TRACE", help="output trace (.jsonl[.gz|.zst])")
+    p.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="stop after N steps (default: until the workload drains)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply arrival times (0.5 = twice the load; default 1)")
+    g = p.add_argument_group("scheduler")
+    g.add_argument("--max-num-seqs", type=int, default=max_num_seqs,
+                   help=f"running requests (default {max_num_seqs})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens,
+                   help=f"token budget per step (default {max_num_batched_tokens})")
+    g.add_argument("--max-model-len", type=int, default=max_model_len,
+                   help=f"model length; longer requests are clamped (default {max_model_len})")
+    g.add_argument("--num-kv-blocks", type=int, default=num_kv_blocks,
+                   help=f"KV cache blocks of 16 tokens; small values force preemption (default {num_kv_blocks})")
+    g.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM prefix caching (default on)")
+    g.add_argument("--num-speculative-tokens", type=int, default=0,
+                   help="drafts per request per step (ngram config; default 0 = off)")
+    g.add_argument("--acceptance-rate", type=float, default=0.7,
+                   help="per-draft acceptance probability of the synthetic sampler (default 0.7)")
+    g.add_argument("--eos-prob", type=float, default=0.0,
+                   help="per-token probability that the synthetic sampler stops a request (default 0)")
+    g.add_argument("--seed", type=int, default=0, help="sampler (and synthetic workload) seed")
+    g.add_argument("--pcp-size", type=int, default=1,
+                   help="prefill context parallel size of the config and the replay (default 1)")
+    g.add_argument("--max-loras", type=int, default=0,
+                   help="LoRA on, at most N adapters per batch: each request runs the base model or "
+                        "one of 2N adapters, drawn with --seed (default 0 = off)")
+
+
+def recorder_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The scheduler options checked (UsageError), as ``simrig.sources.record.record_to_file``'s
+    keywords: the scheduler ``setup`` and the sampler's and clock's knobs."""
+    from simrig.report.writer import check_out_file  # cold path: pandas off `simrig --help`
+    from simrig.vllm_parts.scheduler import SchedulerSetup  # cold path: vLLM's config
+
+    if not args.out.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")):
+        raise UsageError(f"--out: {args.out}: expected a .jsonl, .jsonl.gz or .jsonl.zst name")
+    check_out_file(args.out)
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps: must be >= 1, got {args.steps}")
+    if args.time_scale <= 0:
+        raise UsageError(f"--time-scale: must be > 0, got {args.time_scale}")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "pcp_size"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    if args.max_loras < 0:
+        raise UsageError(f"--max-loras: must be >= 0, got {args.max_loras}")
+    if args.num_speculative_tokens < 0:
+        raise UsageError(f"--num-speculative-tokens: must be >= 0, got {args.num_speculative_tokens}")
+    for name in ("acceptance_rate", "eos_prob"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise UsageError(f"--{name.replace('_', '-')}: must be in [0, 1], got {getattr(args, name)}")
+    setup = SchedulerSetup(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
+        prefix_caching=args.prefix_caching, num_speculative_tokens=args.num_speculative_tokens,
+        pcp_size=args.pcp_size, max_loras=args.max_loras)
+    return dict(setup=setup, seed=args.seed, acceptance_rate=args.acceptance_rate,
+                eos_prob=args.eos_prob, max_steps=args.steps, time_scale=args.time_scale)
