@@ -29,7 +29,7 @@ FLOORS: tuple[set[str], ...] = (
     {"campaign", "releases"},                          # fuzz campaigns; two vLLMs side by side
     {"supervision"},                                   # work that may kill its process, forked
     {"distributed", "selftest", "bisect"},
-    {"repro"},
+    {"repro", "replay_run"},                           # a finding as a pytest file; one replay command's run
     {"cli"},                                           # the command line: dispatch, every parser
     {"__main__"},
 )

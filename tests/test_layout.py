@@ -25,7 +25,7 @@ SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", "triton_memcheck", *
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling and replay driver.
 CORE = {"__init__", "__main__", "dummy_paths", "errors", "harness", "interrupt", "layout", "observe",
-        "lifeline", "progress", "replay", "runners", "stage_probes", "step", "trace_gate"}
+        "lifeline", "progress", "replay", "replay_run", "runners", "stage_probes", "step", "trace_gate"}
 
 
 # The floors (and the line limits) live in simrig/layout.py: docs/layout.md's table is
