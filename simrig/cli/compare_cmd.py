@@ -1,23 +1,25 @@
-"""``simrig compare``: the same traces under two vLLMs, side by side."""
+"""``simrig compare``: the same traces under two vLLMs, side by side.
+
+Both sides, the report and the history row are ``simrig.releases.driver.compare_command``'s.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import tempfile
-from pathlib import Path
+
+from simrig.errors import UsageError
+
+DESCRIPTION = """Run the same traces (and optionally the same seeded fuzz campaign) under vLLM
+    A and vLLM B, each in its own process and venv, and write one side-by-side report. Exit
+    1 when B has finding classes A does not, 2 on bad input."""
+EPILOG = """exit status: 0 B has no finding class A lacks; 1 B has a finding class A does
+    not; 2 bad input: an unknown --vllm spec, a side venv whose vLLM does not import, a
+    release without Model Runner V2"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="replay the same traces under two vLLMs, side by side",
-                       description="Run the same traces (and optionally the same seeded fuzz "
-                                   "campaign) under vLLM A and vLLM B, each in its own process "
-                                   "and venv, and write one side-by-side report. Exit 1 when B "
-                                   "has finding classes A does not, 2 on bad input.",
-                       epilog="exit status: 0 B has no finding class A lacks; 1 B has a finding "
-                              "class A does not; 2 bad input: an unknown --vllm spec, a side venv "
-                              "whose vLLM does not import, a release without Model Runner V2")
+    p = sub.add_parser("compare", description=DESCRIPTION, epilog=EPILOG,
+                       help="replay the same traces under two vLLMs, side by side")
     p.add_argument("--vllm", action="append", required=True, metavar="SPEC",
                    help="give twice: A then B (a release X.Y.Z with a side venv from "
                         "'simrig env create', a venv path, or 'installed')")
@@ -34,14 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from simrig.errors import UsageError
-    from simrig.releases import envs
-    from simrig.releases.driver import compare, headline, write
-    from simrig.releases.fuzzsides import fuzz_classes
-    from simrig.replay import expand_trace_paths, parse_stages, scan_trace
-    from simrig.report.writer import check_out_dir, default_out_dir
+    # cold path: the sides' driver, the replay and the report writer bring pandas, off `simrig --help`
+    from simrig.releases import driver, envs
+    from simrig.replay import expand_trace_paths, parse_stages, scan_trace  # cold path (see above)
+    from simrig.report.writer import check_out_dir, default_out_dir  # cold path (see above)
 
     if len(args.vllm) != 2:
         raise UsageError(f"--vllm: give exactly two (A and B), got {len(args.vllm)}")
@@ -59,18 +57,5 @@ def run(args: argparse.Namespace) -> int:
         verdict = envs.doctor(side)
         if not verdict.ok:
             raise UsageError(f"--vllm {side.spec}: its vLLM is unusable: {verdict.line}")
-    with tempfile.TemporaryDirectory(prefix="simrig-compare-") as work:
-        log = (lambda line: print(line, file=sys.stderr))
-        result = compare(a, b, [str(p) for p in paths], stages=stages, rounds=args.rounds,
-                         work=Path(work), log=log)
-        if args.fuzz_budget > 0:
-            fuzz_classes(result, a, b, args.fuzz_budget, Path(work), log=log)
-        report = write(result, out)
-    from simrig.cli.flags import record_history
-
-    written = json.loads((report / "summary.json").read_text())
-    record_history(written, pd.read_parquet(report / "classes.parquet"))
-    for line in headline(result):
-        print(line)
-    print(f"report: {report / 'report.html'}")
-    return result.exit_status
+    return driver.compare_command(a, b, [str(p) for p in paths], stages=stages, rounds=args.rounds,
+                                  fuzz_budget=args.fuzz_budget, out=out)
