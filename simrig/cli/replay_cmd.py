@@ -37,9 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pcp-sizes", metavar="N,N,...",
                    help="replay each trace once per PCP world size (default: the trace's own)")
     p.add_argument("--cudagraph-mode", metavar="MODE", type=str.upper,
-                   help="replay every trace under this vLLM cudagraph mode (NONE, PIECEWISE, FULL, "
-                        "FULL_DECODE_ONLY, FULL_AND_PIECEWISE), dispatched and padded by vLLM's own "
-                        "CudaGraphManager (default: the trace's own mode)")
+                   help="""replay every trace under this vLLM cudagraph mode (NONE, PIECEWISE, FULL,
+                        FULL_DECODE_ONLY, FULL_AND_PIECEWISE), dispatched and padded by vLLM's own
+                        CudaGraphManager (default: the trace's own mode)""")
     p.add_argument("--stages", metavar="S,S,...",
                    help="optional stages to run: gather,prepare,partition,dummy (default: all; "
                         "lifecycle always runs)")
