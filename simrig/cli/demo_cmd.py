@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from simrig.errors import EXIT_USAGE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,10 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # at call time: the dispatch imports this module first (and a test may replace its main)
     from simrig.cli.dispatch import main
-    from simrig.errors import EXIT_USAGE
-    from simrig.history.store import history_dir
-    from simrig.report.writer import check_out_dir
+    from simrig.history.store import history_dir  # cold path: pandas, off `simrig --help`
+    from simrig.report.writer import check_out_dir  # cold path: pandas, off `simrig --help`
 
     out = Path(args.out)
     for part in ("replay", "fuzz"):  # both folders, before ten minutes of work

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from simrig.errors import UsageError
+
 
 DESCRIPTION = """Side venvs under .venvs/ hold another vLLM (a release, a wheel or a source
     checkout) with the bootstrap's CPU recipe, for simrig compare."""
@@ -31,8 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from simrig.releases import envs
-    from simrig.errors import UsageError
+    from simrig.releases import envs  # cold path: only this command needs the side venvs
 
     side = envs.resolve_spec(args.vllm)
     venv = envs.create(side, layered=args.layered, log=lambda line: print(line, file=sys.stderr))
@@ -45,7 +46,7 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from simrig.releases import envs
+    from simrig.releases import envs  # cold path: only this command needs the side venvs
 
     sides = envs.list_sides()
     if not sides:

@@ -14,6 +14,8 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from simrig.coverage.session import add_coverage_flags
@@ -107,9 +109,6 @@ def progress_mode(args: argparse.Namespace) -> str | None:
 def open_history_store(args: argparse.Namespace) -> Any:
     """The store ``--store`` (or $SIMRIG_HISTORY) names, checked before reading:
     recording on, ``--since`` an ISO date/time, ``runs/`` present (UsageError)."""
-    from datetime import datetime
-    from pathlib import Path
-
     from simrig.history.store import history_dir  # cold path: pandas off `simrig --help`
 
     store = Path(args.store) if args.store else history_dir()
