@@ -28,10 +28,10 @@ FLOORS: tuple[set[str], ...] = (
     {"replay"},                                        # the one replay loop
     {"campaign", "releases"},                          # fuzz campaigns; two vLLMs side by side
     {"supervision"},                                   # work that may kill its process, forked
-    {"distributed", "selftest", "bisect", "tools"},
-    {"repro"},
-    {"commands"},                                      # the dispatch; the subcommands that judge
-    {"cli"},                                           # the console entry point
+    {"distributed", "bisect"},                         # Ray workers; where a finding class began
+    {"selftest", "repro", "replay_run"},               # seeded regressions; a finding as a pytest
+                                                       # file; one replay command's run
+    {"cli"},                                           # the command line: dispatch, every parser
     {"__main__"},
 )
 MAX_MODULE_LINES = 400

@@ -101,7 +101,7 @@ def test_an_error_while_writing_is_one_line_too(tmp_path, monkeypatch, capsys):
     """An OSError raised past the up-front checks (a disk that fills mid-run)
     still ends in one line naming the file, exit 2."""
     from simrig import cli
-    from simrig.tools import history
+    from simrig.cli import history_cmd as history
 
     def full_disk(args):
         raise OSError(28, "No space left on device", str(tmp_path / "report.html"))
@@ -115,7 +115,7 @@ def test_an_error_while_writing_is_one_line_too(tmp_path, monkeypatch, capsys):
 
 def test_a_bug_in_simrig_is_one_line_exit_3_with_the_traceback_kept(tmp_path, monkeypatch, capsys):
     from simrig import cli
-    from simrig.tools import history
+    from simrig.cli import history_cmd as history
 
     def broken(args):
         return {}["no such key"]

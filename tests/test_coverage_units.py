@@ -152,11 +152,11 @@ def test_merge_is_the_union_and_survives_json():
 def test_demo_passes_coverage_on_by_default_to_replay_and_fuzz(tmp_path, monkeypatch, flags, expected):
     import argparse
 
-    import simrig.commands.dispatch
-    from simrig.commands import demo
+    import simrig.cli.dispatch
+    from simrig.cli import demo_cmd as demo
 
     calls: list[list[str]] = []
-    monkeypatch.setattr(simrig.commands.dispatch, "main", lambda argv: calls.append(list(argv)) or 0)
+    monkeypatch.setattr(simrig.cli.dispatch, "main", lambda argv: calls.append(list(argv)) or 0)
     monkeypatch.setenv("SIMRIG_HISTORY", "none")
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

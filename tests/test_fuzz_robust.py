@@ -288,7 +288,7 @@ def test_regression_traces_are_checked_before_the_run_and_dot_files_skipped(tmp_
     import argparse
 
     from simrig.cli import build_parser, main
-    from simrig.commands.fuzz import options_from_args
+    from simrig.cli.fuzz_cmd import options_from_args
 
     regressions = tmp_path / "regressions"
     regressions.mkdir()
@@ -307,7 +307,7 @@ def test_regression_traces_are_checked_before_the_run_and_dot_files_skipped(tmp_
 
 def test_max_examples_alone_means_no_budget_on_the_command_line(tmp_path):
     from simrig.cli import build_parser
-    from simrig.commands.fuzz import options_from_args
+    from simrig.cli.fuzz_cmd import options_from_args
 
     def options(*argv: str) -> CampaignOptions:
         return options_from_args(build_parser().parse_args(["fuzz", "--out", str(tmp_path / "o"),

@@ -13,8 +13,7 @@ import pytest
 
 from simrig.cli import main
 from simrig.history import store as history
-from simrig.history.store import StoreListing, append_run, load_history
-from simrig.tools.common import record_history
+from simrig.history.store import StoreListing, append_run, load_history, record_history
 
 ROOT = Path(__file__).resolve().parents[1]
 

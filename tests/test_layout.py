@@ -20,12 +20,13 @@ VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "adapters")
 # The rooms of the oracle: what the real code's observations must satisfy.
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "checks")
 SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", "triton_memcheck", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
-               "views", "selftest", "tools", "commands", "releases", "bisect", "repro", "bench", "distributed",
+               "views", "selftest", "cli", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
-# progress, errors, Ctrl-C handling, replay driver and cli.
-CORE = {"__init__", "__main__", "cli", "dummy_paths", "errors", "harness", "interrupt", "layout", "observe",
-        "lifeline", "progress", "replay", "runners", "stage_probes", "step", "step_context", "trace_gate"}
+# progress, errors, Ctrl-C handling and replay driver.
+CORE = {"__init__", "__main__", "dummy_paths", "errors", "harness", "interrupt", "layout", "observe",
+        "lifeline", "progress", "replay", "replay_run", "runners", "stage_probes", "step", "step_context",
+        "trace_gate"}
 
 
 # The floors (and the line limits) live in simrig/layout.py: docs/layout.md's table is
@@ -78,45 +79,45 @@ def test_only_adapters_import_vllm():
 @pytest.mark.parametrize("package, forbidden", [
     # the oracle reads Steps and observations (plain data) only
     *((room, (*rooms(*VLLM_ROOMS), "vllm", "simrig.campaign", "simrig.selftest", "simrig.report",
-               "simrig.history", "simrig.harness", "simrig.tools", "simrig.commands", "simrig.cli"))
+               "simrig.history", "simrig.harness", "simrig.cli"))
       for room in ORACLE_ROOMS),
     # the Finding record, known findings and finding classes, and the ledger of what is
     # judged, sit under every check: they import no other room of the oracle
     ("findings", rooms("ledger", "reference", "partition", "graph_rules", "checks")),
     ("ledger", rooms("findings", "reference", "partition", "graph_rules", "checks")),
-    *((room, (*rooms(*VLLM_ROOMS), "vllm", "simrig.campaign", "simrig.selftest", "simrig.commands",
-               "simrig.tools", "simrig.harness")) for room in ("report", "history")),
+    *((room, (*rooms(*VLLM_ROOMS), "vllm", "simrig.campaign", "simrig.selftest", "simrig.cli",
+               "simrig.harness")) for room in ("report", "history")),
     # the parts of a report page: plain data in, HTML, Markdown and PNG out
     ("views", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.report", "simrig.history",
-               "simrig.harness", "simrig.campaign", "simrig.selftest", "simrig.tools", "simrig.commands")),
+               "simrig.harness", "simrig.campaign", "simrig.selftest", "simrig.cli")),
     ("trace_io", (*rooms(*VLLM_ROOMS), "vllm", *rooms(*ORACLE_ROOMS), "simrig.sources",
                   "simrig.campaign", "simrig.selftest", "simrig.report")),
     ("sources", ("simrig.checks", "simrig.campaign", "simrig.selftest", "simrig.report")),
     *((room, (*rooms(*ORACLE_ROOMS), "simrig.report", "simrig.history", "simrig.campaign",
                "simrig.selftest", "simrig.trace_io", "simrig.sources", "simrig.harness", "simrig.replay"))
       for room in VLLM_ROOMS),
-    ("campaign", ("simrig.selftest", "simrig.tools", "simrig.commands", "simrig.distributed")),
+    ("campaign", ("simrig.selftest", "simrig.cli", "simrig.distributed")),
     # releases drives other vLLMs in their own processes: the driver side never
     # imports the adapters (only side.py, which runs inside a side venv, does, lazily)
-    ("releases", ("simrig.selftest", "simrig.tools", "simrig.commands", "simrig.campaign",
+    ("releases", ("simrig.selftest", "simrig.cli", "simrig.campaign",
                   "simrig.bisect", "simrig.repro", "simrig.distributed")),
     # bisect and repro run vLLM in child processes only
-    ("bisect", ("vllm", *rooms(*VLLM_ROOMS), "simrig.selftest", "simrig.tools", "simrig.commands",
+    ("bisect", ("vllm", *rooms(*VLLM_ROOMS), "simrig.selftest", "simrig.cli",
                 "simrig.campaign", "simrig.repro", "simrig.distributed")),
-    ("repro", ("vllm", *rooms(*VLLM_ROOMS), "simrig.selftest", "simrig.tools", "simrig.commands",
+    ("repro", ("vllm", *rooms(*VLLM_ROOMS), "simrig.selftest", "simrig.cli",
                "simrig.campaign", "simrig.releases", "simrig.distributed")),
     # the suites run in their own pytest process
     ("bench", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.report", "simrig.history",
-               "simrig.selftest", "simrig.tools", "simrig.commands", "simrig.campaign",
+               "simrig.selftest", "simrig.cli", "simrig.campaign",
                "simrig.distributed", "simrig.releases")),
-    ("distributed", ("simrig.selftest", "simrig.tools", "simrig.commands", "vllm")),
-    ("supervision", ("simrig.selftest", "simrig.tools", "simrig.commands", "simrig.distributed", "vllm")),
+    ("distributed", ("simrig.selftest", "simrig.cli", "vllm")),
+    ("supervision", ("simrig.selftest", "simrig.cli", "simrig.distributed", "vllm")),
     ("triton_interpreter", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.harness",
                             "simrig.report", "simrig.campaign", "simrig.selftest")),
     ("triton_memcheck", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.triton_interpreter",
                          "simrig.harness", "simrig.report", "simrig.campaign", "simrig.selftest")),
     ("coverage", ("vllm", *rooms(*VLLM_ROOMS), "simrig.campaign", "simrig.selftest",
-                  "simrig.distributed", "simrig.tools", "simrig.commands", "simrig.report",
+                  "simrig.distributed", "simrig.cli", "simrig.report",
                   "simrig.history")),
 ])
 def test_subpackage_import_rules(package, forbidden):
@@ -126,7 +127,7 @@ def test_subpackage_import_rules(package, forbidden):
 def test_nothing_outside_selftest_imports_it():
     bad = []
     for path in files_under(SIMRIG):
-        if (SIMRIG / "selftest") in path.parents or path.parent == SIMRIG / "commands":
+        if (SIMRIG / "selftest") in path.parents or path == SIMRIG / "cli" / "selftest_cmd.py":
             continue
         for line, module in imported_modules(path):
             if module == "simrig.selftest" or module.startswith("simrig.selftest."):
@@ -145,7 +146,7 @@ def test_the_top_level_holds_only_the_core():
 def test_every_subpackage_says_what_it_is_and_may_import(package):
     doc = ast.get_docstring(ast.parse((SIMRIG / package / "__init__.py").read_text()))
     assert doc and len(doc.split()) >= 20, f"simrig/{package}/__init__.py needs its paragraph"
-    if package not in ("commands", "selftest"):
+    if package != "selftest":
         assert "import" in doc, "the docstring says what the package may import"
 
 

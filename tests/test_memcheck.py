@@ -260,7 +260,7 @@ def test_mrv2_kernels_are_clean_and_a_seeded_overrun_is_a_named_finding(speedups
 
 def test_the_memcheck_flag_turns_the_checker_on_for_this_process_and_its_workers(monkeypatch, capsys):
     from simrig.cli import main
-    from simrig.tools.common import memcheck_env
+    from simrig.cli.flags import memcheck_env
 
     # a copy of the environment: a failing assertion inside the block must not leave the
     # checker on for a later vLLM import in this worker
@@ -283,7 +283,7 @@ def test_the_memcheck_flag_turns_the_checker_on_for_this_process_and_its_workers
 def test_selftest_children_run_under_memcheck_unless_turned_off(monkeypatch):
     import argparse
 
-    from simrig.commands import selftest
+    from simrig.cli import selftest_cmd as selftest
 
     seen = []
     monkeypatch.setattr(selftest, "_run", lambda args: seen.append(os.environ.get("SIMRIG_MEMCHECK")) or 0)

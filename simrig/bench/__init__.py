@@ -10,5 +10,5 @@
 
 May import ``simrig.errors`` and the standard scientific stack only: the suites
 run in their own pytest process, so nothing here imports vllm, the adapters,
-checks, report, campaign, selftest or commands.
+checks, report, campaign, selftest or the command line (``cli``).
 """

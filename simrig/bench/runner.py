@@ -265,3 +265,70 @@ def interleaved_table(rounds_a: list[pd.DataFrame], rounds_b: list[pd.DataFrame]
                      "rounds": r.rounds, "verdict": r.verdict})
     return pd.DataFrame(rows, columns=["fullname", "median_a", "median_b", "median_ratio", "ci_low",
                                        "ci_high", "rounds", "verdict"])
+
+
+def print_run(*, filter_expr: str | None, save: str | None, storage: Path) -> int:
+    """``simrig bench``: run the suites, print the run's tables; 0 when pytest passed, else 1."""
+    status, frame = run_suites(filter_expr=filter_expr, save=save, storage=storage)
+    if frame is not None:
+        print()
+        print(run_markdown(frame))
+        extra = extra_markdown(frame)
+        if extra:
+            print()
+            print(extra)
+    if save and status == 0:
+        print(f"saved as {save!r} in {storage}")
+    return 0 if status == 0 else 1
+
+
+def print_compare(spec_a: str, spec_b: str, storage: Path, fail_on_regression: float | None,
+                  min_effect: float | None, out: Path) -> int:
+    """``simrig bench --compare``: the B/A table of two sets of saves, its files under ``out``;
+    1 when a benchmark is slower beyond ``fail_on_regression`` percent (or cannot be told)."""
+    paths_a, paths_b = resolve_side(spec_a, storage), resolve_side(spec_b, storage)
+    effect = 5.0 if min_effect is None else min_effect
+    table = compare([load_run(p) for p in paths_a], [load_run(p) for p in paths_b],
+                    fail_on_regression, min_effect=effect / 100)
+    for side, paths, spec in (("A", paths_a, spec_a), ("B", paths_b, spec_b)):
+        print(f"{side} ({len(paths)} save{'s' if len(paths) > 1 else ''}): "
+              + ", ".join(str(p) for p in paths))
+        same_name = saves_named(paths[0], storage) if len(paths) == 1 else 1
+        if same_name > 1:
+            print(f"  ({spec!r} is the latest of {same_name} saves of that name; "
+                  f"'{paths[0].stem.split('_', 1)[1]}*' compares them all)")
+    print()
+    print(compare_markdown(table))
+    print()
+    for line in compare_notes(table):
+        print(line)
+    written = write_compare(table, out)
+    print()
+    for path in written.values():
+        print(f"wrote {path}")
+    bad, unsure = regressions(table), unverified(table)
+    if len(bad):
+        worst = bad.iloc[0]
+        print(f"{len(bad)} benchmark(s) slower beyond {fail_on_regression:g}%: "
+              f"worst {worst['name']} median x{worst['median_ratio']:.3f}")
+    if len(unsure):
+        worst = unsure.iloc[0]
+        print(f"{len(unsure)} benchmark(s) over the {fail_on_regression:g}% limit with one "
+              f"save on a side, so noise cannot be ruled out: worst {worst['name']} median "
+              f"x{worst['median_ratio']:.3f}")
+    return 1 if len(bad) or len(unsure) else 0
+
+
+def print_interleaved(a: Any, b: Any, rounds: int, filter_expr: str | None) -> int:
+    """``simrig bench --interleave``: both sides (``releases.envs`` side specs, their
+    ``python``) in alternating rounds, the B/A table with 95% intervals."""
+    table = interleave(a.python, b.python, rounds, filter_expr=filter_expr,
+                       log=lambda line: print(line, file=sys.stderr))
+    print(f"A: {a.spec}\nB: {b.spec}  ({rounds} interleaved rounds)\n")
+    shown = table.assign(**{
+        "median A": table["median_a"].map(format_seconds),
+        "median B": table["median_b"].map(format_seconds),
+        "B/A": table["median_ratio"].map(lambda v: f"{v:.3f}"),
+        "95% CI": [f"[{lo:.3f}, {hi:.3f}]" for lo, hi in zip(table["ci_low"], table["ci_high"])]})
+    print(markdown_table(shown[["fullname", "median A", "median B", "B/A", "95% CI", "verdict"]]))
+    return 0

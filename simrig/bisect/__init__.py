@@ -7,8 +7,8 @@
     gitrepo.py  the user's vLLM checkout, read only: commits, a commit's MRV2 files
     run.py      the bisect driven end to end and its report
 
-May import the core, findings, report and ``simrig.releases.envs`` (the side
-venvs a point runs in). Each point's vLLM runs in a child process
-(``python -m simrig.vllm_runtime.overlay``), so nothing here imports vllm or the
-adapters; never ``campaign``, ``selftest``, ``commands`` or ``repro``.
+May import the core, findings, report, history (the row a bisect appends) and
+``simrig.releases.envs`` (the side venvs a point runs in). Each point's vLLM runs in
+a child process (``python -m simrig.vllm_runtime.overlay``), so nothing here imports
+vllm or the adapters; never ``campaign``, ``selftest``, ``cli`` or ``repro``.
 """

@@ -33,7 +33,8 @@ from simrig.bisect import points as bp
 from simrig.bisect.search import FIXED, INTRODUCED, ClassKey, LegResult, search
 from simrig.errors import EXIT_CLEAN, EXIT_FINDINGS, UsageError
 from simrig.findings.classes import signature_text
-from simrig.report.html import _CSS, jsonable, table
+from simrig.history.store import record_history
+from simrig.report.html import _CSS, emit_json, jsonable, table
 from simrig.report.writer import simrig_version, staging_dir, swap_into_place
 
 
@@ -175,6 +176,29 @@ def run(trace: Path, key: ClassKey, legs: list[LegPlan], judge: bp.Judge, repo: 
             "vllm_version": legs[0].points[-1].base, "elapsed_s": round(time.perf_counter() - started, 2),
             "exit_status": EXIT_FINDINGS if any(leg["ambiguous"] for leg in out_legs) else EXIT_CLEAN,
             **_history_fields(out_legs)}
+
+
+def bisect_command(trace: Path, key: ClassKey, *, good: list[str], bad: str, repo: Path | None,
+                   base: str | None, paths: tuple[str, ...], out: Path, json_out: bool, log: Any,
+                   **judging: Any) -> int:
+    """``simrig bisect`` from checked arguments: every leg searched (``judging``: the
+    ``simrig.bisect.points.Judge`` keywords), the report, the history row and what the
+    command prints (or ``--json``); returns the exit status."""
+    legs = plan_legs(good, bad, repo, base, paths)
+    judge = bp.Judge(trace, key, repo=repo, paths=paths, log=log, **judging)
+    summary = run(trace, key, legs, judge, repo, paths)
+    report = write_report(summary, out)
+    summary["report"] = str(report)
+    brief = [{k: v for k, v in leg.items() if k != "diff"} for leg in summary["legs"]]
+    history = {k: v for k, v in summary.items() if k not in ("steps", "legs")}
+    record_history({**history, "bisect_legs": brief}, None)
+    if json_out:
+        emit_json({**summary, "legs": brief})
+        return summary["exit_status"]
+    for line in headline_lines(summary):
+        print(line)
+    print(f"report: {report / 'report.html'}")
+    return summary["exit_status"]
 
 
 def _signature(key: ClassKey) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,13 @@ from xml.sax.saxutils import escape, quoteattr
 import pandas as pd
 
 from simrig.campaign.shrink import replay_command_args, save_regression, write_shrunk
-from simrig.findings.classes import Where, class_frame, known_lookup, verdict_of
-from simrig.history.changes import since_previous
-from simrig.report.timing import time_share
+from simrig.coverage.session import coverage_line, without_coverage_data
+from simrig.findings.classes import Where, class_frame, class_rows_for_print, known_lookup, verdict_line, verdict_of
+from simrig.history.changes import changes_line, since_previous
+from simrig.history.store import record_history
+from simrig.report.html import emit_json
+from simrig.report.timing import time_share, time_share_line
+from simrig.report.writer import write_summary_md
 
 
 @dataclass
@@ -156,6 +161,39 @@ def headline(s: dict[str, Any]) -> str:
             f"{s['regression_traces']} regression trace(s) replayed first; "
             f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations"
             + graph_line(s))
+
+
+def finish(campaign: Any, status: int, out_dir: Path, *, summary_md: str | None, json_out: bool,
+           shard_rows: Any = ()) -> int:
+    """After the report is written: --summary-md, the history row and what ``simrig fuzz``
+    prints (``shard_rows``: the sharded driver's, one line each); returns ``status``."""
+    s = campaign.report_summary
+    write_summary_md(summary_md, "fuzz", s, campaign.class_table, headline(s), str(out_dir / "report.html"))
+    record_history(s, campaign.class_table)
+    for text in campaign.stats.rig_errors:
+        print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
+    if json_out:
+        emit_json(without_coverage_data(s))
+        return status
+    print(headline(s))
+    print(verdict_line(s.get("classes", {})) + f" — exit {status}")
+    for line in [*class_rows_for_print(campaign.class_table), changes_line(s)]:
+        if line:
+            print(line)
+    for row in shard_rows:
+        note = f" -- {row.note}" if row.note else ""
+        print(f"  shard {row.shard} [{row.status}] {row.worker} seed {row.seed} pcp {row.pcp_sizes}: "
+              f"{row.examples} examples, {row.steps} steps, {row.steps_per_s:.2f} steps/s, "
+              f"{row.classes} classes{note}")
+    for line in (time_share_line(s["time_share"]) if s.get("time_share") else "", coverage_line(s)):
+        if line:
+            print(line)
+    if s.get("profile"):
+        shares = s["profile"]["shares"]
+        print("profile: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v >= 0.005)
+              + f" of the samples -- {out_dir / 'profile' / 'profile.txt'}")
+    print(f"report: {out_dir / 'report.html'}")
+    return status
 
 
 def graph_line(summary: dict[str, Any]) -> str:

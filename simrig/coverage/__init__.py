@@ -10,5 +10,5 @@ collector per process, report parts). Steering campaigns by coverage lives in
 ``simrig.campaign.steering`` (it uses ``Collector.take``); the report renders
 the tables (``simrig.report``, above this package). It may import ``errors``,
 coverage.py and pandas; never ``report``, ``vllm``, the adapters, ``campaign``,
-``selftest``, ``distributed`` or ``commands``.
+``selftest``, ``distributed`` or ``cli``.
 """

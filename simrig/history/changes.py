@@ -18,6 +18,7 @@ import pandas as pd
 
 from simrig.findings.classes import verdict_counts
 from simrig.history.store import RUN_COLUMNS, StoreListing, _read_all, _summary, history_dir, replays_all_of
+from simrig.views.changes import change_lines
 
 MAX_LISTED = 40  # classes listed per change kind (the counts are always whole)
 
@@ -42,6 +43,12 @@ def since_previous(summary: dict[str, Any], classes: pd.DataFrame | None,
         return _compare(store, summary, classes)
     except Exception as exc:  # noqa: BLE001 -- the run's verdict never depends on the history
         return {"status": "unreadable", "why": " ".join(str(exc).split()) or type(exc).__name__}
+
+
+def changes_line(summary: dict[str, Any]) -> str:
+    """'since the previous run: ...' for the terminal ('' when the summary has no changes)."""
+    lines = change_lines(summary.get("since_previous"))
+    return "since the previous run: " + "; ".join(lines) if lines else ""
 
 
 def _compare(store: Path, summary: dict[str, Any], classes: pd.DataFrame | None) -> dict[str, Any]:

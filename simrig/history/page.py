@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from simrig.history.store import bisect_results, class_timeline, coverage_trend, run_trends
-from simrig.report.html import _CSS, table
+from simrig.history.store import StoreListing, bisect_results, class_timeline, coverage_trend, load_history, run_trends
+from simrig.report.html import _CSS, emit_json, table
 
 
 def trends_png(trends: pd.DataFrame, runs: pd.DataFrame | None = None) -> bytes | None:
@@ -134,3 +138,57 @@ def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]
                 ["suite", "signature", "not_seen_since", "not_seen_since_run"]].to_dict("records"),
             "still_new": timeline[_showing(timeline) & (timeline["verdict"] == "new")]
             [["suite", "signature", "first_seen"]].to_dict("records")}
+
+
+def history_command(store: Path, since: str | None, out: Path, *, verbose: bool, json_out: bool) -> int:
+    """``simrig history`` from a checked store: the page written to ``out``, then its summary
+    lines (or ``--json``); with ``verbose`` the files the reader skipped, on stderr."""
+    listing = StoreListing()
+    runs, classes = load_history(store, since, listing)  # a bad file: a warning, skipped
+    if verbose:
+        for path in listing.temporary:
+            print(f"history: ignored {path}: temporary (an append in progress, or one killed "
+                  f"mid-write)", file=sys.stderr)
+        for path, why in listing.unreadable:
+            print(f"history: ignored {path}: unreadable ({why})", file=sys.stderr)
+        for path in listing.orphans:
+            print(f"history: ignored {path}: partial (classes with no run row: an append "
+                  f"in progress, or one interrupted)", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_page(out, render_history(runs, classes, since))
+    summary = {**history_summary(runs, classes), "page": str(out)}
+    if json_out:
+        emit_json(summary)
+        return 0
+    print(f"history: {summary['runs']} run(s), {summary['classes']} class line(s), "
+          f"{len(summary['fixed'])} fixed, {len(summary['not_seen'])} not seen since, "
+          f"{len(summary['still_new'])} new still showing")
+    for item in summary["fixed"][:10]:
+        print(f"  fixed since {item['fixed_since']} ({item['fixed_since_run']}): "
+              f"[{item['suite']}] {item['signature']}")
+    for item in summary["not_seen"][:10]:
+        print(f"  not seen since {item['not_seen_since']} ({item['not_seen_since_run']}): "
+              f"[{item['suite']}] {item['signature']}")
+    for item in summary["still_new"][:10]:
+        print(f"  NEW since {item['first_seen']}: [{item['suite']}] {item['signature']}")
+    for item in summary["coverage_drops"][:10]:
+        print(f"  COVERAGE DROP {item['created_utc']} ({item['run_id']}): [{item['suite']}] "
+              f"lines {item['change_lines']:+.2f} pts, branches {item['change_branches']:+.2f} pts")
+    print(f"page: {out}")
+    return 0
+
+
+def write_page(out: Path, text: str) -> None:
+    """Write ``out`` through a temp file of its own, renamed into place: two
+    ``simrig history`` at once each write whole pages, and a reader never sees half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{out.name}-", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; the page is not
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -138,6 +138,23 @@ def append_run(root: str | Path, summary: dict[str, Any], classes: pd.DataFrame 
     return run_id
 
 
+def record_history(summary: dict[str, Any], classes: pd.DataFrame | None) -> None:
+    """Append a finished run to the store ``history_dir()`` names. The run's result is
+    already decided: a store that cannot be written, any error from it, or a Ctrl-C during
+    the append costs one warning line on stderr, never the exit status."""
+    root = None
+    try:
+        root = history_dir()
+        if root is None:
+            return
+        append_run(root, summary, classes)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 -- see above
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else \
+            " ".join(str(exc).split()) or type(exc).__name__
+        where = root if root is not None else "the history store"
+        print(f"simrig: warning: history not recorded in {where}: {why}", file=sys.stderr)
+
+
 def coverage_rows(data: dict[str, Any], run_id: str, vllm_version: str) -> pd.DataFrame:
     """The branch arcs of the run's driven functions, reached or not (simrig coverage)."""
     branches = analyze(from_jsonable(data), Reasons([])).branches

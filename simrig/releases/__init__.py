@@ -9,6 +9,6 @@
 May import the core, trace_io, findings, report and ``simrig.bench.stats`` (the
 bootstrap intervals of interleaved rounds); the adapters only inside side.py,
 lazily, since that worker runs in the side venv. Never ``campaign``,
-``selftest``, ``commands``, ``bisect`` or ``repro``. Nothing here imports vllm:
+``selftest``, ``cli``, ``bisect`` or ``repro``. Nothing here imports vllm:
 each side's vLLM runs in its own process.
 """

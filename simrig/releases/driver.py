@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,10 @@ import pandas as pd
 
 from simrig.errors import UsageError
 from simrig.findings.classes import KNOWN, NEW, ClassStats, class_frame
+from simrig.history.store import record_history
 from simrig.releases import diff
 from simrig.releases.envs import PROJECT, SideSpec
+from simrig.releases.fuzzsides import fuzz_classes
 from simrig.releases.side import PREFIX
 
 
@@ -142,6 +146,24 @@ def compare(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, .
                                 "verdict": row.verdict} for row in lat.itertuples()},
     }
     return Comparison(ta, tb, classes, contract, lat, values, compared, summary)
+
+
+def compare_command(a: SideSpec, b: SideSpec, traces: list[str], *, stages: tuple[str, ...], rounds: int,
+                    fuzz_budget: float, out: Path) -> int:
+    """``simrig compare`` from checked arguments: both sides (and with ``fuzz_budget`` the same
+    seeded campaign on each), the report, the history row and what the command prints."""
+    with tempfile.TemporaryDirectory(prefix="simrig-compare-") as work:
+        log = (lambda line: print(line, file=sys.stderr))
+        result = compare(a, b, traces, stages=stages, rounds=rounds, work=Path(work), log=log)
+        if fuzz_budget > 0:
+            fuzz_classes(result, a, b, fuzz_budget, Path(work), log=log)
+        report = write(result, out)
+    written = json.loads((report / "summary.json").read_text())
+    record_history(written, pd.read_parquet(report / "classes.parquet"))
+    for line in headline(result):
+        print(line)
+    print(f"report: {report / 'report.html'}")
+    return result.exit_status
 
 
 def write(result: Comparison, out: Path) -> Path:

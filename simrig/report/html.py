@@ -11,6 +11,7 @@ import base64
 import html
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,11 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def emit_json(summary: dict[str, Any]) -> None:
+    """``--json``: the summary on stdout, nothing else there."""
+    sys.stdout.write(json.dumps(jsonable(summary), indent=2, sort_keys=True) + "\n")
 
 
 def banner(summary: dict[str, Any]) -> tuple[str, bool]:

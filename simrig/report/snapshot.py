@@ -2,7 +2,7 @@
 
 A small built-in scenario (fresh prefill, chunked prefill, decode, spec
 decode with a rejection, PCP 2) runs through the Harness (``simrig contract
-snapshot``, ``simrig.tools.contract.build_snapshot``); every field of
+snapshot``, ``simrig.cli.contract_cmd.build_snapshot``); every field of
 every stage is recorded with its kind and dtype, next to the dtype the
 contract declares (null for fields outside the table):
 

@@ -27,8 +27,9 @@ import pandas as pd
 from simrig.coverage.session import coverage_report_parts
 from simrig.errors import UsageError
 from simrig.findings.classes import classes_from_rows, verdict_counts
-from simrig.report.html import _CSS, coverage_section, jsonable, render_html
+from simrig.report.html import _CSS, banner, coverage_section, jsonable, render_html
 from simrig.triton_interpreter import registry
+from simrig.views.summary_md import summary_markdown
 
 if TYPE_CHECKING:
     from simrig.coverage.collect import CoverageData
@@ -194,6 +195,20 @@ def swap_into_place(tmp: Path, out: Path, attempts: int = 50) -> None:
         finally:
             shutil.rmtree(old, ignore_errors=True)
     raise OSError(errno.EBUSY, "another run keeps replacing the report", str(out))
+
+
+def write_summary_md(path: str | None, command: str, summary: dict[str, Any], classes: Any,
+                     headline: str, report: str) -> None:
+    """``--summary-md FILE``: the run's Markdown summary, written whole (temporary file, rename)."""
+    if not path:
+        return
+    text = summary_markdown(command, banner(summary)[0], headline, summary, classes, report)
+    target = Path(path).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{target.name}-", dir=target.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, target)
 
 
 def write_coverage_dir(out: str, data: CoverageData, title: str = "simrig coverage") -> str:

@@ -15,6 +15,7 @@ import os
 import pprint
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,38 @@ def _doc(trace: Path, key: ClassKey, cls: dict[str, Any], header: Any, num_steps
             "Fails on a vLLM that shows the class, passes where it is fixed. Run: pytest -q THIS_FILE\n"
             "Needs only vllm, torch, numpy and pytest; without CUDA the runner is built on CPU and\n"
             "the MRV2 Triton kernels run in Triton's interpreter.\n")
+
+
+def write_and_check(out: Path, trace: Path, key: ClassKey, text: str, python: str | None,
+                    where: str) -> int:
+    """``simrig repro --pytest OUT.py``: write ``text`` to ``out`` whole (temporary file,
+    rename); with ``python`` (--check) run it there and say whether the class shows on
+    ``where`` (0 it shows, 1 it does not)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{out.name}-", dir=out.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, out)
+    print(f"wrote {out}: {key.text} from {trace} ({len(text.splitlines())} lines); "
+          f"run: pytest -q {out}")
+    if python is None:
+        return 0
+    status, tail = run_pytest(python, out.resolve())
+    if status not in (0, 1):
+        raise UsageError(f"--check: pytest could not run the file on {where} (exit {status}): "
+                         f"{tail.splitlines()[-1] if tail else ''}")
+    # a loud rejection shows when its file passes; a silent acceptance when it fails
+    loud = class_literal(key, read_trace(trace)[0])["property"] == "raises" and key.kind != "silent_acceptance"
+    shows = (status == 1) != loud  # a loud rejection shows when its test passes
+    verb = "passes" if status == 0 else "FAILS"
+    what = (f"it reproduces {key.text}" if shows and not loud else
+            f"the runner rejects the violation loudly ({key.text} shows)" if shows else
+            f"the violation is accepted silently ({key.text} does not show)" if loud else
+            f"{key.text} does not show there")
+    print(f"check: {verb} on {where}: {what}")
+    for line in tail.splitlines()[:1] if status == 1 else []:
+        print(f"  {line.removeprefix('E').strip()}")
+    return 0 if shows else 1
 
 
 def run_pytest(python: str, file: Path, timeout: float = 900, env: dict[str, str] | None = None

@@ -245,6 +245,18 @@ def check_folder(folder: Path, pythons: dict[str, str], run: Any) -> tuple[dict[
     return measured, ok
 
 
+def print_folder_check(folder: Path, pythons: dict[str, str], run: Any) -> int:
+    """``simrig repro --check FOLDER``: ``check_folder``, then one line per release (those
+    without an interpreter in ``pythons``: not run); 0 when every verdict is the expected one."""
+    measured, ok = check_folder(folder, pythons, run)
+    expected = read_verdict(folder)["expected"]
+    for release in RELEASES:
+        got = measured.get(release, "not run (no side venv)")
+        mark = "" if release not in measured else "  ok" if got == expected[release] else "  DIFFERS"
+        print(f"{folder.name}: vLLM {release}: {got} (expected {expected[release]}){mark}")
+    return 0 if ok else 1
+
+
 def verdict_table(root: Path = KNOWN.parents[1] / "upstream") -> str:
     """The folders' verdicts as a markdown table: measured where --check ran (with the
     expected one when they differ), else the expected one marked as not measured."""

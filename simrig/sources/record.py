@@ -201,6 +201,27 @@ def record_to_file(path: str, setup: Any, workload: list[WorkloadRequest], *, sp
     return result
 
 
+def record_and_print(path: str, workload: list[WorkloadRequest], clamped: int, **options: Any
+                     ) -> RecordResult:
+    """``record_to_file(path, workload=workload, **options)``, then what ``simrig record`` and
+    ``simrig import`` print: the trace's steps, requests and scheduler events, and the times."""
+    start = time.perf_counter()
+    result = record_to_file(path, workload=workload, **options)
+    wall_s = time.perf_counter() - start
+    s = result.stats
+    print(f"wrote {path}: {s.steps} steps, {s.requests} requests "
+          f"({result.requests_admitted}/{result.requests_total} admitted, {s.finished} finished)")
+    print(f"  preemptions {s.preemptions}, resumptions {s.resumptions}, "
+          f"chunked-prefill steps {s.chunked_prefill_steps}, spec-decode steps {s.spec_decode_steps} "
+          f"({s.draft_tokens} drafts, {s.rejected_tokens} rejected)")
+    print(f"  prefix-cache hits {s.prefix_cache_hits} ({s.prefix_cache_hit_tokens} tokens), "
+          f"max batch {s.max_batch_reqs} requests, {s.scheduled_tokens} tokens scheduled"
+          + (f", {clamped} requests clamped to --max-model-len" if clamped else ""))
+    print(f"  simulated {result.simulated_s:.1f} s; wall {wall_s:.1f} s (scheduler setup {result.setup_s:.1f} s), "
+          f"scheduler loop {result.scheduler_s:.2f} s ({s.steps / max(result.scheduler_s, 1e-9):.0f} steps/s)")
+    return result
+
+
 def continuity_problems(steps) -> list[str]:
     """Where a cached request's num_computed_tokens breaks the rule
     ``computed[k+1] = computed[k] + scheduled[k] - rejected[k]`` (the rule the

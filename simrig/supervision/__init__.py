@@ -5,5 +5,5 @@
 crash or hang recorded as a ``crash`` class), ``replay.py`` (``simrig
 replay``: units of trace x PCP size, the crashed one recorded and skipped).
 It may import the core, ``trace_io``, ``findings``, ``report``, ``replay`` and
-``campaign``; never ``selftest``, ``tools``, ``commands`` or ``distributed``.
+``campaign``; never ``selftest``, ``cli`` or ``distributed``.
 """

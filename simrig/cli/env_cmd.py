@@ -5,15 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from simrig.errors import UsageError
+
+
+DESCRIPTION = """Side venvs under .venvs/ hold another vLLM (a release, a wheel or a source
+    checkout) with the bootstrap's CPU recipe, for simrig compare."""
+EPILOG = """exit status: 0 the side venv was built (create) or listed (list); 2 an unknown
+    --vllm spec, a release without Model Runner V2, or a failed install (one line on
+    stderr)"""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("env", help="build and list side venvs for other vLLM releases",
-                       description="Side venvs under .venvs/ hold another vLLM (a release, a wheel "
-                                   "or a source checkout) with the bootstrap's CPU recipe, for "
-                                   "simrig compare.",
-                       epilog="exit status: 0 the side venv was built (create) or listed (list); "
-                              "2 an unknown --vllm spec, a release without Model Runner V2, or a "
-                              "failed install (one line on stderr)")
+    p = sub.add_parser("env", description=DESCRIPTION, epilog=EPILOG,
+                       help="build and list side venvs for other vLLM releases")
     env_sub = p.add_subparsers(dest="env_command", metavar="ACTION")
     env_sub.required = True
     create = env_sub.add_parser("create", help="build the side venv for --vllm SPEC")
@@ -29,8 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from simrig.releases import envs
-    from simrig.errors import UsageError
+    from simrig.releases import envs  # cold path: only this command needs the side venvs
 
     side = envs.resolve_spec(args.vllm)
     venv = envs.create(side, layered=args.layered, log=lambda line: print(line, file=sys.stderr))
@@ -43,7 +46,7 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from simrig.releases import envs
+    from simrig.releases import envs  # cold path: only this command needs the side venvs
 
     sides = envs.list_sides()
     if not sides:

@@ -22,8 +22,9 @@ def _version(dist: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # cold path: the adapters and the platform probe vLLM and torch, off `simrig --help`
     from simrig.adapters.runner import entry_point_report
-    from simrig.vllm_runtime import platform
+    from simrig.vllm_runtime import platform  # cold path (see above)
 
     choice = platform.configure()
     print(f"simrig   {_version('simrig')}")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 def _print_interpreter_patches(cpu: bool) -> None:
     """Each interpreter patch and its state (never fatal: a patch not installed
     leaves Triton's own code running)."""
-    from simrig.triton_interpreter import registry
+    from simrig.triton_interpreter import registry  # cold path: Triton's version, off `simrig --help`
 
     if not cpu:
         print("interpreter patches: none (CUDA mode: Triton compiles the kernels)")
@@ -64,7 +65,7 @@ def _print_interpreter_patches(cpu: bool) -> None:
 
 def _print_release_shape() -> None:
     """How simrig calls this release, and what it cannot drive here (never fatal)."""
-    from simrig.adapters.runner import shape_report
+    from simrig.adapters.runner import shape_report  # cold path: vLLM, off `simrig --help`
 
     shape = shape_report()  # a shape the adapter does not know -> VllmApiError, exit 2
     print("call shape (read from the installed code):")

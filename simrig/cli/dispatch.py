@@ -1,6 +1,6 @@
 """One ``simrig`` command line: parsed, dispatched to its subcommand, ended with an exit status.
 
-``simrig.cli`` starts ``main``; ``simrig demo`` runs its command lines through it too.
+``simrig.cli`` exports ``main``; ``simrig demo`` runs its command lines through it too.
 Every command ends with 0 (clean), 1 (findings), 2 (one line naming what was wrong, no
 traceback), 3 (simrig's own code raised: ``simrig.errors.EXIT_RIG_ERROR``) or 130
 (Ctrl-C, ``simrig.interrupt``). ``quiet_vllm_logs`` keeps vLLM's CPU import messages
@@ -19,7 +19,14 @@ import sys
 import tempfile
 import traceback
 
-from simrig.commands import COMMAND_MODULES
+from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
+from simrig.trace_io.trace import TraceError
+from simrig.vllm_api.entry_points import VllmApiError, VllmUnavailable
+
+# The order in which subcommands appear in ``simrig --help``: each one's module.
+COMMAND_MODULES = tuple(f"simrig.cli.{name}_cmd" for name in (
+    "demo", "replay", "fuzz", "record", "import", "contract", "bench", "selftest", "history",
+    "coverage", "doctor", "env", "compare", "bisect", "repro"))
 
 # Exit statuses of commands whose own module states them in its description only.
 DEFAULT_EPILOGS = {
@@ -78,10 +85,6 @@ def quiet_vllm_logs(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
-    from simrig.trace_io.trace import TraceError
-    from simrig.vllm_api.entry_points import VllmApiError, VllmUnavailable
-
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet_vllm_logs(getattr(args, "verbose", False))
@@ -111,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 def _choose_known_findings(path: str | None) -> None:
     """--known FILE for this process and its children; every file is read now,
     before vLLM is imported, so a malformed one fails in a second."""
+    # cold path: only the judging commands read the known findings, off `simrig --help`
     from simrig.findings.known import KNOWN_ENV, validate_known_findings
 
     if path:

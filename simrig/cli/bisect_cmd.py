@@ -1,30 +1,34 @@
-"""``simrig bisect``: which vLLM release or commit introduced (or fixed) a finding class."""
+"""``simrig bisect``: which vLLM release or commit introduced (or fixed) a finding class.
+
+The search, the report and the history row are ``simrig.bisect.run.bisect_command``'s.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-EPILOG = ("exit status: 0 every leg named its release or commit; 1 a leg is ambiguous (only "
-          "skipped points were left between the last good and the first bad); 2 bad input: an "
-          "unknown spec, a malformed --class, a trace that does not exist or declares no class, "
-          "a --repo that is not git, an end of the range without the verdict its flag claims "
-          "(one line on stderr, no report); 3 simrig's own code raised")
+from simrig.cli.flags import add_output_flags
+from simrig.errors import UsageError
+
+DESCRIPTION = """Replay REPRODUCER (a trace) on vLLM releases (side venvs) or on the commits of
+    a vLLM checkout (--repo; each commit's MRV2 files laid over the closest installed
+    release, nothing built) and binary-search the first point where the finding class
+    appears (--good older than --bad) or disappears (--bad older than --good). Points that
+    cannot be judged are skipped, as git bisect skip does. Writes a report with each step's
+    verdict and time and the MRV2 files that changed, and records the result in simrig
+    history."""
+EPILOG = """exit status: 0 every leg named its release or commit; 1 a leg is ambiguous (only
+    skipped points were left between the last good and the first bad); 2 bad input: an
+    unknown spec, a malformed --class, a trace that does not exist or declares no class, a
+    --repo that is not git, an end of the range without the verdict its flag claims (one
+    line on stderr, no report); 3 simrig's own code raised"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import add_output_flags
-
-    p = sub.add_parser(
-        "bisect", help="find the vLLM release or commit that introduced (or fixed) a finding class",
-        description="Replay REPRODUCER (a trace) on vLLM releases (side venvs) or on the commits of "
-                    "a vLLM checkout (--repo; each commit's MRV2 files laid over the closest "
-                    "installed release, nothing built) and binary-search the first point where "
-                    "the finding class appears (--good older than --bad) or disappears (--bad "
-                    "older than --good). Points that cannot be judged are skipped, as git bisect "
-                    "skip does. Writes a report with each step's verdict and time and the MRV2 "
-                    "files that changed, and records the result in simrig history.",
-        epilog=EPILOG)
+    p = sub.add_parser("bisect", description=DESCRIPTION, epilog=EPILOG,
+                       help="find the vLLM release or commit that introduced (or fixed) a finding class")
     p.add_argument("reproducer", metavar="REPRODUCER", help="a trace file (e.g. a shrunk or "
                    "regression trace) that shows the class on --bad")
     p.add_argument("--good", action="append", required=True, metavar="SPEC",
@@ -53,17 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from simrig.bisect import gitrepo
-    from simrig.bisect import points as bisect_points
-    from simrig.bisect import run as bisect_run
-    from simrig.bisect.search import ClassKey
-    from simrig.errors import UsageError
-    from simrig.replay import parse_stages, scan_trace
-    from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.tools.common import emit_json, record_history
-    from simrig.vllm_runtime.overlay import parse_paths
+    # cold path: the bisect's report and the replay bring pandas, off `simrig --help`
+    from simrig.bisect import gitrepo, run as bisect_run
+    from simrig.bisect.search import ClassKey  # cold path (see above)
+    from simrig.replay import parse_stages, scan_trace  # cold path (see above)
+    from simrig.report.writer import check_out_dir, default_out_dir  # cold path (see above)
+    from simrig.vllm_runtime.overlay import parse_paths  # cold path (see above)
 
     trace = Path(args.reproducer)
     if not trace.is_file():
@@ -84,21 +83,7 @@ def run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out if args.out else default_out_dir("bisect"))
     log = (lambda line: None) if (args.quiet or args.json) else \
         (lambda line: print(line, file=sys.stderr, flush=True))
-    legs = bisect_run.plan_legs(args.good, args.bad, repo, args.base, paths)
-    judge = bisect_points.Judge(trace, key, stages=args.stages, cache=Path(args.cache),
-                                use_cache=not args.no_cache, repo=repo, paths=paths,
-                                timeout=args.timeout, log=log)
-    summary = bisect_run.run(trace, key, legs, judge, repo, paths)
-    report = bisect_run.write_report(summary, out)
-    summary["report"] = str(report)
-    history = {k: v for k, v in summary.items() if k not in ("steps", "legs")}
-    history["bisect_legs"] = [{k: v for k, v in leg.items() if k != "diff"} for leg in summary["legs"]]
-    record_history(history, None)
-    if args.json:
-        emit_json({**summary, "legs": [{k: v for k, v in leg.items() if k != "diff"}
-                                       for leg in summary["legs"]]})
-        return summary["exit_status"]
-    for line in bisect_run.headline_lines(summary):
-        print(line)
-    print(f"report: {report / 'report.html'}")
-    return summary["exit_status"]
+    return bisect_run.bisect_command(trace, key, good=args.good, bad=args.bad, repo=repo, base=args.base,
+                                     paths=paths, out=out, json_out=args.json, log=log, stages=args.stages,
+                                     cache=Path(args.cache), use_cache=not args.no_cache,
+                                     timeout=args.timeout)

@@ -12,17 +12,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from simrig.errors import EXIT_USAGE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+DESCRIPTION = """Replay traces/samples, traces/recorded and traces/regressions, fuzz for
+    --budget seconds, then render the history page; reports under --out."""
+EPILOG = """exit status: the worse of the replay and the fuzz campaign (0 nothing new, 1 a
+    new finding class, 2 bad arguments, an unwritable --out or a malformed --known file, 3 a
+    bug in simrig)"""
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="replay the bundled traces and run a short fuzz campaign",
-                       description="Replay traces/samples, traces/recorded and traces/regressions, "
-                                   "fuzz for --budget seconds, then render the history page; "
-                                   "reports under --out.",
-                       epilog="exit status: the worse of the replay and the fuzz campaign "
-                              "(0 nothing new, 1 a new finding class, 2 bad arguments, an "
-                              "unwritable --out or a malformed --known file, 3 a bug in simrig)")
+    p = sub.add_parser("demo", description=DESCRIPTION, epilog=EPILOG,
+                       help="replay the bundled traces and run a short fuzz campaign")
     p.add_argument("--out", default="reports/demo", metavar="DIR",
                    help="where the two reports go (default reports/demo)")
     p.add_argument("--budget", type=float, default=30.0, metavar="SECONDS",
@@ -35,10 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.commands.dispatch import main
-    from simrig.errors import EXIT_USAGE
-    from simrig.history.store import history_dir
-    from simrig.report.writer import check_out_dir
+    # at call time: the dispatch imports this module first (and a test may replace its main)
+    from simrig.cli.dispatch import main
+    from simrig.history.store import history_dir  # cold path: pandas, off `simrig --help`
+    from simrig.report.writer import check_out_dir  # cold path: pandas, off `simrig --help`
 
     out = Path(args.out)
     for part in ("replay", "fuzz"):  # both folders, before ten minutes of work

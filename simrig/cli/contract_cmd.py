@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from simrig.errors import UsageError
+
 DEFAULT_OUT = "reports/contract-vllm-{version}.json"
 
 
@@ -30,8 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_snapshot(args: argparse.Namespace) -> int:
+    # cold path: the snapshot and the report writer bring pandas, off `simrig --help`
     from simrig.report.snapshot import write_snapshot
-    from simrig.report.writer import check_out_file
+    from simrig.report.writer import check_out_file  # cold path (see above)
 
     if args.out:
         check_out_file(args.out)  # before the vLLM import and the scenario
@@ -45,9 +48,9 @@ def run_snapshot(args: argparse.Namespace) -> int:
 
 def build_snapshot(api: Any = None) -> dict[str, Any]:
     """Run the built-in scenario through the real installed vLLM."""
-    from simrig.errors import UsageError
+    # cold path: the harness drives vLLM, off `simrig --help`
     from simrig.harness import Harness
-    from simrig.report.snapshot import SCENARIO_CONFIG, scenario_steps, snapshot_from_observations
+    from simrig.report.snapshot import SCENARIO_CONFIG, scenario_steps, snapshot_from_observations  # cold
 
     harness = Harness(SCENARIO_CONFIG, api=api)
     observations = [harness.run_step(step) for step in scenario_steps()]
@@ -59,7 +62,7 @@ def build_snapshot(api: Any = None) -> dict[str, Any]:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from simrig.report.snapshot import diff_snapshots, load_snapshot
+    from simrig.report.snapshot import diff_snapshots, load_snapshot  # cold path: pandas
 
     a, b = load_snapshot(args.a), load_snapshot(args.b)
     rows = diff_snapshots(a, b)

@@ -1,33 +1,33 @@
 """``simrig fuzz``: a Hypothesis campaign against the real runner, in a supervised worker
 process (``simrig.supervision.campaign``: a crash or hang is a finding, the campaign goes on)
-or sharded on Ray workers (``--workers``); both end in the same report, summary keys,
-history row and exit status."""
+or sharded on Ray workers (``--workers``); both end in ``simrig.campaign.report.finish``:
+the same report, summary keys, history row and exit status."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
-from typing import Any
 
+from simrig.cli.flags import add_run_flags, check_step_timeout, check_summary_md, memcheck_env, progress_mode
+from simrig.coverage.session import CoverageRun
+from simrig.distributed.cluster import add_distributed_arguments, distributed_workers
+from simrig.errors import UsageError
 from simrig.step import CUDAGRAPH_MODES
+from simrig.trace_io.trace import trace_files_in
 
 DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
+DESCRIPTION = """Replay traces/regressions/, then run the stateful scheduler machine
+    through the real MRV2 input path until the budget is spent. Each new finding class is
+    shrunk to a minimal v1 trace under OUT/shrunk/. Loud rejections of adversarial
+    violations are *expected*; known findings of this vLLM are *known*; anything else is
+    *new*."""
+EPILOG = """exit status: 0 no new finding class; 1 a new finding class; 2 bad arguments
+    or input; 3 simrig's own code raised (rig_error, traceback in the report)"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from simrig.tools.common import (add_memcheck_flag, add_output_flags, add_step_timeout_flag,
-                                     add_summary_md_flag)
-
-    p = sub.add_parser(
-        "fuzz", help="fuzz the runner with the stateful scheduler-contract machine",
-        description="Replay traces/regressions/, then run the stateful scheduler machine "
-                    "through the real MRV2 input path until the budget is spent. Each new "
-                    "finding class is shrunk to a minimal v1 trace under OUT/shrunk/. "
-                    "Loud rejections of adversarial violations are *expected*; known "
-                    "findings of this vLLM are *known*; anything else is *new*.",
-        epilog="exit status: 0 no new finding class; 1 a new finding class; 2 bad arguments "
-               "or input; 3 simrig's own code raised (rig_error, traceback in the report)")
+    p = sub.add_parser("fuzz", description=DESCRIPTION, epilog=EPILOG,
+                       help="fuzz the runner with the stateful scheduler-contract machine")
     p.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="wall-clock budget for exploring (default 60, none with --max-examples); "
                         "shrinking a late find may take up to a quarter more. A run the budget "
@@ -60,13 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-regressions", action="store_true", help="skip the regression replay")
     p.add_argument("--save-regressions", action="store_true",
                    help="also copy each failing shrunk trace into the regressions folder")
-    add_output_flags(p, "fuzz")
-    add_summary_md_flag(p)
-    add_memcheck_flag(p)
-    add_step_timeout_flag(p)
-    from simrig.coverage.session import add_coverage_flags
-
-    add_coverage_flags(p, default=True)
+    add_run_flags(p, "fuzz")
     p.add_argument("--steer", action=argparse.BooleanOptionalAction, default=False,
                    help="steer the campaign by coverage (implies --coverage): Hypothesis' target() "
                         "on the MRV2 arcs each example reaches, and examples that reach new arcs "
@@ -78,15 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="sample the campaign's stack every 5 ms and write OUT/profile/: the time split "
                         "between vLLM's calls, Hypothesis and the rig, the top functions of each, and "
                         "collapsed stacks for a flame graph (costs well under 1%%)")
-    from simrig.distributed.cluster import add_distributed_arguments
-
     add_distributed_arguments(p, "shard the campaign (seed x mode x PCP slice) over N Ray workers")
     p.set_defaults(func=run)
 
 
 def _mode_list(text: str) -> tuple[str, ...]:
-    from simrig.errors import UsageError
-
     modes = tuple(m.strip().upper() for m in text.split(",") if m.strip())
     bad = [m for m in modes if m not in CUDAGRAPH_MODES]
     if bad or not modes:
@@ -95,8 +85,6 @@ def _mode_list(text: str) -> tuple[str, ...]:
 
 
 def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    from simrig.errors import UsageError
-
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -109,14 +97,12 @@ def _int_list(text: str, name: str, allowed: tuple[int, ...] | None = None) -> t
 
 
 def options_from_args(args: argparse.Namespace):
+    # cold path: the campaign, the replay and the machine bring Hypothesis, pandas and vLLM's
+    # adapters, off `simrig --help`
     from simrig.campaign.fuzz import CampaignOptions
-    from simrig.coverage.session import CoverageRun
-    from simrig.errors import UsageError
-    from simrig.replay import parse_stages, scan_trace
-    from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.tools.common import check_step_timeout, check_summary_md, progress_mode
-    from simrig.trace_io.trace import trace_files_in
-    from strategies.machine import VIOLATIONS
+    from simrig.replay import parse_stages, scan_trace  # cold path (see above)
+    from simrig.report.writer import check_out_dir, default_out_dir  # cold path (see above)
+    from strategies.machine import VIOLATIONS  # cold path (see above)
 
     if args.budget is not None and args.budget <= 0:
         raise UsageError(f"--budget: must be > 0 seconds, got {args.budget}")
@@ -165,77 +151,36 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.tools.common import memcheck_env
-
     with memcheck_env(args.memcheck):
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
+    # cold path: the campaign brings Hypothesis, pandas and vLLM's adapters, off `simrig --help`
     from simrig.campaign.fuzz import Campaign
-    from simrig.distributed.cluster import distributed_workers
+    from simrig.campaign.report import finish  # cold path (see above)
 
     options = options_from_args(args)
     if options.profile and (args.workers is not None or args.ray is not None):
-        from simrig.errors import UsageError
-
         raise UsageError("--profile: samples this process's campaign; run it without --workers/--ray")
     workers = distributed_workers(args)  # Ray missing / unreachable: exit 2 before anything runs
+
+    def end(campaign, status, shard_rows=()):
+        return finish(campaign, status, options.out_dir, summary_md=args.summary_md, json_out=args.json,
+                      shard_rows=shard_rows)
+
     if workers is not None:
-        from simrig.distributed.fuzz_shards import ShardedCampaign
+        from simrig.distributed.fuzz_shards import ShardedCampaign  # cold path: Ray, an optional extra
 
         sharded = ShardedCampaign(options, workers, args.ray)
         status = sharded.run()
-        return _finish(args, options, sharded.merged, status, sharded)
-    from simrig.supervision import forked
+        return end(sharded.merged, status, sharded.rows)
+    from simrig.supervision import forked  # cold path (see above)
 
     if not forked.enabled():  # SIMRIG_SUPERVISE=0: in this process (a debugger, a profiler)
         campaign = Campaign(options)
-        return _finish(args, options, campaign, campaign.run(), None)
-    from simrig.supervision.campaign import run_supervised
+        return end(campaign, campaign.run())
+    from simrig.supervision.campaign import run_supervised  # cold path (see above)
 
     # the campaign runs in a forked worker: a crash or hang in vLLM ends one example, not the run
-    return run_supervised(options, lambda campaign, status: _finish(args, options, campaign, status, None),
-                          step_timeout_s=args.step_timeout)
-
-
-def _finish(args: argparse.Namespace, options: Any, campaign: Any, status: int, sharded: Any) -> int:
-    """After the report is written: the history row and what the command prints."""
-    from simrig.campaign.report import headline
-    from simrig.coverage.session import without_coverage_data
-    from simrig.findings.classes import class_rows_for_print, verdict_line
-    from simrig.report.timing import time_share_line
-    from simrig.tools.common import changes_line, emit_json, record_history, write_summary_md
-
-    s = campaign.report_summary
-    write_summary_md(args, "fuzz", s, campaign.class_table, headline(s),
-                     str(options.out_dir / "report.html"))
-    record_history(s, campaign.class_table)
-    for text in campaign.stats.rig_errors:
-        print("simrig fuzz: rig error (a bug in simrig):\n" + text, file=sys.stderr)
-    if args.json:
-        emit_json(without_coverage_data(s))
-        return status
-    print(headline(s))
-    print(verdict_line(s.get("classes", {})) + f" — exit {status}")
-    for line in class_rows_for_print(campaign.class_table):
-        print(line)
-    if changes_line(s):
-        print(changes_line(s))
-    for row in sharded.rows if sharded is not None else ():
-        note = f" -- {row.note}" if row.note else ""
-        print(f"  shard {row.shard} [{row.status}] {row.worker} seed {row.seed} pcp {row.pcp_sizes}: "
-              f"{row.examples} examples, {row.steps} steps, {row.steps_per_s:.2f} steps/s, "
-              f"{row.classes} classes{note}")
-    if s.get("time_share"):
-        print(time_share_line(s["time_share"]))
-    from simrig.coverage.session import coverage_line
-
-    if coverage_line(s):
-        print(coverage_line(s))
-    if s.get("profile"):
-        shares = s["profile"]["shares"]
-        print("profile: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v >= 0.005)
-              + f" of the samples -- {options.out_dir / 'profile' / 'profile.txt'}")
-    print(f"report: {options.out_dir / 'report.html'}")
-    return status
+    return run_supervised(options, end, step_timeout_s=args.step_timeout)
