@@ -15,7 +15,7 @@ from typing import Any
 
 from simrig import observe as obs
 from simrig.vllm_runtime import platform
-from simrig.adapters import pipeline, sampling
+from simrig.adapters import pp_peer, sampling
 from simrig.adapters.probes import error_obs, pcp_private_view
 from simrig.adapters.reuse import RunnerState
 from simrig.adapters.runner import VllmApi, load
@@ -52,7 +52,7 @@ class Harness:
           postprocess the release's sample_tokens (stand-in logits and samplers,
                       adapters/sampling.py): postprocess_sampled's counts and the
                       runner's output to the scheduler
-          pipeline    pp_size > 1: the non-last PP rank's step (adapters/pipeline.py)
+          pipeline    pp_size > 1: the non-last PP rank's step (adapters/pp_peer.py)
           dummy       _dummy_run at the step's token count, in the runner's own
                       buffers (dummies); not after a step whose ``idle_dummy`` is False
 
@@ -82,7 +82,7 @@ class Harness:
         self.pcp_managers, self.dcp_peers = parts.pcp_managers, parts.dcp_peers
         # pp_size > 1: the non-last PP rank, stepped after this (the last) rank
         self.pp_mailbox = parts.pp_mailbox
-        self.pp_rank = (pipeline.NonLastRank(parts.pp_peer, parts.pp_mailbox)
+        self.pp_rank = (pp_peer.NonLastRank(parts.pp_peer, parts.pp_mailbox)
                         if parts.pp_peer is not None else None)
         self.num_steps = 0
         # the first step at which vLLM raised on this runner: every later step reports it,
@@ -249,7 +249,7 @@ class Harness:
         start = time.perf_counter()
         try:
             with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)), \
-                    pipeline.collectives(self.pp_mailbox):
+                    pp_peer.collectives(self.pp_mailbox):
                 output = self.runner.sample_tokens(None)
                 if output is not None and hasattr(output, "get_output"):
                     output = output.get_output()

@@ -1,6 +1,6 @@
 """What a supervised worker is doing, readable after it died.
 
-A campaign's forked worker (``simrig.supervision.campaign``) may die with no Python
+A campaign's forked worker (``simrig.supervision.campaign_worker``) may die with no Python
 state left, so it writes its step, example and stage into memory both processes map
 (``Lifeline``; ``mark_stage``, ``mark_step``). ``wait_child`` reads how a forked child
 ended: its exit status, its signal, or a hang (no new beat for the timeout: killed).

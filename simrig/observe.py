@@ -23,7 +23,7 @@ POSTPROCESS = "postprocess"  # GPUModelRunner.postprocess_sampled (sampler stand
 DUMMY = "dummy"  # InputBatch.make_dummy for the step's descriptor
 CAPTURE = "capture"  # make_dummy at one capture descriptor (first step only)
 PROFILE = "profile"  # GPUModelRunner.profile_run's dummy batch (first step only)
-PIPELINE = "pipeline"  # the non-last PP rank's step (pp_size > 1; adapters/pipeline.py)
+PIPELINE = "pipeline"  # the non-last PP rank's step (pp_size > 1; adapters/pp_peer.py)
 UBATCH = "ubatch"  # DBO: vLLM's split decision and micro-batches of the forward batch
 STAGES = (LIFECYCLE, GATHER, DISPATCH, PREPARE, PARTITION, POSTPROCESS, DUMMY, PROFILE, CAPTURE,
           PIPELINE, UBATCH)

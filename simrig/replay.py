@@ -163,7 +163,7 @@ def replay_traces(paths: Sequence[str | Path], *, pcp_sizes: Sequence[int] | Non
     ``cudagraph_mode`` replays every trace under that mode instead of its own;
     ``stop()`` true ends the replay before the next step (Ctrl-C), and the
     result holds every step replayed so far. ``units`` (a supervised replay,
-    ``simrig.supervision.replay``) is asked ``skip(i)`` before unit i (trace x
+    ``simrig.supervision.replay_workers``) is asked ``skip(i)`` before unit i (trace x
     PCP size, in order), told ``after_step(i)`` and ``done(i)``."""
     from simrig.adapters.runner import load  # late-bound: tests monkeypatch runner.load
 

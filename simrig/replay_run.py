@@ -1,7 +1,7 @@
 """One ``simrig replay`` run, from checked arguments to its exit status.
 
 ``run`` replays in this process (``SIMRIG_SUPERVISE=0``), in forked workers
-(``simrig.supervision.replay``: a trace that kills its process is a crash class) or on
+(``simrig.supervision.replay_workers``: a trace that kills its process is a crash class) or on
 Ray workers (``simrig.distributed.replay_shards``); each ends in ``report``: the report
 folder, the history row, ``--summary-md``, and the lines (or ``--json``) on stdout.
 The command line itself is ``simrig.cli.replay_cmd``'s.
@@ -30,7 +30,7 @@ from simrig.report.html import emit_json
 from simrig.report.timing import time_share_line
 from simrig.report.writer import write_report, write_summary_md
 from simrig.supervision import forked
-from simrig.supervision.replay import run_supervised
+from simrig.supervision.replay_workers import run_supervised
 from simrig.trace_io.trace import TraceReader
 
 
@@ -73,7 +73,7 @@ def run(r: ReplayRun, *, workers: int | None = None, ray: str | None = None,
 
 def replay_here(r: ReplayRun, book: Any) -> int:
     """The replay and its report in this process: a supervised worker's (``book``, a
-    ``simrig.supervision.replay.UnitBook``: its recorder and the units to skip) or the
+    ``simrig.supervision.replay_workers.UnitBook``: its recorder and the units to skip) or the
     command's own (``book`` None)."""
     recorder = book.recorder if book is not None else ReplayRecorder()
     progress = Progress(sys.stderr, mode=r.progress, total=r.total)

@@ -115,7 +115,7 @@ class RunnerConfig:
     # See REJECTION_SAMPLERS; only with num_speculative_tokens > 0.
     rejection_sampler: str = ""
     # Pipeline parallel world size (vLLM's ParallelConfig.pipeline_parallel_size):
-    # > 1 drives a non-last PP rank's runner next to the last rank's (adapters/pipeline.py).
+    # > 1 drives a non-last PP rank's runner next to the last rank's (adapters/pp_peer.py).
     pp_size: int = 1
     # Micro-batching (DBO: vLLM's ParallelConfig.enable_dbo for 2, ubatch_size for
     # more; 1 is off) and the token counts from which a batch is split:

@@ -77,7 +77,7 @@ class MachineSettings:
     # True -> rules stop running the real code (a campaign that ran out of time).
     stopped: Callable[[], bool] = lambda: False
     # hook(machine, index, step) before a step runs (a supervised campaign persists the
-    # example so far: simrig.supervision.campaign)
+    # example so far: simrig.supervision.campaign_worker)
     before_step: Callable[..., None] | None = None
     # A simrig.runners.RunnerPool: examples of one config share a runner, reset
     # and checked clean between them (None: a fresh runner per example).

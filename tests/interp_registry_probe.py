@@ -22,7 +22,7 @@ def main(scenario: str) -> None:
     import vllm  # noqa: F401
     from triton.runtime import interpreter
 
-    from simrig.triton_interpreter import catalogue, registry
+    from simrig.triton_interpreter import patch_catalogue, registry
     from simrig.vllm_runtime import interpreter_patches
 
     from vllm.v1.worker.gpu import buffer_utils
@@ -45,8 +45,9 @@ def main(scenario: str) -> None:
             return True
 
         # its own probe cannot see the fault (a constant): only the start-up check can
-        faulty = registry.Patch("skewed_store", catalogue.INTERP, ("interpreter_builder.create_masked_store",),
-                                install, lambda: 0, catalogue.KNOWN_GOOD)
+        faulty = registry.Patch("skewed_store", patch_catalogue.INTERP,
+                                ("interpreter_builder.create_masked_store",),
+                                install, lambda: 0, patch_catalogue.KNOWN_GOOD)
         listed = interpreter_patches.patches
         interpreter_patches.patches = lambda: [*listed(), faulty]
     platform.apply_after_import()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simrig.bench import runner as bench
+from simrig.bench import suites as bench
 from simrig.cli import main
 from simrig.errors import UsageError
 

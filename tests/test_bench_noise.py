@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simrig.bench import runner as bench
+from simrig.bench import suites as bench
 from simrig.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -137,7 +137,7 @@ def test_time_share_splits_vllm_calls_from_the_rig():
 
 
 def test_selftest_scoreboard_in_the_class_vocabulary():
-    from simrig.selftest.driver import ChildResult, scoreboard_classes, scoreboard_rows
+    from simrig.selftest.mutant_runs import ChildResult, scoreboard_classes, scoreboard_rows
 
     rows = scoreboard_rows([
         ChildResult("baseline"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from simrig.cli import main
-from simrig.selftest.driver import run_child
+from simrig.selftest.mutant_runs import run_child
 
 WIRING = Path(__file__).parent / "fixtures" / "wiring"
 # mutant -> (its shrunk trace, the first finding replay reports there: kind, stage, field).

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from simrig.campaign import report as campaign_report
+from simrig.campaign import campaign_report
 from simrig.campaign import shrink
 from simrig.campaign.fuzz import Campaign, CampaignOptions, FindingClass
 from simrig.findings.classes import Where

@@ -209,15 +209,16 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 @needs_triton
 @pytest.mark.vllm
 def test_cpu_mode_installs_all_fourteen_through_the_registry(vllm_api):
-    from simrig.triton_interpreter import catalogue
+    from simrig.triton_interpreter import patch_catalogue
     from simrig.vllm_runtime import platform
 
     if not platform.configure().is_cpu:
         pytest.skip("CUDA mode: no interpreter")
     states = {s.name: s for s in registry.patch_states()}
-    assert len(catalogue.PATCHES) == 14
-    assert all(states[p.name].state == INSTALLED for p in catalogue.PATCHES), registry.summary()["line"]
-    assert all(not p.required for p in catalogue.PATCHES)  # SIMRIG_INTERPRETER_SPEEDUPS=0 turns each off
+    assert len(patch_catalogue.PATCHES) == 14
+    assert all(states[p.name].state == INSTALLED for p in patch_catalogue.PATCHES), registry.summary()["line"]
+    # SIMRIG_INTERPRETER_SPEEDUPS=0 turns each off
+    assert all(not p.required for p in patch_catalogue.PATCHES)
 
 
 @needs_triton
@@ -234,7 +235,7 @@ def test_each_probe_sees_a_broken_stand_in_and_puts_triton_back(fresh, name, tar
     (the four that once checked only that their targets exist among them)."""
     import dataclasses
 
-    from simrig.triton_interpreter import catalogue
+    from simrig.triton_interpreter import patch_catalogue
     from simrig.vllm_runtime import platform
 
     platform.configure()
@@ -250,8 +251,9 @@ def test_each_probe_sees_a_broken_stand_in_and_puts_triton_back(fresh, name, tar
         setattr(owner, attr, broken(before))
         return True
 
-    patch = dataclasses.replace(catalogue.by_name(name), name=f"broken_{name}", module=catalogue.INTERP,
-                                attrs=(target,), install=install, known_good=("1.0",), undo=None)
+    patch = dataclasses.replace(patch_catalogue.by_name(name), name=f"broken_{name}",
+                                module=patch_catalogue.INTERP, attrs=(target,), install=install,
+                                known_good=("1.0",), undo=None)
     state = registry.apply(patch)
     assert state.state == FAILED, state
     assert state.reason.startswith(("probe disagreed with Triton's own answer", "probe raised with the patch")), state

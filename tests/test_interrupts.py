@@ -55,7 +55,7 @@ def test_a_polling_driver_gets_abandon_instead_of_an_exception():
 
 # ------------------------------------------------------------------ selftest
 def _child_result(name: str):
-    from simrig.selftest.driver import ChildResult
+    from simrig.selftest.mutant_runs import ChildResult
 
     return ChildResult(mutant=name, applied=True, detected=name != "baseline", via="fuzz:valid",
                        phase="fuzz-valid", seconds_to_detection=1.0, kind="dtype_drift",
@@ -68,13 +68,13 @@ def test_selftest_ctrl_c_keeps_the_mutants_finished(tmp_path, monkeypatch, capsy
     while the scoreboard is written is ignored. Exit 130, no history row."""
     from simrig import cli
     from simrig.report import writer
-    from simrig.selftest import driver
+    from simrig.selftest import mutant_runs
 
     ran = []
 
     def fake_child(mutant, **kwargs):
         ran.append(mutant)
-        if mutant != driver.BASELINE:
+        if mutant != mutant_runs.BASELINE:
             _interrupt_me()
         return _child_result(mutant)
 
@@ -84,7 +84,7 @@ def test_selftest_ctrl_c_keeps_the_mutants_finished(tmp_path, monkeypatch, capsy
         _interrupt_me()  # a second Ctrl-C while the report is being written
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(driver, "run_child", fake_child)
+    monkeypatch.setattr(mutant_runs, "run_child", fake_child)
     monkeypatch.setattr(writer, "write_report", write_under_fire)
     monkeypatch.setenv("SIMRIG_HISTORY", str(tmp_path / "history"))
     names = ["idx-mapping-host-int32", "idx-mapping-device-int32", "control-noop"]
@@ -92,12 +92,12 @@ def test_selftest_ctrl_c_keeps_the_mutants_finished(tmp_path, monkeypatch, capsy
     status = cli.main(["selftest", "--mutants", ",".join(names), "--budget-per-mutant", "5",
                        "--fuzz-only", "--out", str(out), "--quiet"])
     assert status == 130
-    assert ran == [driver.BASELINE, names[0]]
+    assert ran == [mutant_runs.BASELINE, names[0]]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_by"] == "signal" and summary["exit_status"] == 130
     assert summary["not_run"] == names[1:]
     board = pd.read_csv(out / "scoreboard.csv")
-    assert list(board.mutant) == [driver.BASELINE, names[0]]
+    assert list(board.mutant) == [mutant_runs.BASELINE, names[0]]
     assert not (tmp_path / "history").exists()
     assert "INTERRUPTED" in (out / "report.html").read_text()
 

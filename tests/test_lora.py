@@ -2,7 +2,7 @@
 replay through the real vLLM whose dispatch runs each batch on its LoRA case.
 
 Expected values are pinned by hand from the meaning of the fields
-(simrig/graph_rules/lora.py cites them), never taken from the run being checked.
+(simrig/graph_rules/lora_dispatch.py cites them), never taken from the run being checked.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simrig.checks.checker import Checker
-from simrig.graph_rules.lora import AdapterTracker, capture_cases, check_lora_dispatch, dispatch_case
+from simrig.graph_rules.lora_dispatch import AdapterTracker, capture_cases, check_lora_dispatch, dispatch_case
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 from simrig.trace_io.trace import TraceError, TraceHeader, read_trace, write_trace
 from strategies import runner_configs, scheduler_steps

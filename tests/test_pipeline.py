@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from simrig.checks.checker import Checker
-from simrig.checks.pipeline import PP_DECODE_INTERVAL
+from simrig.checks.pp_ranks import PP_DECODE_INTERVAL
 from simrig.findings import findings as fk
 from simrig.observe import PIPELINE, StepObs
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step

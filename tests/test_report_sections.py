@@ -14,7 +14,7 @@ from simrig.findings.classes import CLASS_COLUMNS
 from simrig.history.changes import since_previous
 from simrig.history.store import append_run
 from simrig.report.writer import write_report
-from simrig.views.changes import change_lines
+from simrig.views.changes_text import change_lines
 from simrig.views.sections import Links, entry_anchor
 from simrig.views.summary_md import summary_markdown
 

@@ -173,7 +173,7 @@ def test_fuzz_report_is_complete_or_absent(tmp_path, monkeypatch):
     half there (no tables without junit.xml), and no staging folder is left."""
     import pytest
 
-    from simrig.campaign import fuzz, report
+    from simrig.campaign import campaign_report, fuzz
 
     out = tmp_path / "nightly"
     campaign = fuzz.Campaign(fuzz.CampaignOptions(out_dir=out, progress="quiet"))
@@ -183,7 +183,7 @@ def test_fuzz_report_is_complete_or_absent(tmp_path, monkeypatch):
     def broken(campaign):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(report, "junit_xml", broken)
+    monkeypatch.setattr(campaign_report, "junit_xml", broken)
     out2 = tmp_path / "second"
     with pytest.raises(RuntimeError):
         fuzz.Campaign(fuzz.CampaignOptions(out_dir=out2, progress="quiet")).finish()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.selftest.catalogue import BY_NAME, CATALOGUE
-from simrig.selftest.driver import ChildResult, counts_as_detection, scoreboard_rows
+from simrig.selftest.mutant_runs import ChildResult, counts_as_detection, scoreboard_rows
 
 
 def finding(**kw) -> Finding:

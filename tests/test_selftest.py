@@ -57,7 +57,7 @@ def test_unknown_mutant_is_a_usage_error(capsys):
 
 @pytest.mark.slow
 def test_fuzz_phase_detects_a_mutant_when_no_trace_does(tmp_path):
-    from simrig.selftest.driver import run_child
+    from simrig.selftest.mutant_runs import run_child
 
     result = run_child("sort-key-prefill-first", budget_s=60, seed=0, baseline=[], traces=[],
                        out_dir=tmp_path, timeout_s=300)
@@ -75,7 +75,7 @@ def test_control_mutant_survives_the_adversarial_regressions_without_a_baseline(
     loud rejections, the known findings are known."""
     from pathlib import Path
 
-    from simrig.selftest.driver import run_child
+    from simrig.selftest.mutant_runs import run_child
 
     traces = sorted(Path("traces/regressions").glob("*.jsonl"))
     assert traces

@@ -37,7 +37,7 @@ def test_every_wiring_mutant_applies(vllm_api):
     ("dummy-slot-mappings-stale", "value_mismatch", "attn.slot_mappings"),
 ])
 def test_a_wiring_mutant_is_found_by_the_valid_campaign(tmp_path, name, kind, field):
-    from simrig.selftest.driver import run_child
+    from simrig.selftest.mutant_runs import run_child
 
     assert name in BY_NAME
     result = run_child(name, budget_s=0, seed=0, baseline=[], traces=[], out_dir=tmp_path,

@@ -208,7 +208,7 @@ def test_a_new_worker_resumes_every_class_and_applies_each_crash_once(tmp_path):
     from simrig.findings.findings import Finding
     from simrig.step import NewRequest, RunnerConfig, Step
     from simrig.supervision import forked
-    from simrig.supervision.campaign import SupervisedCampaign
+    from simrig.supervision.campaign_worker import SupervisedCampaign
 
     options = CampaignOptions(out_dir=tmp_path / "out", progress="quiet", database=None, max_examples=5)
     first = SupervisedCampaign(options, tmp_path)

@@ -1,7 +1,7 @@
 """Micro-batching (DBO): the split decision, the micro-batches and the uniform_decode flag.
 
 The real vLLM splits the batch each step ran (simrig.vllm_parts.ubatch); the oracle
-(simrig.graph_rules.ubatch) holds the micro-batches to the partition vLLM's comments
+(simrig.graph_rules.ubatch_split) holds the micro-batches to the partition vLLM's comments
 describe. Faults are seeded into observations (the judge must fail on them) and into
 vLLM itself, in a child process (the selftest mutant).
 """
@@ -115,7 +115,7 @@ def test_the_decision_and_the_uniform_decode_flag_are_judged(dbo_run):
 
 def test_a_batch_of_exactly_the_threshold_may_go_either_way():
     """The field docs say "greater than", the validator keeps a batch below it out."""
-    from simrig.graph_rules.ubatch import check_ubatches
+    from simrig.graph_rules.ubatch_split import check_ubatches
 
     config = dataclasses.replace(DBO, cudagraph_mode="NONE", capture_sizes=())
     q, pre = np.array([3, 3]), np.array([True, True])

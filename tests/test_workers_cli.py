@@ -172,7 +172,7 @@ def test_sharded_rig_error_and_signals_during_the_write(tmp_path, monkeypatch):
 
     from hypothesis import strategies as st
 
-    from simrig.campaign import report as campaign_report
+    from simrig.campaign import campaign_report
     from simrig.campaign.fuzz import CampaignOptions
     from simrig.distributed.fuzz_shards import ShardedCampaign
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
 
-from simrig.adapters import pipeline, wiring
+from simrig.adapters import pp_peer, wiring
 from simrig.step import RunnerConfig, Step, block_groups
 from simrig.vllm_api import versions
 from simrig.vllm_api.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError, VllmUnavailable  # noqa: F401 -- the adapter's public names
@@ -76,7 +76,7 @@ class RunnerParts:
     dispatcher: Any  # vLLM's CudaGraphManager, also runner.cudagraph_manager
     dummy_buffers: Any  # InputBuffers of the dummy runs
     # pp_size > 1: the non-last PP rank's runner and the broadcast between the ranks
-    # (adapters/pipeline.py); the runner above is then the last rank
+    # (adapters/pp_peer.py); the runner above is then the last rank
     pp_peer: Any = None
     pp_mailbox: Any = None
 
@@ -218,16 +218,16 @@ class VllmApi:
         """PP: ``last`` becomes the last rank, and a second runner, built and
         equipped the same way (its own block tables, dispatcher and PCP rank 0
         manager), PP rank 0; both get vLLM's own PPHandler, and the broadcast
-        between them is the mailbox (adapters/pipeline.py)."""
-        mailbox = pipeline.BroadcastMailbox()
+        between them is the mailbox (adapters/pp_peer.py)."""
+        mailbox = pp_peer.BroadcastMailbox()
         tables = self.build_block_tables(config)
         managers = self.build_pcp_managers(config, tables)
         peer = self.build_runner(config, self.build_dispatcher(config),
                                  managers[0] if managers else None, tables)
         for rank, runner in ((config.pp_size - 1, last), (0, peer)):
-            pipeline.make_pipeline_rank(runner, rank, config.pp_size, mailbox,
-                                        num_speculative_steps=config.num_speculative_tokens,
-                                        device=self.device)
+            pp_peer.make_pipeline_rank(runner, rank, config.pp_size, mailbox,
+                                       num_speculative_steps=config.num_speculative_tokens,
+                                       device=self.device)
         return peer, mailbox
 
     def build_block_tables(self, config: RunnerConfig) -> Any:

@@ -1,6 +1,6 @@
 """``simrig bench``: running the pytest-benchmark suites and comparing saved runs.
 
-    runner.py  runs the suites (tests/bench), loads saved runs, names sides of a
+    suites.py  runs the suites (tests/bench), loads saved runs, names sides of a
                comparison, interleaves two interpreters in rounds
     saves.py   sets of saved runs compared: B/A per benchmark, verdicts from the
                spread between saves

@@ -5,7 +5,7 @@
 new finding class fails its example, which Hypothesis shrinks, and the class is
 tolerated from the next chunk on. Exit status 1 means a class whose verdict is new
 (``simrig.findings.classes.fails_run``). Its other parts live beside it: stopping.py,
-corpus.py, steering.py and report.py in ``simrig/campaign/``.
+corpus.py, steering.py and campaign_report.py in ``simrig/campaign/``.
 
 See docs/fuzz.md, 'How a campaign runs'.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from simrig.campaign.axes import AxisState
+from simrig.campaign.campaign_report import ReportTables, findings_frame, write_campaign_report
 from simrig.campaign.corpus import TraceReplays
 from simrig.campaign.options import CampaignOptions, CampaignStats, FindingClass, Key  # noqa: F401 -- re-exported: the campaign's public types
 from simrig.campaign.repeatable import seed_only_draws
-from simrig.campaign.report import ReportTables, findings_frame, write_campaign_report
 from simrig.campaign.shrink import class_key
 from simrig.campaign.steering import CoverageSteering, plateau
 from simrig.campaign.stopping import StopRules
@@ -113,7 +113,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         return failing
 
     def _before_step(self, machine: Any, index: int, step: Step) -> None:
-        """Hook before each example step runs (``simrig.supervision.campaign``)."""
+        """Hook before each example step runs (``simrig.supervision.campaign_worker``)."""
 
     def _offer(self, cls: FindingClass, machine: Any) -> None:
         """Keep the smallest failing run seen for a class (Hypothesis shrinks towards it)."""
@@ -265,7 +265,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
     # ------------------------------------------------------------ output
     def finish(self) -> None:
         """Shrunk traces, report and JUnit XML, swapped into OUT whole
-        (simrig.campaign.report); runs after an interrupted run too."""
+        (simrig.campaign.campaign_report); runs after an interrupted run too."""
         write_campaign_report(self, confirm=True)
 
     def report_tables(self) -> Any:

@@ -1,7 +1,7 @@
 """What a fuzz campaign is given and what it keeps: options, finding classes, counters.
 
 Plain data, shared by the one-process campaign (``simrig.campaign.fuzz``), its
-report writer (``simrig.campaign.report``) and the sharded driver
+report writer (``simrig.campaign.campaign_report``) and the sharded driver
 (``simrig.distributed``), which ships these objects between Ray processes.
 """
 
@@ -107,7 +107,7 @@ class CampaignStats:
     runners: dict[str, int] = field(default_factory=dict)  # built / reused / dropped (simrig.runners)
     stopped_by: str = "budget"
     rig_errors: list[str] = field(default_factory=list)
-    crashes: int = 0  # workers that died or hung (simrig.supervision.campaign)
+    crashes: int = 0  # workers that died or hung (simrig.supervision.campaign_worker)
     # steps per configured cudagraph mode, and per mode vLLM's dispatch chose
     steps_by_cudagraph_mode: dict[str, int] = field(default_factory=dict)
     steps_by_dispatched_mode: dict[str, int] = field(default_factory=dict)

@@ -24,8 +24,8 @@ from simrig.checks.lifecycle import (
     SchedulerContract,
 )
 from simrig.checks.parity import check_parity, desc_key
+from simrig.checks.pp_ranks import PipelineTracker
 from simrig.checks.spec_outcomes import check_spec_outcomes
-from simrig.checks.pipeline import PipelineTracker
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.findings.known import KnownFindings, installed_vllm_version, load_known_findings
@@ -38,12 +38,12 @@ from simrig.graph_rules.dummy_batches import (
     check_placeholder_fields,
     check_profile,
 )
-from simrig.graph_rules.lora import AdapterTracker, check_lora_captures, check_lora_dispatch
+from simrig.graph_rules.lora_dispatch import AdapterTracker, check_lora_captures, check_lora_dispatch
 from simrig.graph_rules.lora_inputs import check_lora_inputs
 from simrig.graph_rules.padded_attn import check_dummy_attn, check_dummy_shape, check_padded_shapes
-from simrig.graph_rules.ubatch import check_ubatches
 from simrig.graph_rules.padding import check_capture, check_capture_sizes, check_dispatch
 from simrig.graph_rules.padding import descriptor, sizes_in_force
+from simrig.graph_rules.ubatch_split import check_ubatches
 from simrig.observe import CAPTURE, CAPTURE_SIZES, DUMMY, GATHER, LIFECYCLE, PARTITION, PREPARE, PROFILE
 from simrig.observe import StepObs
 from simrig.partition.pcp import check_dcp_peers, check_pcp

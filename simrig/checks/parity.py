@@ -34,7 +34,7 @@ NOT_BUILT_WITH_THE_BATCH = ("attn.", "manager.", "pcp.")
 # dcp_local_seq_lens_cpu_upper_bound is that PCP metadata before 0.33 moved it into ``pcp``
 NOT_BUILT_FIELDS = ("dcp_local_seq_lens", "dcp_local_seq_lens_cpu_upper_bound",
                     # host-only, "only populated for non-dummy pipeline-parallel batches"
-                    # (InputBatch.max_seq_len_np; checks/pipeline.py judges its values)
+                    # (InputBatch.max_seq_len_np; checks/pp_ranks.py judges its values)
                     "max_seq_len_np")
 REQUEST_SHAPED = ("query_start_loc", "query_start_loc_np", "seq_lens", "seq_lens_cpu_upper_bound")
 

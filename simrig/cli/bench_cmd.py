@@ -2,7 +2,7 @@
 
 Without ``--compare`` or ``--interleave`` it runs tests/bench; ``--compare RUNS_A RUNS_B``
 compares two sets of saves (verdicts need 2+ saves per side); ``--interleave VLLM_A
-VLLM_B`` runs both sides in alternating rounds. The work is ``simrig.bench.runner``'s;
+VLLM_B`` runs both sides in alternating rounds. The work is ``simrig.bench.suites``'s;
 see docs/benchmarks.md.
 """
 
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simrig.bench import runner as bench  # cold path: pandas and numpy, off `simrig --help`
+    from simrig.bench import suites as bench  # cold path: pandas and numpy, off `simrig --help`
 
     if args.interleave is not None:
         from simrig.releases.envs import side_for_compare  # cold path (see above)

@@ -1,6 +1,6 @@
 """``simrig compare``: the same traces under two vLLMs, side by side.
 
-Both sides, the report and the history row are ``simrig.releases.driver.compare_command``'s.
+Both sides, the report and the history row are ``simrig.releases.compare_run.compare_command``'s.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # cold path: the sides' driver, the replay and the report writer bring pandas, off `simrig --help`
-    from simrig.releases import driver, envs
+    from simrig.releases import compare_run, envs
     from simrig.replay import expand_trace_paths, parse_stages, scan_trace  # cold path (see above)
     from simrig.report.writer import check_out_dir, default_out_dir  # cold path (see above)
 
@@ -57,5 +57,5 @@ def run(args: argparse.Namespace) -> int:
         verdict = envs.doctor(side)
         if not verdict.ok:
             raise UsageError(f"--vllm {side.spec}: its vLLM is unusable: {verdict.line}")
-    return driver.compare_command(a, b, [str(p) for p in paths], stages=stages, rounds=args.rounds,
-                                  fuzz_budget=args.fuzz_budget, out=out)
+    return compare_run.compare_command(a, b, [str(p) for p in paths], stages=stages, rounds=args.rounds,
+                                       fuzz_budget=args.fuzz_budget, out=out)

@@ -1,6 +1,6 @@
 """``simrig fuzz``: a Hypothesis campaign against the real runner, in a supervised worker
-process (``simrig.supervision.campaign``: a crash or hang is a finding, the campaign goes on)
-or sharded on Ray workers (``--workers``); both end in ``simrig.campaign.report.finish``:
+process (``simrig.supervision.campaign_worker``: a crash or hang is a finding, the campaign goes on)
+or sharded on Ray workers (``--workers``); both end in ``simrig.campaign.campaign_report.finish``:
 the same report, summary keys, history row and exit status."""
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     # cold path: the campaign brings Hypothesis, pandas and vLLM's adapters, off `simrig --help`
     from simrig.campaign.fuzz import Campaign
-    from simrig.campaign.report import finish  # cold path (see above)
+    from simrig.campaign.campaign_report import finish  # cold path (see above)
 
     options = options_from_args(args)
     if options.profile and (args.workers is not None or args.ray is not None):
@@ -180,7 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     if not forked.enabled():  # SIMRIG_SUPERVISE=0: in this process (a debugger, a profiler)
         campaign = Campaign(options)
         return end(campaign, campaign.run())
-    from simrig.supervision.campaign import run_supervised  # cold path (see above)
+    from simrig.supervision.campaign_worker import run_supervised  # cold path (see above)
 
     # the campaign runs in a forked worker: a crash or hang in vLLM ends one example, not the run
     return run_supervised(options, end, step_timeout_s=args.step_timeout)

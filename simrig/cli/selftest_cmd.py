@@ -63,17 +63,17 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     # cold path: the catalogue and the scoreboard bring pandas, off `simrig --help`
     from simrig.report.writer import check_out_dir, default_out_dir
-    from simrig.selftest import driver, scoreboard  # cold path: pandas
+    from simrig.selftest import mutant_runs, scoreboard  # cold path: pandas
 
     if args.list:
-        for m in driver.CATALOGUE:
+        for m in mutant_runs.CATALOGUE:
             tag = " (equivalent)" if m.equivalent else " (control)" if m.control else ""
             print(f"{m.name:28s} {m.module}.{m.qualname}{tag}\n{'':28s} {m.description}")
         return 0
     started = time.monotonic()
     if args.budget_per_mutant <= 0:
         raise UsageError("--budget-per-mutant: must be > 0 seconds")
-    names = driver.select_mutants([n for n in (args.mutants or "").split(",") if n])
+    names = mutant_runs.select_mutants([n for n in (args.mutants or "").split(",") if n])
     out = check_out_dir(args.out or default_out_dir("selftest"))
     check_summary_md(args)
     coverage = CoverageRun.begin(args)  # a malformed reasons file: one line, exit 2, before any child

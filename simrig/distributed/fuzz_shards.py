@@ -2,7 +2,7 @@
 
 ``ShardedCampaign`` plans the shards (seed, mode, PCP slice), waits on them, reassigns
 a lost worker's budget, and merges what every shard reported (``MergedCampaign``) for
-the one-process report writer (``simrig.campaign.report``). A worker that dies loses
+the one-process report writer (``simrig.campaign.campaign_report``). A worker that dies loses
 only what it had not yet reported.
 
 See docs/ray.md, 'Fuzz shards'.
@@ -23,8 +23,8 @@ from typing import Any
 
 import pandas as pd
 
+from simrig.campaign.campaign_report import ReportTables, write_campaign_report
 from simrig.campaign.fuzz import Campaign, CampaignOptions
-from simrig.campaign.report import ReportTables, write_campaign_report
 from simrig.distributed.cluster import pinned_here, ray_session
 from simrig.distributed.collector import Collector, SharedDatabase
 from simrig.distributed.merge import concat_frames, merge_contract, prefixed, tally_from_counts
@@ -34,7 +34,7 @@ from simrig.interrupt import StopRequests
 from simrig.lifeline import Lifeline
 from simrig.replay import sort_rows
 from simrig.supervision import forked
-from simrig.supervision.campaign import apply_crash, crash_record
+from simrig.supervision.campaign_worker import apply_crash, crash_record
 
 # Ray's answers for a worker process that died under its task (a signal, an OOM kill): a crash
 # class when the driver can read what the shard persisted; a lost node or raylet is only lost

@@ -24,7 +24,7 @@ from simrig.campaign.shrink import write_shrunk
 from simrig.distributed.cluster import worker_name
 from simrig.distributed.collector import actor_database
 from simrig.findings.classes import ClassTally
-from simrig.supervision.campaign import persist_example
+from simrig.supervision.campaign_worker import persist_example
 
 POLL_S = 0.5  # heartbeat / stop-flag period of a shard
 

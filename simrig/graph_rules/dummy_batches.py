@@ -235,7 +235,7 @@ def check_dummy_dcp(index: int, config: RunnerConfig, stage: StageObs) -> list[F
 def check_placeholder_fields(index: int, stage: StageObs, pp: bool = False) -> list[Finding]:
     """Features never enabled hold their off value; a placeholder batch's host
     cu_num_logits is its device one. With ``pp`` (pp_size > 1) a real batch's
-    max_seq_len_np is PP's (checks/pipeline.py judges it)."""
+    max_seq_len_np is PP's (checks/pp_ranks.py judges it)."""
     if stage.error is not None or not stage.fields:
         return []
     out = []

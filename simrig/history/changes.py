@@ -3,7 +3,7 @@
 ``since_previous`` compares this run's summary and class table with the latest
 recorded run of its suite: classes appeared, gone (fixed, or not reached), verdicts
 changed, metrics. Every report writes it into summary.json as ``since_previous``; the
-words for it are ``simrig.views.changes``'s.
+words for it are ``simrig.views.changes_text``'s.
 
 See docs/history.md, 'What changed since the previous run'.
 """
@@ -18,7 +18,7 @@ import pandas as pd
 
 from simrig.findings.classes import verdict_counts
 from simrig.history.store import RUN_COLUMNS, StoreListing, _read_all, _summary, history_dir, replays_all_of
-from simrig.views.changes import change_lines
+from simrig.views.changes_text import change_lines
 
 MAX_LISTED = 40  # classes listed per change kind (the counts are always whole)
 

@@ -166,7 +166,7 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     **{("*", f): _OFF for f in ("prompt_lens", "max_seq_len_np", "fast_prefill",
                                 "num_admitted_draft_tokens", "has_structured_output_reqs")},
     ("gather", "max_seq_len_np"): _OFF,
-    # -- the non-last PP rank against the last rank and the trace (checks/pipeline.py) --
+    # -- the non-last PP rank against the last rank and the trace (checks/pp_ranks.py) --
     **{("pipeline", f"{side}.{f}"): _PP + ": both ranks' batches equal row by row (draft positions: the "
                                       "drafts the last rank broadcast)"
        for side in ("batch", "last") for f in ("req_ids", "input_ids", "positions", "seq_lens",
@@ -180,7 +180,7 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("pipeline", "received"): _PP + ": the non-last rank's sample_tokens received",
     ("pipeline", "broadcasts.sent"): _PP + ": a step with a row that must be marked broadcasts",
     ("pipeline", "broadcasts.unreceived"): _PP + ": none (a broadcast is collective)",
-    # -- micro-batching (graph_rules/ubatch.py) --
+    # -- micro-batching (graph_rules/ubatch_split.py) --
     ("dispatch", "uniform_decode"): _UB + ": a uniform decode exactly (every row a decode of "
                                     "decode_query_len tokens)",
     ("ubatch", "desc.num_ubatches"): _UB + " DECISION: split from the threshold of its kind",

@@ -346,7 +346,7 @@ SPEC_OUTCOMES: tuple[Mutant, ...] = (
            "bonus token: one sampled token short, one more counted rejected"),
 )
 
-# The non-last pipeline-parallel rank's path (PP 2 configs; checks/pipeline.py).
+# The non-last pipeline-parallel rank's path (PP 2 configs; checks/pp_ranks.py).
 _PP = "vllm.v1.worker.gpu.pp_utils"
 PIPELINE: tuple[Mutant, ...] = (
     Mutant("pp-mask-drops-continuing-prefill", _PP, "compute_need_sampled_mask",

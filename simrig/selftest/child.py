@@ -4,7 +4,7 @@
 
 SPEC holds the mutant name ("baseline" for none), budget, seed, the
 baseline's signatures and the bundled traces. The result is a
-``simrig.selftest.driver.ChildResult`` as JSON. The mutant lives only in this
+``simrig.selftest.mutant_runs.ChildResult`` as JSON. The mutant lives only in this
 process.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from simrig.coverage.collect import to_jsonable
-from simrig.selftest.driver import BASELINE, PHASE_TRACES, ChildResult, counts_as_detection
+from simrig.selftest.mutant_runs import BASELINE, PHASE_TRACES, ChildResult, counts_as_detection
 
 
 def _replay_until_new(result: ChildResult, traces: list[str], known: set[tuple[str, ...]],

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from simrig.campaign.fuzz import Campaign, CampaignOptions
-from simrig.selftest.driver import PHASE_FUZZ, ChildResult, counts_as_detection
+from simrig.selftest.mutant_runs import PHASE_FUZZ, ChildResult, counts_as_detection
 
 SHRINK_S = 30.0
 VALID_SHARE = 0.6  # of the remaining budget; adversarial gets the rest

@@ -1,6 +1,6 @@
 """One ``simrig selftest`` run: the baseline and each mutant in a child, then the scoreboard.
 
-``run_selftest`` runs the children (``simrig.selftest.driver.run_child``) in this
+``run_selftest`` runs the children (``simrig.selftest.mutant_runs.run_child``) in this
 process's loop or as Ray tasks, keeps every child finished when Ctrl-C stops it, and
 ends in ``scoreboard``: the report, the history row, ``--summary-md`` and the lines (or
 ``--json``) on stdout. The command line is ``simrig.cli.selftest_cmd``'s.
@@ -30,7 +30,7 @@ from simrig.history.store import record_history
 from simrig.interrupt import StopRequests
 from simrig.report import writer
 from simrig.report.html import emit_json
-from simrig.selftest import driver
+from simrig.selftest import mutant_runs
 from simrig.selftest.catalogue import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ class SelftestRun:
 
 def run_selftest(r: SelftestRun) -> int:
     """The baseline and the mutants, then the scoreboard of every child that finished."""
-    traces = [] if r.fuzz_only else driver.bundled_traces(ROOT)
+    traces = [] if r.fuzz_only else mutant_runs.bundled_traces(ROOT)
     # A child also pays the vLLM import (~15 s) and its replay; give it room past the budget.
     timeout = r.budget_s + 180
     results: list[Any] = []
@@ -76,11 +76,12 @@ def run_mutants(r: SelftestRun, traces: list[Path], timeout: float, results: lis
     """The baseline, then each mutant, appended to ``results`` as each finishes."""
     baseline_sigs: list[list[str]] = []
     work = r.out.parent / f".{r.out.name}-work"
-    cache = driver.baseline_cache(ROOT)
+    cache = mutant_runs.baseline_cache(ROOT)
     if not r.skip_baseline:
         r.say(f"selftest: baseline (unmutated), budget {r.budget_s:.0f} s")
-        base = driver.run_child(driver.BASELINE, budget_s=r.budget_s, seed=r.seed, baseline=[],
-                                traces=traces, out_dir=work, timeout_s=timeout, coverage=r.coverage.enabled)
+        base = mutant_runs.run_child(mutant_runs.BASELINE, budget_s=r.budget_s, seed=r.seed, baseline=[],
+                                     traces=traces, out_dir=work, timeout_s=timeout,
+                                     coverage=r.coverage.enabled)
         results.append(base)
         baseline_sigs = base.signatures
         if stop.requested:
@@ -99,15 +100,15 @@ def run_mutants(r: SelftestRun, traces: list[Path], timeout: float, results: lis
         calls = [dict(mutant=name, budget_s=r.budget_s, seed=r.seed, baseline=baseline_sigs,
                       traces=traces, out_dir=work, timeout_s=timeout) for name in r.names]
         with ray_session(r.workers, r.ray) as ray:
-            results += map_in_order(ray, driver.run_child, calls, on_done=lambda i, res: r.say(
+            results += map_in_order(ray, mutant_runs.run_child, calls, on_done=lambda i, res: r.say(
                 f"selftest: {r.names[i]} -> {verdict(r.names[i], res)}", flush=True))
         return
     for i, name in enumerate(r.names, 1):
         if stop.requested:
             return
         r.say(f"selftest: [{i}/{len(r.names)}] {name}", end="", flush=True)
-        res = driver.run_child(name, budget_s=r.budget_s, seed=r.seed, baseline=baseline_sigs,
-                               traces=traces, out_dir=work, timeout_s=timeout)
+        res = mutant_runs.run_child(name, budget_s=r.budget_s, seed=r.seed, baseline=baseline_sigs,
+                                    traces=traces, out_dir=work, timeout_s=timeout)
         results.append(res)
         r.say(f" -> {verdict(name, res)}")
 
@@ -128,7 +129,7 @@ def scoreboard(r: SelftestRun, results: list[Any], interrupted: bool) -> int:
         print("simrig selftest: interrupted before the first run finished; no scoreboard written",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    rows = driver.scoreboard_rows(results)
+    rows = mutant_runs.scoreboard_rows(results)
     board = pd.DataFrame(rows)
     detected = board[board.status == "detected"]
     times = detected.seconds_to_detection.astype(float)
@@ -171,7 +172,7 @@ def scoreboard(r: SelftestRun, results: list[Any], interrupted: bool) -> int:
     summary.update(cov_summary)
     summary["exit_status"] = coverage.exit_status(summary["exit_status"], summary)
     empty = pd.DataFrame()
-    classes = driver.scoreboard_classes(rows)
+    classes = mutant_runs.scoreboard_classes(rows)
     headline = (("INTERRUPTED: " if interrupted else "")
                 + f"{summary['detected']}/{len(names)} mutants detected, {summary['survived']} survived, "
                 f"{summary['errors']} errors, {summary['equivalent']} equivalent; baseline "

@@ -1,8 +1,8 @@
 """Work that may kill its process, run in forked workers under a supervisor.
 
 ``forked.py`` (the fork, relay and wait loop; the state workers share),
-``campaign.py`` (``simrig fuzz``'s campaign: resumed from checkpoints, a
-crash or hang recorded as a ``crash`` class), ``replay.py`` (``simrig
+``campaign_worker.py`` (``simrig fuzz``'s campaign: resumed from checkpoints, a
+crash or hang recorded as a ``crash`` class), ``replay_workers.py`` (``simrig
 replay``: units of trace x PCP size, the crashed one recorded and skipped).
 It may import the core, ``trace_io``, ``findings``, ``report``, ``replay`` and
 ``campaign``; never ``selftest``, ``cli`` or ``distributed``.

@@ -3,8 +3,8 @@
 A fault in vLLM can kill the process (a corrupted heap, an OOM kill) or never return.
 ``supervise`` runs the work in a forked worker, relays its output, reads its
 lifeline, and starts another when one dies; the state the workers share lives in
-a folder (``dump`` / ``load``). ``simrig.supervision.campaign`` and
-``simrig.supervision.replay`` use it.
+a folder (``dump`` / ``load``). ``simrig.supervision.campaign_worker`` and
+``simrig.supervision.replay_workers`` use it.
 
 See docs/fuzz.md, 'After a crash: the campaign goes on'.
 """

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from simrig.views.changes import change_lines, previous_label
+from simrig.views.changes_text import change_lines, previous_label
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_URL_ENV = "SIMRIG_DOCS_URL"  # a built docs site (URL or folder) to link explanations into

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from simrig.views.changes import change_lines, previous_label
+from simrig.views.changes_text import change_lines, previous_label
 
 MAX_NEW = 20  # new classes listed (the report has them all)
 MESSAGE_CHARS = 200

@@ -6,7 +6,7 @@ and makes a sibling device group for the sampled-token broadcast; its
 ``torch.distributed.broadcast`` on that group. In one process the group is
 ``PipelineGroupStandIn`` and the broadcast is ``BroadcastMailbox``: the last
 rank's tensors are queued and handed, in order, to the other rank's receives
-(adapters/pipeline.py drives both ranks; docs/standins.md lists both stand-ins).
+(adapters/pp_peer.py drives both ranks; docs/standins.md lists both stand-ins).
 """
 
 from __future__ import annotations

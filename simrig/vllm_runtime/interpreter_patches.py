@@ -15,7 +15,7 @@ import inspect
 import os
 from typing import Any
 
-from simrig.triton_interpreter import catalogue, registry
+from simrig.triton_interpreter import patch_catalogue, registry
 
 MEMCHECK_ENV = "SIMRIG_MEMCHECK"
 CHECK_KERNEL = "_compute_slot_mappings_kernel"
@@ -28,17 +28,17 @@ def memcheck_patch() -> registry.Patch:
     builder = ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas",
                "create_int_to_ptr", "options")
     return registry.Patch(
-        "memcheck", catalogue.INTERP,
+        "memcheck", patch_catalogue.INTERP,
         (*(f"interpreter_builder.{n}" for n in builder), "interpreter_semantic.binary_op_sanitize_overflow_impl",
          "GridExecutor.__call__"),
-        memcheck.install, catalogue.kernel_bytes, catalogue.KNOWN_GOOD,
+        memcheck.install, patch_catalogue.kernel_bytes, patch_catalogue.KNOWN_GOOD,
         required=f"a checker the run asked for ({MEMCHECK_ENV}=1), not a speed-up",
         undo=memcheck.uninstall)
 
 
 def patches() -> list[registry.Patch]:
     """What CPU mode installs, in order."""
-    found = list(catalogue.PATCHES)
+    found = list(patch_catalogue.PATCHES)
     if os.environ.get(MEMCHECK_ENV) == "1":
         found.append(memcheck_patch())
     return found

@@ -9,7 +9,7 @@ copied into the repository: the source is read from the install at run time.
 
     inspect.getsource(fn) --edit--> compile --exec in fn.__globals__--> rebind
 
-Mutants are applied in a child process (see simrig.selftest.driver), so one
+Mutants are applied in a child process (see simrig.selftest.mutant_runs), so one
 mutant never leaks into another run.
 """
 

@@ -96,7 +96,7 @@ def make_pipeline_rank(runner: Any, rank: int, world_size: int, mailbox: Broadca
 class NonLastRank:
     """Steps the non-last PP rank's runner after the last rank's, on the same
     ``SchedulerOutput``, and records what the oracle compares (the ``pipeline``
-    stage, rank 0; checks/pipeline.py):
+    stage, rank 0; checks/pp_ranks.py):
 
         batch.*                 the batch this rank ran (the global batch under PCP,
                                 as sample_tokens receives on it): req_ids, input_ids,

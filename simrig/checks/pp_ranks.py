@@ -1,6 +1,6 @@
 """The non-last pipeline-parallel rank, judged against the last rank and the trace.
 
-The harness drives a non-last rank next to the last one (simrig/adapters/pipeline.py) and
+The harness drives a non-last rank next to the last one (simrig/adapters/pp_peer.py) and
 records its ``pipeline`` stage (rank 0). ``PipelineTracker`` holds it to vLLM's own words:
 the same batch as the last rank, the drafts received, num_computed_tokens, the
 need_sampled_mask and every broadcast received (tabled in its docstring, with the
@@ -35,7 +35,7 @@ class PipelineTracker:
 
     Under PP every rank receives the same ``SchedulerOutput``; only the last rank
     samples and broadcasts what it sampled (``PPHandler``, vllm/v1/worker/gpu/pp_utils.py).
-    The harness drives a non-last rank next to the last one (adapters/pipeline.py)
+    The harness drives a non-last rank next to the last one (adapters/pp_peer.py)
     and records the ``pipeline`` stage (rank 0). What the non-last rank must do,
     from vLLM's own words:
 
