@@ -20,7 +20,10 @@ def _roots() -> list[Path]:
     spec = importlib.util.find_spec("vllm")
     assert spec is not None and spec.submodule_search_locations
     roots = [Path(list(spec.submodule_search_locations)[0])]
-    roots += sorted(p for p in RIG.glob(".venvs/vllm-*/lib/python*/site-packages/vllm") if p.is_dir())
+    # only side venvs `simrig env create` finished (its stamp): CI builds one while the
+    # suites run, and a half-installed vLLM is no release to read
+    roots += sorted(p for p in RIG.glob(".venvs/vllm-*/lib/python*/site-packages/vllm")
+                    if p.is_dir() and (p.parents[3] / ".simrig-installed").is_file())
     return roots
 
 
