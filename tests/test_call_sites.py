@@ -7,8 +7,6 @@ the side venv's release is read too.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -20,26 +18,12 @@ from simrig.ledger.call_sites import CallSite, call_site_arguments, site_argumen
 from simrig.ledger.decisions import decisions
 from simrig.ledger.evidence import check_cite, vllm_version
 
+from vllm_roots import installed_and_named_side
+
 DECISIONS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "decisions.md"
 
 
-def _installed() -> Path:
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations, "vllm is not installed"
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _roots() -> list[Path]:
-    roots = [_installed()]
-    side = os.environ.get("SIMRIG_SIDE_VENV", "")
-    if side:
-        found = sorted(Path(side).glob("lib/python*/site-packages/vllm"))
-        assert found, f"SIMRIG_SIDE_VENV={side}: no vllm package in its site-packages"
-        roots.append(found[0])
-    return roots
-
-
-@pytest.mark.parametrize("root", _roots(), ids=str)
+@pytest.mark.parametrize("root", installed_and_named_side(), ids=str)
 def test_every_call_site_argument_is_a_row(root):
     version = vllm_version(root)
     arguments, missing = call_site_arguments(root)
@@ -51,7 +35,7 @@ def test_every_call_site_argument_is_a_row(root):
     assert rowless == [], f"vLLM {version}: arguments with no row in simrig/ledger/call_rows.py"
 
 
-@pytest.mark.parametrize("root", _roots(), ids=str)
+@pytest.mark.parametrize("root", installed_and_named_side(), ids=str)
 def test_every_call_row_reason_still_holds(root):
     version = vllm_version(root)
     stale = [p for c in dict.fromkeys(call_rows.cites()) if (p := check_cite(c, root, version)) is not None]

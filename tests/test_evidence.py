@@ -6,34 +6,16 @@ imported here); with ``SIMRIG_SIDE_VENV`` set, the side venv's release is read t
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from pathlib import Path
-
 import pytest
 
 from simrig.ledger import evidence
 from simrig.ledger.evidence import REASONS, RULES, Cite, block, check_cite, verify, vllm_version
 from simrig.ledger.unchecked import UNCHECKED
 
-
-def _installed() -> Path:
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations, "vllm is not installed"
-    return Path(list(spec.submodule_search_locations)[0])
+from vllm_roots import installed_and_named_side
 
 
-def _roots() -> list[Path]:
-    roots = [_installed()]
-    side = os.environ.get("SIMRIG_SIDE_VENV", "")
-    if side:
-        found = sorted(Path(side).glob("lib/python*/site-packages/vllm"))
-        assert found, f"SIMRIG_SIDE_VENV={side}: no vllm package in its site-packages"
-        roots.append(found[0])
-    return roots
-
-
-@pytest.mark.parametrize("root", _roots(), ids=lambda p: str(p))
+@pytest.mark.parametrize("root", installed_and_named_side(), ids=lambda p: str(p))
 def test_every_cited_line_still_says_so(root):
     assert verify(root) == [], f"vLLM {vllm_version(root)} at {root}"
 

@@ -10,24 +10,12 @@ import pytest
 from simrig.ledger.evidence import check_cite, vllm_version
 from simrig.ledger.not_driven import BEGIN, END, NOT_DRIVEN, not_driven_table
 
+from vllm_roots import installed_and_finished_sides, installed_vllm
+
 RIG = Path(__file__).resolve().parents[1]
 
 
-def _roots() -> list[Path]:
-    """The installed release and every side venv's (read as text, never imported)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations
-    roots = [Path(list(spec.submodule_search_locations)[0])]
-    # only side venvs `simrig env create` finished (its stamp): CI builds one while the
-    # suites run, and a half-installed vLLM is no release to read
-    roots += sorted(p for p in RIG.glob(".venvs/vllm-*/lib/python*/site-packages/vllm")
-                    if p.is_dir() and (p.parents[3] / ".simrig-installed").is_file())
-    return roots
-
-
-@pytest.mark.parametrize("root", _roots(), ids=lambda p: vllm_version(p))
+@pytest.mark.parametrize("root", installed_and_finished_sides(), ids=lambda p: vllm_version(p))
 def test_every_not_driven_reason_still_holds(root):
     version = vllm_version(root)
     problems = [p for row in NOT_DRIVEN for c in row.evidence
@@ -39,7 +27,7 @@ def test_a_changed_line_is_caught():
     """The check can fail: a citation whose text no release has."""
     row = NOT_DRIVEN[0]
     bad = type(row.evidence[0])(row.evidence[0].file, row.evidence[0].function, "no such line here")
-    root = _roots()[0]
+    root = installed_vllm()
     assert check_cite(bad, root, vllm_version(root)) is not None
 
 

@@ -94,18 +94,6 @@ class BroadcastMailbox:
 
 
 @contextlib.contextmanager
-def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
-    try:
-        for owner, name, value in patches:
-            setattr(owner, name, value)
-        yield
-    finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
-
-
-@contextlib.contextmanager
 def collectives(mailbox: BroadcastMailbox | None) -> Iterator[None]:
     """The PP broadcast through ``mailbox`` for the length of one call (a
     rank's ``sample_tokens``); on CPU, ``record_stream`` of the stream
@@ -118,7 +106,7 @@ def collectives(mailbox: BroadcastMailbox | None) -> Iterator[None]:
     patches: list[tuple[Any, str, Any]] = [(torch.distributed, "broadcast", mailbox.broadcast)]
     if platform.current() is not None and platform.current().is_cpu:
         patches.append((torch.Tensor, "record_stream", lambda self, stream: None))
-    with platform.streams_without_cuda(), _patched(patches):
+    with platform.streams_without_cuda(), platform.patched(patches):
         yield
 
 
@@ -129,6 +117,6 @@ def pp_handler(rank: int, world_size: int, mailbox: BroadcastMailbox, *, max_num
     from vllm.v1.worker.gpu import pp_utils  # lazy: vllm loads after platform.configure() sets its env
 
     group = PipelineGroupStandIn(rank, world_size, mailbox)
-    with platform.streams_without_cuda(), _patched([(pp_utils, "get_pp_group", lambda: group)]):
+    with platform.streams_without_cuda(), platform.patched([(pp_utils, "get_pp_group", lambda: group)]):
         return pp_utils.PPHandler(max_num_reqs=max_num_reqs,
                                   num_speculative_steps=num_speculative_steps, device=device)

@@ -105,7 +105,7 @@ def apply_after_import() -> None:
 
 
 @contextlib.contextmanager
-def _patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
+def patched(patches: list[tuple[Any, str, Any]]) -> Iterator[None]:
     """Each ``(owner, name, value)``: ``owner.name = value`` for the length of the
     block, restored in reverse order after it; a name the owner lacks (an
     older or newer release) is left alone."""
@@ -164,7 +164,7 @@ def graph_capture_without_cuda() -> Iterator[None]:
         patches += [(torch.accelerator, "empty_cache", lambda: None),
                     (torch.accelerator, "synchronize", lambda *a: None),
                     (torch.accelerator, "get_memory_info", lambda *a: (0, 0))]
-    with _patched(patches):
+    with patched(patches):
         yield
 
 
@@ -178,7 +178,7 @@ def graph_manager_without_process_groups() -> Iterator[None]:
     from vllm.v1.worker.gpu import cudagraph_utils  # lazy: vllm loads after platform.configure() sets its env
 
     one_stage = SimpleNamespace(is_first_rank=True, is_last_rank=True)
-    with _patched([(cudagraph_utils, "get_pp_group", lambda: one_stage),
+    with patched([(cudagraph_utils, "get_pp_group", lambda: one_stage),
                    (cudagraph_utils.current_platform, "get_global_graph_pool", lambda: None)]):
         yield
 
@@ -239,7 +239,7 @@ def streams_without_cuda() -> Iterator[None]:
         return
     import torch  # lazy: torch loads only when this runs
 
-    with _patched([(torch.cuda, "Event", EventStandIn),
+    with patched([(torch.cuda, "Event", EventStandIn),
                    (torch.cuda, "Stream", lambda *args, **kwargs: StreamStandIn()),
                    (torch.cuda, "set_stream", lambda stream: None),
                    (torch.cuda, "current_stream", lambda device=None: StreamStandIn()),
@@ -268,7 +268,7 @@ def pcp_group(world_size: int) -> Iterator[None]:
     (sampling restores the PCP-sharded hidden states with an all-gather)."""
     from vllm.distributed import parallel_state  # lazy: vllm loads after platform.configure() sets its env
 
-    with _patched([(parallel_state, "_PCP", OneProcessGroup(world_size))]):
+    with patched([(parallel_state, "_PCP", OneProcessGroup(world_size))]):
         yield
 
 
@@ -282,7 +282,7 @@ def dp_group(world_size: int) -> Iterator[None]:
 
     group = OneProcessGroup(world_size)
     group.cpu_group = None  # type: ignore[attr-defined]
-    with _patched([(parallel_state, "_DP", group)]):
+    with patched([(parallel_state, "_DP", group)]):
         yield
 
 
@@ -296,5 +296,5 @@ def profile_without_cuda() -> Iterator[None]:
     patches: list[tuple[Any, str, Any]] = [(gc, "collect", lambda *args: 0)]
     if _choice is not None and _choice.is_cpu and hasattr(torch, "accelerator"):
         patches.append((torch.accelerator, "synchronize", lambda *args: None))
-    with _patched(patches):
+    with patched(patches):
         yield
