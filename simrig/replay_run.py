@@ -32,6 +32,7 @@ from simrig.report.writer import write_report, write_summary_md
 from simrig.supervision import forked
 from simrig.supervision.replay_workers import run_supervised
 from simrig.trace_io.trace import TraceReader
+from simrig.vllm_runtime.interpreter_patches import memcheck_ran
 
 
 @dataclass
@@ -121,6 +122,9 @@ def report(r: ReplayRun, result: Any, interrupted: bool, workers: int | None = N
                **result.summary()}
     summary["elapsed_s"] = round(time.perf_counter() - r.started, 3)
     summary["exit_status"] = result.exit_status
+    # as it ran where the kernels ran (the registry's entry), not as the flag asked
+    summary["memcheck"] = (bool(sharded.units) and all(u.memcheck for u in sharded.units)
+                           if sharded is not None else memcheck_ran())
     if interrupted:  # the report holds every step replayed before the stop; the rest was not judged
         summary["stopped_by"] = "signal"
         summary["exit_status"] = EXIT_INTERRUPTED

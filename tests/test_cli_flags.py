@@ -30,6 +30,17 @@ def test_report_commands_share_their_flags():
         assert list(options["--progress"].choices) == ["tty", "plain", "quiet"]
 
 
+@pytest.mark.parametrize("command, needed", [("replay", ["t.jsonl"]), ("fuzz", []), ("selftest", [])])
+def test_memcheck_is_on_unless_no_memcheck_in_every_report_command(command, needed):
+    parser = build_parser()
+    assert parser.parse_args([command, *needed]).memcheck is True
+    assert parser.parse_args([command, *needed, "--no-memcheck"]).memcheck is False
+    assert parser.parse_args([command, *needed, "--memcheck"]).memcheck is True  # old scripts' spelling
+    action = next(a for a in _subparsers()[command]._actions if a.dest == "memcheck")
+    assert action.option_strings == ["--memcheck", "--no-memcheck"]
+    assert "KernelMemoryError" in action.help  # the one declaration, simrig.cli.flags.add_memcheck_flag
+
+
 def test_every_command_has_verbose_and_lists_exit_statuses():
     for name, command in _subparsers().items():
         assert "--verbose" in {o for a in command._actions for o in a.option_strings}, name

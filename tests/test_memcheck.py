@@ -219,6 +219,7 @@ import json, sys
 from simrig.replay import replay_trace
 from simrig.triton_memcheck import memcheck
 from simrig.vllm_runtime import mutate
+from simrig.vllm_runtime.interpreter_patches import memcheck_ran
 
 trace = sys.argv[1]
 clean = replay_trace(trace)
@@ -229,7 +230,7 @@ mutate.apply(mutate.Mutant("slot-mappings-past-the-end", "vllm.v1.worker.gpu.blo
                            "slot_mappings.shape[1] + 1,", "seeded out-of-bounds store"))
 seeded = replay_trace(trace)
 cols = ["kind", "step", "stage", "exception_type", "message"]
-print(json.dumps({"installed": memcheck.installed(), "stats": stats,
+print(json.dumps({"installed": memcheck.installed(), "ran": memcheck_ran(), "stats": stats,
                   "clean": clean.findings[cols].to_dict("records"),
                   "seeded": seeded.findings[cols].to_dict("records")}, default=str))
 """
@@ -244,7 +245,7 @@ def test_mrv2_kernels_are_clean_and_a_seeded_overrun_is_a_named_finding(speedups
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["installed"]
+    assert got["installed"] and got["ran"]  # what a report's "memcheck" says: the registry entry installed
     stats = got["stats"]
     assert stats["launches"] > 10 and stats["accesses"] > 100 and stats["overflow_checks"] > 0, stats
     assert stats["unchecked_launches"] == 0
@@ -258,26 +259,27 @@ def test_mrv2_kernels_are_clean_and_a_seeded_overrun_is_a_named_finding(speedups
     assert "vllm/v1/worker/gpu/block_table.py:" in first["message"]
 
 
-def test_the_memcheck_flag_turns_the_checker_on_for_this_process_and_its_workers(monkeypatch, capsys):
+def test_the_memcheck_flag_sets_the_checker_for_this_process_and_its_workers(monkeypatch, capsys):
     from simrig.cli import main
     from simrig.cli.flags import memcheck_env
 
     # a copy of the environment: a failing assertion inside the block must not leave the
     # checker on for a later vLLM import in this worker
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k != "SIMRIG_MEMCHECK"})
-    with memcheck_env(False):
-        assert "SIMRIG_MEMCHECK" not in os.environ
     with memcheck_env(True):
         assert os.environ["SIMRIG_MEMCHECK"] == "1"
     assert "SIMRIG_MEMCHECK" not in os.environ  # put back after the command
-    os.environ["SIMRIG_MEMCHECK"] = "1"  # a user's own setting survives a run without the flag
+    with memcheck_env(False):  # --no-memcheck: off for the command and its children
+        assert os.environ["SIMRIG_MEMCHECK"] == "0"
+    assert "SIMRIG_MEMCHECK" not in os.environ
+    os.environ["SIMRIG_MEMCHECK"] = "1"  # a user's own setting: the flag decides, then it is back
     with memcheck_env(False):
-        assert os.environ["SIMRIG_MEMCHECK"] == "1"
+        assert os.environ["SIMRIG_MEMCHECK"] == "0"
     assert os.environ["SIMRIG_MEMCHECK"] == "1"
-    for command in ("replay", "fuzz"):
+    for command in ("replay", "fuzz", "selftest"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
-        assert "--memcheck" in capsys.readouterr().out
+        assert "--memcheck, --no-memcheck" in capsys.readouterr().out
 
 
 def test_selftest_children_run_under_memcheck_unless_turned_off(monkeypatch):
@@ -288,6 +290,97 @@ def test_selftest_children_run_under_memcheck_unless_turned_off(monkeypatch):
     seen = []
     monkeypatch.setattr(selftest, "_run", lambda args: seen.append(os.environ.get("SIMRIG_MEMCHECK")) or 0)
     monkeypatch.delenv("SIMRIG_MEMCHECK", raising=False)
-    assert selftest.run(argparse.Namespace(no_memcheck=False)) == 0
-    assert selftest.run(argparse.Namespace(no_memcheck=True)) == 0
-    assert seen == ["1", None] and "SIMRIG_MEMCHECK" not in os.environ  # put back after
+    assert selftest.run(argparse.Namespace(memcheck=True)) == 0
+    assert selftest.run(argparse.Namespace(memcheck=False)) == 0
+    assert seen == ["1", "0"] and "SIMRIG_MEMCHECK" not in os.environ  # put back after
+
+
+# --------------------------------------------------- whether it ran: summary.json, the facts line, history
+def test_memcheck_ran_is_the_registry_entry_installed_not_the_request(monkeypatch):
+    from simrig.triton_interpreter import registry
+    from simrig.vllm_runtime import interpreter_patches
+
+    for states, expected in [
+            ([], False),  # CUDA mode, or vLLM never loaded here: no patch at all
+            ([registry.PatchState("faster", registry.INSTALLED, "")], False),
+            ([registry.PatchState("memcheck", registry.SKIPPED, "Triton 9.9.9 is not one it is known good on")],
+             False),
+            ([registry.PatchState("memcheck", registry.FAILED, "start-up check: output differs")], False),
+            ([registry.PatchState("faster", registry.INSTALLED, ""),
+              registry.PatchState("memcheck", registry.INSTALLED, "")], True)]:
+        monkeypatch.setattr(registry, "patch_states", lambda states=states: list(states))
+        assert interpreter_patches.memcheck_ran() is expected, states
+
+
+def test_the_facts_line_ends_with_memcheck_on_or_off():
+    from simrig.report.html import verdict_section
+
+    facts = "replayed 12 steps from 1 trace(s)"
+    assert f"<p class='facts'>{facts}; memcheck on</p>" in verdict_section("t", {"memcheck": True}, facts)
+    assert f"<p class='facts'>{facts}; memcheck off</p>" in verdict_section("t", {"memcheck": False}, facts)
+    assert "memcheck" not in verdict_section("t", {}, facts)  # a report of another command says nothing
+
+
+def test_a_campaign_summary_says_whether_memcheck_ran(monkeypatch):
+    from simrig.campaign import fuzz
+
+    for ran in (True, False):
+        monkeypatch.setattr(fuzz, "memcheck_ran", lambda ran=ran: ran)
+        campaign = fuzz.Campaign(fuzz.CampaignOptions(max_examples=1, budget_s=None, progress="quiet"))
+        assert campaign.summary()["memcheck"] is ran
+
+
+def test_a_selftest_records_memcheck_as_its_children_ran(tmp_path, monkeypatch, capsys):
+    from simrig.cli import main
+    from simrig.history.store import load_history
+    from simrig.selftest import mutant_runs
+
+    store = tmp_path / "history"
+    monkeypatch.setenv("SIMRIG_HISTORY", str(store))
+    for name, ran in [("all-checked", [True, True]), ("one-unchecked", [True, False])]:
+        answers = iter(ran)
+        monkeypatch.setattr(mutant_runs, "run_child", lambda mutant, **kw: mutant_runs.ChildResult(
+            mutant=mutant, detected=mutant != mutant_runs.BASELINE, via="fuzz:valid", phase="fuzz-valid",
+            seconds_to_detection=1.0, kind="dtype_drift", shrunk_steps=2, memcheck=next(answers)))
+        out = tmp_path / name
+        assert main(["selftest", "--mutants", "idx-mapping-host-int32", "--budget-per-mutant", "5",
+                     "--fuzz-only", "--out", str(out), "--quiet"]) == 0, capsys.readouterr()
+        assert json.loads((out / "summary.json").read_text())["memcheck"] is all(ran)
+        assert f"memcheck {'on' if all(ran) else 'off'}</p>" in (out / "report.html").read_text()
+    runs, _ = load_history(store)
+    assert runs["memcheck"].tolist() == [True, False]
+
+
+@pytest.mark.vllm
+def test_a_replay_records_memcheck_in_its_summary_page_and_history_row(vllm_api, tmp_path, monkeypatch, capsys):
+    from simrig import replay_run
+    from simrig.cli import main
+    from simrig.history.store import load_history
+
+    store, out = tmp_path / "history", tmp_path / "rep"
+    monkeypatch.setenv("SIMRIG_HISTORY", str(store))
+    # this session loaded vLLM before any flag was read: what the registry says is pinned here
+    monkeypatch.setattr(replay_run, "memcheck_ran", lambda: True)
+    assert main(["replay", str(REPO / "traces" / "samples" / "chunked_prefill.jsonl"), "--stages", "gather",
+                 "--no-coverage", "--out", str(out), "--quiet"]) == 0, capsys.readouterr()
+    assert json.loads((out / "summary.json").read_text())["memcheck"] is True
+    assert "memcheck on</p>" in (out / "report.html").read_text()
+    runs, _ = load_history(store)
+    assert runs["memcheck"].tolist() == [True]
+
+
+def test_a_store_written_before_the_memcheck_column_still_reads(tmp_path):
+    import pandas as pd
+
+    from simrig.history.store import RUN_COLUMNS, append_run, load_history
+
+    old = tmp_path / "runs" / "20240101T000000Z-aaaaaa.parquet"
+    old.parent.mkdir(parents=True)
+    pd.DataFrame([{"run_id": "20240101T000000Z-aaaaaa", "command": "replay", "suite": "replay x",
+                   "created_utc": "2024-01-01T00:00:00+00:00", "exit_status": 0, "classes": 0, "new": 0,
+                   "known": 0, "expected": 0}]).to_parquet(old, index=False)
+    append_run(tmp_path, {"command": "replay", "suite": "replay x", "memcheck": True,
+                          "created_utc": "2024-01-02T00:00:00+00:00"}, None)
+    runs, _ = load_history(tmp_path)
+    assert "memcheck" in RUN_COLUMNS and str(runs["memcheck"].dtype) == "boolean"
+    assert runs["memcheck"].isna().tolist() == [True, False] and bool(runs["memcheck"].iloc[1])

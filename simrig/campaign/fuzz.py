@@ -37,6 +37,7 @@ from simrig.report.profile import StackSampler
 from simrig.runners import shared_pool
 from simrig.step import Step
 from simrig.trace_io.trace import TraceError
+from simrig.vllm_runtime.interpreter_patches import memcheck_ran
 
 IDLE_CHUNKS = 3  # Hypothesis runs in a row without one step: the campaign stops ("idle")
 # A steered campaign's Hypothesis runs are this long at least: Hypothesis runs its target
@@ -308,6 +309,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         return {
             "command": "fuzz", "suite": f"fuzz {o.mode}", "mode": o.mode,
             "vllm_version": getattr(self, "vllm_version", ""), "device": getattr(self, "device", ""),
+            "memcheck": memcheck_ran(),  # as it ran in this process, not as the flag asked
             "seed": o.seed, "budget_s": o.budget_s, "max_examples": o.max_examples,
             "pcp_sizes": list(o.pcp_sizes), "cudagraph_modes": list(o.cudagraph_modes),
             "stages": list(o.stages),

@@ -40,11 +40,11 @@ def add_summary_md_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_memcheck_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memcheck", action="store_true",
+    p.add_argument("--memcheck", action=argparse.BooleanOptionalAction, default=True,
                    help="check every load and store of MRV2's interpreted kernels against the "
-                        "tensors the launch was handed (CPU mode; about 1.05-1.25x the time): an "
+                        "tensors the launch was handed (CPU mode; about 1.02-1.25x the time): an "
                         "out-of-bounds access is a KernelMemoryError finding naming kernel, "
-                        "argument, index and bounds (same as SIMRIG_MEMCHECK=1)")
+                        "argument, index and bounds (default on; --no-memcheck turns it off)")
 
 
 def add_step_timeout_flag(p: argparse.ArgumentParser) -> None:
@@ -79,13 +79,12 @@ def check_step_timeout(args: argparse.Namespace) -> None:
 
 @contextlib.contextmanager
 def memcheck_env(on: bool) -> Iterator[None]:
-    """With ``on`` (--memcheck): SIMRIG_MEMCHECK=1 while the command runs, set before vLLM is
-    imported, so this process and every worker or child it starts installs the checker
-    (``simrig.vllm_runtime.platform``); the environment is put back after (an in-process
-    caller's later runs are not checked). Off: the environment is left as it is."""
+    """SIMRIG_MEMCHECK=1 (``on``, the default) or 0 (--no-memcheck) while the command runs, set
+    before vLLM is imported, so this process and every worker or child it starts installs the
+    checker or not (``simrig.vllm_runtime.interpreter_patches``; never in CUDA mode); the
+    environment is put back after (an in-process caller's later runs are not changed)."""
     before = os.environ.get("SIMRIG_MEMCHECK")
-    if on:
-        os.environ["SIMRIG_MEMCHECK"] = "1"
+    os.environ["SIMRIG_MEMCHECK"] = "1" if on else "0"
     try:
         yield
     finally:

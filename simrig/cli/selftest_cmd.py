@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
-from simrig.cli.flags import (add_output_flags, add_summary_md_flag, check_summary_md, memcheck_env,
-                              progress_mode)
+from simrig.cli.flags import (add_memcheck_flag, add_output_flags, add_summary_md_flag, check_summary_md,
+                              memcheck_env, progress_mode)
 from simrig.coverage.session import CoverageRun, add_coverage_flags
 from simrig.distributed.cluster import add_distributed_arguments, distributed_workers
 from simrig.errors import UsageError
@@ -42,9 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "and every mutant")
     add_output_flags(p, "selftest")
     add_summary_md_flag(p)
-    p.add_argument("--no-memcheck", action="store_true",
-                   help="run the children without the kernel memory checker (on by default here: "
-                        "a mutant that makes a kernel read or write out of bounds is detected by it)")
+    add_memcheck_flag(p)  # a mutant that makes a kernel read or write out of bounds is detected by it
     add_coverage_flags(p, default=False)
     p.add_argument("--steer", action="store_true",
                    help="steer each mutant's fuzz phase by coverage (hypothesis.target() on the MRV2 "
@@ -56,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """The self-test; its children run under the kernel memory checker unless --no-memcheck
     (they inherit SIMRIG_MEMCHECK)."""
-    with memcheck_env(not args.no_memcheck):
+    with memcheck_env(args.memcheck):
         return _run(args)
 
 

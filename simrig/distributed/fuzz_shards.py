@@ -88,7 +88,10 @@ class MergedCampaign(Campaign):
                  ray=self.sharded.cluster, wall_s=round(self.wall_s, 3),
                  driver_cpu_s=round(self.driver_cpu_s, 3),
                  driver_cpu_share=round(self.driver_cpu_s / max(self.wall_s, 1e-9), 4),
-                 database=self.sharded.database_stats)
+                 database=self.sharded.database_stats,
+                 # as the shards' kernels ran: the driver runs none
+                 memcheck=bool(self.sharded.results)
+                 and all(r.memcheck for r in self.sharded.results.values()))
         return s
 
     def findings_frame(self) -> Any:

@@ -37,6 +37,7 @@ from simrig.replay import (
 from simrig.sources.live import RunnerMirror
 from simrig.step import Step
 from simrig.trace_io.trace import TraceReader
+from simrig.vllm_runtime.interpreter_patches import memcheck_ran
 
 MIN_SEGMENT_STEPS = 200  # below this a resync costs more than the parallelism gains
 
@@ -87,6 +88,7 @@ class UnitResult:
     unavailable: list[dict[str, Any]] = field(default_factory=list)  # stages this release lacks
     coverage: dict[str, set[tuple[int, int]]] | None = None  # arcs of vLLM's MRV2 code reached
     vllm_s: float = 0.0  # inside vLLM's calls (StepObs.vllm_s summed)
+    memcheck: bool = False  # the worker's kernels ran under memcheck (its registry entry installed)
 
 
 def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> UnitResult:
@@ -144,7 +146,7 @@ def replay_unit(unit: Unit, stages: tuple[str, ...], coverage: bool = False) -> 
                       time.perf_counter() - started, api.version,
                       f"{api.device} ({api.platform.mode})", worker_name(), rec.classes,
                       rec.unavailable, collector.data() if collector is not None else None,
-                      vllm_s=rec.vllm_s)
+                      vllm_s=rec.vllm_s, memcheck=memcheck_ran())
 
 
 @dataclass

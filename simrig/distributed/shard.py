@@ -25,6 +25,7 @@ from simrig.distributed.cluster import worker_name
 from simrig.distributed.collector import actor_database
 from simrig.findings.classes import ClassTally
 from simrig.supervision.campaign_worker import persist_example
+from simrig.vllm_runtime.interpreter_patches import memcheck_ran
 
 POLL_S = 0.5  # heartbeat / stop-flag period of a shard
 
@@ -122,6 +123,7 @@ class ShardResult:
     rig_errors: list[str]
     tally: ClassTally  # the shard's class table (first/last place, true occurrences)
     coverage: Any = None  # arcs of vLLM's MRV2 code the shard reached (options.coverage)
+    memcheck: bool = False  # the worker's kernels ran under memcheck (its registry entry installed)
 
 
 def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: Any) -> ShardResult:
@@ -152,4 +154,4 @@ def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: 
             frame[column] = spec.name + "/" + frame[column].astype(str)
     return ShardResult(spec.name, campaign.worker, campaign.stats, result.steps, result.findings,
                        result.contract, campaign.stats.rig_errors, campaign.tally,
-                       campaign.coverage.data() if campaign.coverage.enabled else None)
+                       campaign.coverage.data() if campaign.coverage.enabled else None, memcheck_ran())

@@ -38,7 +38,8 @@ RUN_COLUMNS = {  # column -> dtype: a fixed schema, so every file reads as one d
     "report": "string", "summary_json": "string",
     # coverage of vLLM's MRV2 code (runs with --coverage; NaN otherwise)
     "coverage_lines_pct": "float64", "coverage_branches_pct": "float64",
-    "coverage_unexplained": "float64"}
+    "coverage_unexplained": "float64",
+    "memcheck": "boolean"}  # its kernels ran under memcheck (NA: a store written before the column)
 COVERAGE_COLUMNS = {  # coverage/<run_id>.parquet: one row per branch arc of a driven function
     "run_id": "string", "vllm_version": "string", "file": "string", "function": "string",
     "line": "int64", "to_line": "int64", "reached": "bool"}
@@ -88,7 +89,8 @@ def run_row(summary: dict[str, Any], counts: dict[str, int], run_id: str) -> dic
             "report": str(summary.get("report", "")),
             "summary_json": json.dumps(kept, sort_keys=True, default=str),
             "coverage_lines_pct": cov_num("lines_pct"), "coverage_branches_pct": cov_num("branches_pct"),
-            "coverage_unexplained": cov_num("unexplained_lines")}
+            "coverage_unexplained": cov_num("unexplained_lines"),
+            "memcheck": summary["memcheck"] if isinstance(summary.get("memcheck"), bool) else pd.NA}
 
 
 def _typed(rows: list[dict[str, Any]], columns: dict[str, str]) -> pd.DataFrame:

@@ -96,7 +96,7 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
         ┌──────────────────────────────────────────────────────────────────┐
         │ title                                                            │
         │ VERDICT  1 new finding class (5 known, 0 expected) — exit 1      │  verdict_section
-        │ one line of facts: steps, traces, steps/s, vLLM, device          │
+        │ one line of facts: steps, steps/s, vLLM, device, memcheck on/off │
         │ New classes: one card each: signature, what went wrong,          │  sections.new_classes_section
         │   `simrig replay ...` and `simrig repro ...`, ▸ occurrences      │
         │ Since the previous run: new / gone classes, rates, coverage      │  sections.changes_section
@@ -128,6 +128,8 @@ def render_html(title: str, summary: dict[str, Any], steps: pd.DataFrame, findin
 def verdict_section(title: str, summary: dict[str, Any], headline: str) -> str:
     e = html.escape
     text, bad = banner(summary)
+    if isinstance(summary.get("memcheck"), bool):  # replay, fuzz, selftest: as it ran, not as asked
+        headline += ("; " if headline else "") + f"memcheck {'on' if summary['memcheck'] else 'off'}"
     patches = summary.get("interpreter_patches")
     patch_line = (f"<p class='facts'>interpreter patches: {e(str(patches['line']))}</p>"
                   if isinstance(patches, dict) and patches.get("line") else "")

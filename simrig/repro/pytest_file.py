@@ -55,6 +55,17 @@ MEANING = {
 }
 
 
+# A class only simrig's kernel memory checker raises: the file runs vLLM without it.
+MEMCHECK_ERRORS = ("KernelMemoryError", "KernelOverflowError")
+MEMCHECK_NOTE = (
+    "\nThis class needs simrig's memcheck to reproduce on CPU: simrig's kernel memory checker\n"
+    "raised it, and this file runs vLLM without that checker, so on CPU the out-of-bounds\n"
+    "access lands on the heap unseen and the test may pass. On CPU, replay the trace with\n"
+    "`simrig replay TRACE` (memcheck on by default); on a GPU, run\n"
+    "    compute-sanitizer --tool memcheck python -m pytest THIS_FILE\n"
+    "(an overflow shows there only as the out-of-bounds access it leads to).\n")
+
+
 def resolve_input(arg: str, cls: str | None, trace: str | None, report: str | None
                   ) -> tuple[Path, ClassKey]:
     """(trace, class) from the command line; UsageError naming the argument otherwise."""
@@ -197,7 +208,8 @@ def _doc(trace: Path, key: ClassKey, cls: dict[str, Any], header: Any, num_steps
             "each run through\nGPUModelRunner.execute_model as a worker runs it.\n\n"
             "Fails on a vLLM that shows the class, passes where it is fixed. Run: pytest -q THIS_FILE\n"
             "Needs only vllm, torch, numpy and pytest; without CUDA the runner is built on CPU and\n"
-            "the MRV2 Triton kernels run in Triton's interpreter.\n")
+            "the MRV2 Triton kernels run in Triton's interpreter.\n"
+            + (MEMCHECK_NOTE if key.exception_type in MEMCHECK_ERRORS else ""))
 
 
 def write_and_check(out: Path, trace: Path, key: ClassKey, text: str, python: str | None,

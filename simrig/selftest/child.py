@@ -65,8 +65,10 @@ def main(spec_path: str, result_path: str) -> int:
     try:
         # in the try: a failed import is the mutant run's reported error
         from simrig.adapters.runner import load
+        from simrig.vllm_runtime.interpreter_patches import memcheck_ran
 
         load()
+        result.memcheck = memcheck_ran()  # as installed, not as SIMRIG_MEMCHECK asked
         if spec.get("coverage") and spec["mutant"] == BASELINE:
             # in the try: a failed import is the mutant run's reported error
             from simrig.coverage.collect import Collector

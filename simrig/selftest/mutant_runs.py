@@ -55,6 +55,7 @@ class ChildResult:
     # baseline with coverage: arcs of vLLM's MRV2 code the unmutated run reached
     # (simrig.coverage.collect.to_jsonable); mutants' code is not the release's, never measured
     coverage: dict[str, list[list[int]]] | None = None
+    memcheck: bool | None = None  # its kernels ran under memcheck (None: it never loaded vLLM)
 
 
 # The phases a mutant can be detected in, in the order a child runs them.

@@ -161,6 +161,8 @@ def scoreboard(r: SelftestRun, results: list[Any], interrupted: bool) -> int:
     if interrupted:  # the scoreboard holds the mutants finished before Ctrl-C
         summary.update(stopped_by="signal", exit_status=EXIT_INTERRUPTED,
                        not_run=[n for n in names[len(results) - (not r.skip_baseline):]])
+    ran = [res.memcheck for res in results if res.memcheck is not None]
+    summary["memcheck"] = bool(ran) and all(ran)  # as the children's kernels ran
     if r.workers is not None:
         summary["workers"] = r.workers
     coverage = r.coverage

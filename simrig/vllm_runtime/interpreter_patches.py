@@ -2,11 +2,12 @@
 
 ``install`` hands ``triton_interpreter.registry`` the catalogue's patches,
 memcheck last when ``SIMRIG_MEMCHECK=1`` asked for it (it wraps the launch as
-the others left it), and, for a Triton the patches are not known good on
-(installed only with ``SIMRIG_INTERPRETER_PATCHES=force``), a start-up check:
-one of vLLM's own MRV2 kernels, the slot-mapping kernel behind
-``BlockTables.compute_slot_mappings``, run before and after the patches; if
-its output bytes differ, every patch is taken back and its state says why.
+the others left it; ``memcheck_ran`` says whether it went in), and, for a
+Triton the patches are not known good on (installed only with
+``SIMRIG_INTERPRETER_PATCHES=force``), a start-up check: one of vLLM's own
+MRV2 kernels, the slot-mapping kernel behind ``BlockTables.compute_slot_mappings``,
+run before and after the patches; if its output bytes differ, every patch is
+taken back and its state says why.
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def patches() -> list[registry.Patch]:
     if os.environ.get(MEMCHECK_ENV) == "1":
         found.append(memcheck_patch())
     return found
+
+
+def memcheck_ran() -> bool:
+    """Whether memcheck checks this process's kernels: its registry entry installed, not merely
+    asked for (False in CUDA mode, where compute-sanitizer is the checker, and where the entry
+    was skipped, failed or taken back); what a report's ``memcheck`` says."""
+    return any(s.name == "memcheck" and s.state == registry.INSTALLED for s in registry.patch_states())
 
 
 def slot_mapping_bytes() -> list:
