@@ -50,30 +50,38 @@ def write_shrunk(cls: Any, options: Any, staging: Path, *, confirm: bool = True)
     write_trace(path, header, cls.steps)
     cls.trace_path = str(Path(options.out_dir) / "shrunk" / path.name)
     if confirm and cls.key[0] == "crash":  # it killed a worker: replayed where it can only kill a child
-        cls.reproduced = replays_to_a_crash(path, options.stages)
+        cls.reproduced = replays_to_a_crash(path, options.stages, cls.key) is not None
     elif confirm:
         found, _ = replay_with_checks(path, options.extra_checks, options.stages)
         cls.reproduced = cls.key in {class_key(f) for f in found}
     return path
 
 
-def replays_to_a_crash(path: Path, stages: Sequence[str], timeout_s: float = 300.0) -> bool:
-    """Does this trace kill (or hang) the process that replays it? Replayed in a
-    forked child, so the answer never costs the caller its own process."""
+def replays_to_a_crash(path: Path, stages: Sequence[str], key: Sequence[Any] = (),
+                       timeout_s: float = 300.0) -> lifeline.Reading | None:
+    """Does this trace kill (or hang: no stage opened for ``timeout_s``) the process that replays
+    it -- given a crash class's ``key``, in its stage by its signal (or a hang)? The dying child's
+    last lifeline reading (step, stage), or None. Replayed in a forked child, so the answer
+    never costs the caller its own process."""
     sys.stdout.flush()
     sys.stderr.flush()
+    line = lifeline.Lifeline()
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
-            lifeline.install(None)
+            lifeline.install(line)
             replay_with_checks(path, (), stages)
         except BaseException:  # noqa: BLE001 -- an exception is not a crash
             code = 1
         finally:
             os._exit(code)
-    how, _ = lifeline.wait_child(pid, lifeline.Lifeline(), timeout_s)
-    return how == "crash"
+    # a supervised worker waiting here is alive: its own supervisor must not take it for hung
+    how, what = lifeline.wait_child(pid, line, timeout_s, poll=lambda: lifeline.mark_stage("crash_replay"))
+    died = line.read()
+    if how != "crash" or (key and (died.stage, what.split(":")[0]) != (key[1], key[3])):
+        return None
+    return died
 
 
 def save_regression(cls: Any, options: Any) -> Path:

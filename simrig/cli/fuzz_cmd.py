@@ -18,9 +18,10 @@ from simrig.trace_io.trace import trace_files_in
 DEFAULT_BUDGET_S = 60.0  # when neither --budget nor --max-examples is given
 DESCRIPTION = """Replay traces/regressions/, then run the stateful scheduler machine
     through the real MRV2 input path until the budget is spent. Each new finding class is
-    shrunk to a minimal v1 trace under OUT/shrunk/. Loud rejections of adversarial
-    violations are *expected*; known findings of this vLLM are *known*; anything else is
-    *new*."""
+    shrunk to a minimal v1 trace under OUT/shrunk/ (a crash class by at most 32 replays of
+    smaller schedules in forked children, about a second each, before the report). Loud
+    rejections of adversarial violations are *expected*; known findings of this vLLM are
+    *known*; anything else is *new*."""
 EPILOG = """exit status: 0 no new finding class; 1 a new finding class; 2 bad arguments
     or input; 3 simrig's own code raised (rig_error, traceback in the report)"""
 

@@ -2,8 +2,10 @@
 
 ``forked.py`` (the fork, relay and wait loop; the state workers share),
 ``campaign_worker.py`` (``simrig fuzz``'s campaign: resumed from checkpoints, a
-crash or hang recorded as a ``crash`` class), ``replay_workers.py`` (``simrig
+crash or hang recorded as a ``crash`` class), ``crash_shrink.py`` (a crash class's
+example shrunk by replays in forked children), ``replay_workers.py`` (``simrig
 replay``: units of trace x PCP size, the crashed one recorded and skipped).
-It may import the core, ``trace_io``, ``findings``, ``report``, ``replay`` and
-``campaign``; never ``selftest``, ``cli`` or ``distributed``.
+It may import the core, ``trace_io``, ``findings``, ``checks`` (the scheduler
+contract), ``report``, ``replay`` and ``campaign``; never ``selftest``, ``cli`` or
+``distributed``.
 """
