@@ -77,7 +77,7 @@ class CrashShrinker:
         """The smallest schedule found (the example itself when nothing smaller crashes)."""
         example: Schedule = (list(self.cls.steps), dict(self.cls.violations))
         if self.valid(example) is None:
-            self.note = f"kept {len(example[0])} steps (the example breaks the scheduler contract)"
+            self.note = f"kept {len(example[0])} steps (it fails the checks every candidate must pass)"
             return example
         with tempfile.TemporaryDirectory(prefix="simrig-crash-shrink-") as folder:
             self._path = Path(folder) / "candidate.jsonl"
@@ -113,8 +113,9 @@ class CrashShrinker:
 
     def valid(self, schedule: Schedule) -> Schedule | None:
         """``schedule`` with the violations its steps still carry, when it has a step, every step
-        that breaks the scheduler contract carries one and drafts go only to requests past their
-        prefill (vLLM's scheduler proposes for decodes); None when not."""
+        that breaks the scheduler contract carries one and drafts go only to requests whose prefill
+        is done once the step's own tokens are (decodes; placeholder drafts on a prefill's last
+        token); None when not."""
         steps, violations = schedule
         if not steps:
             return None
@@ -124,7 +125,8 @@ class CrashShrinker:
             computed = {c.req_id: c.num_computed_tokens for c in step.cached}
             computed.update({r.req_id: r.num_computed_tokens for r in step.new_requests})
             prefill = {**contract.prefill_len, **{r.req_id: r.num_prefill_tokens for r in step.new_requests}}
-            if any(k and computed.get(r, 0) < prefill.get(r, 0) for r, k in step.spec_tokens.items()):
+            if any(k and computed.get(r, 0) + step.num_scheduled_tokens.get(r, 0) - k < prefill.get(r, 0)
+                   for r, k in step.spec_tokens.items()):
                 return None
             if contract.violations(step):
                 if i not in violations:
