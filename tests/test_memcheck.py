@@ -330,6 +330,20 @@ def test_a_campaign_summary_says_whether_memcheck_ran(monkeypatch):
         assert campaign.summary()["memcheck"] is ran
 
 
+def test_a_sharded_campaign_says_memcheck_as_its_shards_ran():
+    from types import SimpleNamespace
+
+    from simrig.campaign.fuzz import CampaignOptions
+    from simrig.distributed.fuzz_shards import ShardedCampaign
+
+    sharded = ShardedCampaign(CampaignOptions(max_examples=1, budget_s=None, progress="quiet"), 2)
+    assert sharded.merged.summary()["memcheck"] is False  # no shard reported: nothing was checked
+    sharded.results = {"s0": SimpleNamespace(memcheck=True), "s1": SimpleNamespace(memcheck=True)}
+    assert sharded.merged.summary()["memcheck"] is True  # the driver ran no kernel; its shards did
+    sharded.results["s1"] = SimpleNamespace(memcheck=False)
+    assert sharded.merged.summary()["memcheck"] is False
+
+
 def test_a_selftest_records_memcheck_as_its_children_ran(tmp_path, monkeypatch, capsys):
     from simrig.cli import main
     from simrig.history.store import load_history

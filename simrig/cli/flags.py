@@ -1,7 +1,8 @@
 """Flags several commands share, with one meaning everywhere, and their checks.
 
 ``add_output_flags`` (--out, --progress, --quiet, --json), ``add_summary_md_flag``,
-``add_memcheck_flag``, ``add_step_timeout_flag`` and ``add_run_flags`` (all of them, and
+``add_memcheck_flag`` (--memcheck / --no-memcheck, on by default: replay, fuzz, selftest),
+``add_step_timeout_flag`` and ``add_run_flags`` (all of them, and
 --coverage, for replay and fuzz); ``add_scheduler_options`` (record and import).
 --verbose and --known are added by ``simrig.cli.dispatch``. What a flag means for
 a command is in docs/commands.md, 'Flags every report-writing command shares'.
@@ -56,7 +57,7 @@ def add_step_timeout_flag(p: argparse.ArgumentParser) -> None:
 
 def add_run_flags(p: argparse.ArgumentParser, kind: str) -> None:
     """The flags of a judged run in a supervised worker (replay, fuzz): output, --summary-md,
-    --memcheck, --step-timeout and --coverage (on by default)."""
+    --memcheck and --coverage (both on by default), --step-timeout."""
     add_output_flags(p, kind)
     add_summary_md_flag(p)
     add_memcheck_flag(p)
