@@ -55,6 +55,8 @@ def test_adversarial_campaign_finds_the_unknown_id_key_error_class(tmp_path, cap
     assert os.path.exists(row.shrunk_trace)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["loud_rejections"] > 0 and summary["violations_sent"] >= summary["loud_rejections"]
+    # the examples asked for, Hypothesis' runs shrinking the classes counted apart (issue: 936 "examples")
+    assert summary["examples"] == 30 and summary["shrink_runs"] > 0
     # Loud rejections never fail the campaign; only failing classes do.
     assert status == (1 if table.failing.astype(str).eq("True").any() else 0)
     junit = (out / "junit.xml").read_text()

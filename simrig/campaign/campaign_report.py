@@ -155,8 +155,8 @@ def headline(s: dict[str, Any]) -> str:
     where = f" on {s['workers']} workers" if s.get("workers") else ""
     repeat = ("; repeatable (same --seed, same examples)" if s.get("repeatable")
               else "; NOT repeatable: " + ", ".join(s.get("not_repeatable_because") or ["?"]))
-    return (f"fuzz {s['mode']}{where}: {s['examples']:,} examples, {s['steps']:,} steps in "
-            f"{s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
+    return (f"fuzz {s['mode']}{where}: {s['examples']:,} examples (+{s.get('shrink_runs', 0):,} shrink runs), "
+            f"{s['steps']:,} steps in {s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
             f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}{repeat}; "
             f"{s['regression_traces']} regression trace(s) replayed first; "
             f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations"
@@ -183,7 +183,8 @@ def finish(campaign: Any, status: int, out_dir: Path, *, summary_md: str | None,
     for row in shard_rows:
         note = f" -- {row.note}" if row.note else ""
         print(f"  shard {row.shard} [{row.status}] {row.worker} seed {row.seed} pcp {row.pcp_sizes}: "
-              f"{row.examples} examples, {row.steps} steps, {row.steps_per_s:.2f} steps/s, "
+              f"{row.examples} examples (+{row.shrink_runs} shrink runs), {row.steps} steps, "
+              f"{row.steps_per_s:.2f} steps/s, "
               f"{row.classes} classes{note}")
     for line in (time_share_line(s["time_share"]) if s.get("time_share") else "", coverage_line(s)):
         if line:

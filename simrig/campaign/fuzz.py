@@ -76,6 +76,9 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
     def _on_step(self, machine: Any, index: int, step: Step, obs: Any,
                  found: list[Finding]) -> list[Finding]:
         st = self.stats
+        shrinking = self._shrink_run(machine)
+        example = max(st.examples - shrinking, 0)  # a shrink run belongs to the example it shrinks
+        run = f"example-{example}" + (f".shrink-{st.shrink_runs}" if shrinking else "")
         st.steps += 1
         st.findings += len(found)
         st.vllm_s += obs.vllm_s if obs is not None else 0.0
@@ -90,11 +93,9 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         st.loud_rejections += any(f.extra.get("loud_rejection") for f in found)
         tracker = machine.__dict__.setdefault("_batch_tracker", BatchTracker())
         st.axes.observe(machine.config, step, machine.__dict__.setdefault("_axis_state", AxisState()),
-                        elapsed_s=self._elapsed(), example=st.examples)
-        self.recorder.record(f"example-{st.examples}", machine.config.pcp_size, index + 2, step,
-                             tracker.observe(step), obs, found)
-        where = Where(f"example-{st.examples}", machine.config.pcp_size,
-                      elapsed_s=self._elapsed(), example=st.examples)
+                        elapsed_s=self._elapsed(), example=example)
+        self.recorder.record(run, machine.config.pcp_size, index + 2, step, tracker.observe(step), obs, found)
+        where = Where(run, machine.config.pcp_size, elapsed_s=self._elapsed(), example=example)
         failing = []
         for f in found:
             self.tally.add(f, where)
@@ -108,8 +109,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
                 continue
             failing.append(f)
             self._offer(cls, machine)
-        if failing:
-            self._chunk_failed = True
+        self._chunk_failed |= bool(failing)  # Hypothesis shrinks it: no more examples this run
         self._tick()
         return failing
 
@@ -128,16 +128,26 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         if self.options.on_class is not None:
             self.options.on_class(cls)
 
+    def _shrink_run(self, machine: Any) -> bool:
+        """Whether ``machine`` is a shrink run: it began after the first failing example of its
+        Hypothesis run. With ``report_multiple_bugs`` off Hypothesis generates nothing after
+        that failure; every later test case shrinks it or, last, replays the minimal one."""
+        return machine.__dict__.setdefault("_shrink_run", self._chunk_failed)
+
     def _on_teardown(self, machine: Any) -> None:
-        if machine.steps:
-            self.stats.examples += 1
+        if machine.steps:  # only examples that ran a step count (a run that sent none cost nothing)
+            if self._shrink_run(machine):
+                self.stats.shrink_runs += 1
+            else:
+                self.stats.examples += 1
             if self.coverage.collector is not None:
                 self._coverage_example(machine)
 
     def _tick(self) -> None:
         if self._progress is not None:
             failing = sum(1 for c in self.classes.values() if c.failing)
-            self._progress.label = f"fuzz {self.options.mode} | example {self.stats.examples:,}"
+            self._progress.label = (f"fuzz {self.options.mode} | example {self.stats.examples:,}"
+                                    + (" (shrinking)" if self._chunk_failed else ""))
             self._progress.update(self.stats.steps, len(self.classes), failing)
 
     # ------------------------------------------------------------ phases
@@ -209,8 +219,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
             stages=o.stages, extra_checks=tuple(o.extra_checks),
             violations=o.violations if o.violations is not None else VIOLATIONS,
             on_step=self._on_step, on_teardown=self._on_teardown, stopped=self.stopped,
-            before_step=self._before_step,
-            runners=shared_pool())
+            before_step=self._before_step, runners=shared_pool())
         machine = SchedulerContractMachine.bind(machine_settings)
         database = o.database if isinstance(o.database, ExampleDatabase) else (
             DirectoryBasedExampleDatabase(str(o.database)) if o.database else None)
@@ -238,8 +247,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
                     test()
             except Exception as exc:  # noqa: BLE001 -- sorted below
                 self._after_failure(exc)
-            self.tolerated.update(k for k, c in self.classes.items() if c.steps is not None)
-            self.tolerated.update(k for k, c in self.classes.items() if c.first.known)
+            self.tolerated.update(k for k, c in self.classes.items() if c.steps is not None or c.first.known)
             idle = idle + 1 if self.stats.steps == before else 0
             if idle >= IDLE_CHUNKS:  # the machine sends no steps: more runs would not either
                 self.idle = True
@@ -315,7 +323,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
             "stages": list(o.stages),
             "elapsed_s": st.elapsed_s, "stopped_by": st.stopped_by, "chunks": st.chunks,
             "repeatable": not reasons, "not_repeatable_because": reasons,
-            "examples": st.examples, "steps": st.steps,
+            "examples": st.examples, "shrink_runs": st.shrink_runs, "steps": st.steps,
             "steps_by_cudagraph_mode": dict(sorted(st.steps_by_cudagraph_mode.items())),
             "steps_by_dispatched_mode": dict(sorted(st.steps_by_dispatched_mode.items())),
             "examples_per_s": round(st.examples / elapsed, 3),

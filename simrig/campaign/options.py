@@ -94,7 +94,8 @@ class FindingClass:
 
 @dataclass
 class CampaignStats:
-    examples: int = 0
+    examples: int = 0  # generated (or replayed from the database) up to a run's first failure
+    shrink_runs: int = 0  # runs after it: Hypothesis shrinking that failure, its final replay
     steps: int = 0
     findings: int = 0  # finding occurrences (before dedupe)
     loud_rejections: int = 0

@@ -55,6 +55,7 @@ class ShardRow:
     pcp_sizes: str
     status: str  # done / interrupted / lost / error
     examples: int = 0
+    shrink_runs: int = 0
     steps: int = 0
     elapsed_s: float = 0.0
     vllm_s: float = 0.0  # inside vLLM's calls (StepObs.vllm_s summed)
@@ -222,7 +223,8 @@ class ShardedCampaign:
                 self.results[spec.name] = result
                 self.status[spec.name] = {"signal": "interrupted", "rig_error": "error"}.get(
                     result.stats.stopped_by, "done")
-                self.say(f"shard {spec.name} done: {result.stats.examples} examples, "
+                self.say(f"shard {spec.name} done: {result.stats.examples} examples "
+                         f"(+{result.stats.shrink_runs} shrink runs), "
                          f"{result.stats.steps} steps")
 
     def _lost(self, ray: Any, collector: Any, spec: ShardSpec, exc: Exception) -> ShardSpec | None:
@@ -280,7 +282,7 @@ class ShardedCampaign:
             else:  # lost or failed: what its last heartbeat counted
                 stats = dict(state.stats) if state else {}
                 tallies.append((tally_from_counts(name, state, merged.classes), None))
-            for fld in ("examples", "steps", "findings", "loud_rejections", "violations_sent",
+            for fld in ("examples", "shrink_runs", "steps", "findings", "loud_rejections", "violations_sent",
                         "chunks", "regression_traces", "regression_steps"):
                 setattr(st, fld, getattr(st, fld) + int(stats.get(fld, 0)))
             for fld, n in (stats.get("runners") or {}).items():  # each shard's own runners
@@ -291,7 +293,8 @@ class ShardedCampaign:
             self.rows.append(ShardRow(
                 shard=name, worker=(result.worker if result else state.worker if state else ""),
                 seed=spec.seed, mode=spec.mode, pcp_sizes=",".join(map(str, spec.pcp_sizes)),
-                status=self.status.get(name, "lost"), examples=examples, steps=steps,
+                status=self.status.get(name, "lost"), examples=examples,
+                shrink_runs=int(stats.get("shrink_runs", 0)), steps=steps,
                 elapsed_s=round(elapsed, 3), vllm_s=round(float(stats.get("vllm_s", 0.0)), 3),
                 steps_per_s=round(steps / max(elapsed, 1e-9), 3),
                 examples_per_s=round(examples / max(elapsed, 1e-9), 3),

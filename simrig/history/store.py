@@ -32,7 +32,7 @@ from simrig.findings.classes import verdict_counts
 RUN_COLUMNS = {  # column -> dtype: a fixed schema, so every file reads as one dataset
     "run_id": "string", "command": "string", "suite": "string", "created_utc": "string",
     "vllm_version": "string", "device": "string", "exit_status": "int64", "steps": "float64", "steps_per_s": "float64",
-    "examples": "float64", "examples_per_s": "float64", "mutants": "float64",
+    "examples": "float64", "shrink_runs": "float64", "examples_per_s": "float64", "mutants": "float64",
     "detected": "float64", "elapsed_s": "float64", "vllm_share": "float64",
     "classes": "int64", "new": "int64", "known": "int64", "expected": "int64",
     "report": "string", "summary_json": "string",
@@ -81,6 +81,7 @@ def run_row(summary: dict[str, Any], counts: dict[str, int], run_id: str) -> dic
             "device": str(summary.get("device", "")),
             "exit_status": int(summary.get("exit_status", 0) or 0),
             "steps": num("steps"), "steps_per_s": num("steps_per_s"), "examples": num("examples"),
+            "shrink_runs": num("shrink_runs"),
             "examples_per_s": num("examples_per_s"), "mutants": num("mutants"),
             "detected": num("detected"), "elapsed_s": num("elapsed_s"),
             "vllm_share": float(share.get("vllm_share", float("nan"))),

@@ -110,7 +110,8 @@ class SupervisedCampaign(Campaign):
 
 def apply_crash(campaign: Campaign, crash: dict[str, Any]) -> None:
     """A dead worker's last example as a ``crash`` class of ``campaign`` (new: it fails the run);
-    ``crash``: signal, stage, step, example, steps, config, violations, chunks, elapsed_s."""
+    ``crash``: signal, stage, step, example, steps, config, violations, chunks, elapsed_s,
+    shrink_run."""
     steps, step = crash["steps"], crash["step"]
     ids = tuple(steps[step].num_scheduled_tokens) if 0 <= step < len(steps) else ()
     what = crash["signal"]
@@ -133,7 +134,10 @@ def apply_crash(campaign: Campaign, crash: dict[str, Any]) -> None:
                                       elapsed_s=crash["elapsed_s"], example=crash["example"]))
     campaign.stats.chunks = max(campaign.stats.chunks, crash["chunks"])  # go on past the chunk that died
     campaign.stats.crashes += 1
-    campaign.stats.examples += 1
+    if crash.get("shrink_run"):  # it died shrinking a failure: no example of its own
+        campaign.stats.shrink_runs += 1
+    else:
+        campaign.stats.examples += 1
     campaign.stats.steps += max(step, 0) + 1
 
 
@@ -143,7 +147,8 @@ def crash_record(inflight: dict[str, Any], reading: lifeline_mod.Reading, what: 
     return {"signal": what, "stage": reading.stage, "step": inflight.get("step", reading.step),
             "example": inflight.get("example", reading.example), "steps": inflight.get("steps", []),
             "config": inflight.get("config"), "violations": inflight.get("violations", {}),
-            "chunks": inflight.get("chunks", 0), "elapsed_s": inflight.get("elapsed_s")}
+            "chunks": inflight.get("chunks", 0), "elapsed_s": inflight.get("elapsed_s"),
+            "shrink_run": inflight.get("shrink_run", False)}
 
 
 def persist_example(path: Path, campaign: Campaign, machine: Any, index: int) -> None:
@@ -152,7 +157,8 @@ def persist_example(path: Path, campaign: Campaign, machine: Any, index: int) ->
     forked.dump(path, {
         "steps": list(machine.steps), "step": index, "config": machine.config,
         "violations": dict(machine.violations), "example": campaign.stats.examples,
-        "chunks": campaign.stats.chunks, "elapsed_s": round(campaign._elapsed(), 3)})
+        "chunks": campaign.stats.chunks, "elapsed_s": round(campaign._elapsed(), 3),
+        "shrink_run": campaign._shrink_run(machine)})
 
 
 # ------------------------------------------------------------------ supervisor side
