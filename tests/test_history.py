@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pandas as pd
 
 from simrig.cli import main
-from simrig.history.page import history_summary
+from simrig.history.page import history_summary, per_release, render_history
 from simrig.history.store import append_run, class_timeline, load_history, run_trends
 
 
@@ -106,17 +107,47 @@ def test_since_filters_runs_and_a_torn_write_is_ignored(tmp_path):
     assert len(load_history(store)[1]) == 4
 
 
-def test_history_command_writes_a_page_with_every_run(tmp_path, capsys):
+def test_history_command_writes_a_page_with_every_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SIMRIG_ACROSS_RELEASES", raising=False)
     store, ids = _store(tmp_path)
     assert main(["history", "--store", str(store), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["runs"] == 4
-    assert {(f["signature"], f["fixed_since_run"]) for f in summary["fixed"]} == \
-        {("key_error · a", ids[3]), ("dtype_drift · b", ids[2])}
+    assert summary["runs"] == 4 and summary["across_releases"] is False
+    # a replay on 0.34.0 fixes nothing it never showed on 0.34.0: b was seen on 0.33.0 only
+    assert [(f["suite"], f["signature"], f["fixed_since_run"]) for f in summary["fixed"]] == \
+        [("replay traces/ on vLLM 0.34.0", "key_error · a", ids[3])]
+    assert {(n["suite"], n["signature"]) for n in summary["still_new"]} == {
+        ("replay traces/ on vLLM 0.33.0", "key_error · a"), ("replay traces/ on vLLM 0.33.0", "dtype_drift · b"),
+        ("fuzz valid on vLLM 0.33.0", "value_mismatch · c")}
     page = (store / "history.html").read_text()
-    assert "4 run(s) of 2 suite(s)" in page and all(i in page for i in ids)
+    assert "4 run(s) of 2 suite(s) on 2 vLLM release(s)" in page and all(i in page for i in ids)
     assert "<img" in page and f"fixed since 2026-11-04 03:00 ({ids[3]})" in page
+    assert "previous run of its suite on the same vLLM release" in page
     assert "not seen since" not in page.split("<h2>Finding classes</h2>")[1].split("</p>", 1)[1]
+    # across releases, asked for: the 0.34.0 replay of the 3rd is the next run after b's last one
+    assert main(["history", "--store", str(store), "--json", "--across-releases"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["across_releases"] is True
+    assert {(f["suite"], f["signature"], f["fixed_since_run"]) for f in summary["fixed"]} == \
+        {("replay traces/", "key_error · a", ids[3]), ("replay traces/", "dtype_drift · b", ids[2])}
+    assert "previous run of its suite on any vLLM release" in (store / "history.html").read_text()
+    assert "SIMRIG_ACROSS_RELEASES" not in os.environ  # asked for one command only
+
+
+def test_a_nightly_alternating_releases_compares_each_run_on_its_own_release(tmp_path):
+    """0.33.0 and 0.31.0 on alternate nights: each night's trend row is against the previous
+    night of its release, not against yesterday's other release."""
+    store = tmp_path / "history"
+    for day, version, found in ((1, "0.33.0", ("k · a",)), (2, "0.31.0", ("k · a", "d · b", "d · c")),
+                                (3, "0.33.0", ("k · a",)), (4, "0.31.0", ("k · a", "d · b", "d · c"))):
+        _run(store, day, "fuzz valid", _classes(*found), version=version, examples_per_s=1.0 + day)
+    runs, classes = load_history(store)
+    trends = run_trends(per_release(runs), per_release(classes))
+    assert list(trends["suite"]) == ["fuzz valid on vLLM 0.33.0", "fuzz valid on vLLM 0.31.0"] * 2
+    assert list(trends["not_seen"]) == [0, 0, 0, 0]  # across releases it would be [0, 0, 2, 0]
+    assert list(run_trends(runs, classes)["not_seen"]) == [0, 0, 2, 0]
+    page = render_history(runs, classes, any_release=False)
+    assert "fuzz valid on vLLM 0.31.0" in page and "fuzz valid on vLLM 0.33.0" in page
 
 
 def test_history_usage_errors(tmp_path, capsys):

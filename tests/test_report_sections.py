@@ -85,7 +85,7 @@ def test_changes_since_the_previous_run_of_the_same_suite(tmp_path):
     assert changes["gone"] == [{"signature": "dtype_drift · dummy · logits_indices", "verdict": "known",
                                 "why": "fixed"}]  # a replay with no narrower stages or sizes: fixed
     lines = change_lines(changes)
-    assert lines[0] == "1 class(es) new since the previous run, 1 of them failing"
+    assert lines[0] == "1 class(es) new since then, 1 of them failing"
     assert any("steps/s down 10 -> 5 (-50%)" in line for line in lines)
     assert since_previous({"suite": "replay t"}, now, tmp_path / "missing")["status"] == "first"
 
@@ -93,7 +93,7 @@ def test_changes_since_the_previous_run_of_the_same_suite(tmp_path):
 def test_summary_markdown_opens_with_a_status_line_then_reproducers_and_changes():
     classes = _classes()
     changes = {"status": "compared", "suite": "replay t", "previous_created_utc": "2026-12-01T00:00:00",
-               "previous_vllm": "0.33.0", "previous_exit_status": 0, "appeared_count": 1,
+               "vllm": "0.33.0", "previous_vllm": "0.33.0", "previous_exit_status": 0, "appeared_count": 1,
                "gone_count": 0, "appeared": [{"signature": "dtype_drift · prepare · idx_mapping",
                                               "verdict": "new"}], "gone": [], "verdict_changed": [],
                "metrics": []}
@@ -104,7 +104,8 @@ def test_summary_markdown_opens_with_a_status_line_then_reproducers_and_changes(
     assert "  - reproduce: `simrig replay t.jsonl`" in lines
     assert "  - pytest file for vLLM: `simrig repro t.jsonl --class dtype_drift:prepare:idx_mapping " \
            "--pytest x.py`" in lines
-    assert any(line.startswith("**Since the previous run** (previous run of 'replay t'") for line in lines)
+    assert "**Since the previous run** (previous run of replay t on vLLM 0.33.0: 2026-12-01 00:00 UTC " \
+           "(exit 0))" in lines
     assert EXPLANATION not in text and lines[-1] == "Report: `out/report.html`"
     json.dumps(changes)  # summary.json carries it as is
 

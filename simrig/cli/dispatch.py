@@ -42,6 +42,9 @@ VERBOSE_HELP = {"history": "list the files the store's reader skipped (temporary
                            "classes with no run row)"}
 # Commands that judge findings against the known-findings files (--known FILE).
 JUDGING_COMMANDS = ("demo", "replay", "fuzz", "selftest", "compare")
+# Commands that compare runs in the history store: --across-releases sets, for the command and its
+# workers, what simrig.history.changes.across_releases() reads
+HISTORY_COMMANDS, ACROSS_RELEASES_ENV = ("replay", "fuzz", "selftest", "history"), "SIMRIG_ACROSS_RELEASES"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                 "--known", metavar="FILE", default=None,
                 help="known-findings file (or folder of known-findings*.json) to judge against "
                      "(default: reports/baselines/)")
+        if name in HISTORY_COMMANDS:
+            command.add_argument("--across-releases", action="store_true", help=(
+                "compare with runs of the same suite on any vLLM release (default: on this release only)"))
     return parser
 
 
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_vllm_logs(getattr(args, "verbose", False))
     name = f"simrig {args.command}"
+    across, before = getattr(args, "across_releases", False), os.environ.get(ACROSS_RELEASES_ENV)
+    os.environ.update({ACROSS_RELEASES_ENV: "1"} if across else {})
     try:
         if args.command in JUDGING_COMMANDS:
             _choose_known_findings(getattr(args, "known", None))
@@ -109,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: internal error (a bug in simrig): {type(exc).__name__}: "
               f"{str(exc).splitlines()[0] if str(exc) else ''} (traceback: {saved})", file=sys.stderr)
         return EXIT_RIG_ERROR
+    finally:
+        if across:  # as it was: an in-process caller's next command compares as it is told
+            os.environ.pop(ACROSS_RELEASES_ENV, None)
+            os.environ.update({ACROSS_RELEASES_ENV: before} if before is not None else {})
 
 
 def _choose_known_findings(path: str | None) -> None:

@@ -10,6 +10,8 @@
     │   vLLM versions, fixed since <run> / not seen since <run>        │
     │ runs: one row per run (collapsed)                                │
     └──────────────────────────────────────────────────────────────────┘
+
+Each suite on each vLLM release stands alone ("fuzz valid on vLLM 0.33.0"; --across-releases: not).
 """
 
 from __future__ import annotations
@@ -24,8 +26,25 @@ from typing import Any
 
 import pandas as pd
 
+from simrig.history.changes import across_releases
 from simrig.history.store import StoreListing, bisect_results, class_timeline, coverage_trend, load_history, run_trends
 from simrig.report.html import _CSS, emit_json, table
+
+ON = " on vLLM "  # "fuzz valid on vLLM 0.33.0": a suite on one release, compared only with itself
+
+
+def per_release(frame: pd.DataFrame) -> pd.DataFrame:
+    """Runs or classes with each suite named on its vLLM release, so every comparison of a
+    run with the previous run of its suite (trends, class lines, coverage) stays on it."""
+    if frame.empty:
+        return frame
+    return frame.assign(suite=frame["suite"].astype(str) + ON + frame["vllm_version"].astype(str).replace("", "?"))
+
+
+def _keyed(runs: pd.DataFrame, classes: pd.DataFrame, any_release: bool | None) -> tuple[Any, Any, bool]:
+    """(runs, classes, any_release) as the page compares them (default: ``across_releases()``)."""
+    any_release = across_releases() if any_release is None else any_release
+    return (runs, classes, True) if any_release else (per_release(runs), per_release(classes), False)
 
 
 def trends_png(trends: pd.DataFrame, runs: pd.DataFrame | None = None) -> bytes | None:
@@ -38,8 +57,14 @@ def trends_png(trends: pd.DataFrame, runs: pd.DataFrame | None = None) -> bytes 
     return history_trends(trends)
 
 
-def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None = None) -> str:
+def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None = None, *,
+                   any_release: bool | None = None) -> str:
+    """The page; ``any_release``: compare each run with the previous run of its suite on any
+    vLLM release (default ``across_releases()``; else on its own release only)."""
     e = html.escape
+    suites = runs["suite"].nunique() if len(runs) else 0
+    releases = runs["vllm_version"].nunique() if len(runs) else 0
+    runs, classes, any_release = _keyed(runs, classes, any_release)
     trends = run_trends(runs, classes)
     timeline = class_timeline(runs, classes)
     latest = runs.groupby("suite").tail(1) if len(runs) else runs
@@ -47,9 +72,14 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
     fixed = int((timeline["fixed_since"] != "").sum()) if len(timeline) else 0
     unseen = int((timeline["not_seen_since"] != "").sum()) if len(timeline) else 0
     open_new = int((_showing(timeline) & (timeline["verdict"] == "new")).sum()) if len(timeline) else 0
-    text = (f"{len(runs)} run(s) of {runs['suite'].nunique() if len(runs) else 0} suite(s)"
+    text = (f"{len(runs)} run(s) of {suites} suite(s) on {releases} vLLM release(s)"
             f"{' since ' + since if since else ''}: {open_new} new class(es) still showing, "
-            f"{fixed} fixed, {unseen} not seen since; latest run failing in {len(failing)} suite(s)")
+            f"{fixed} fixed, {unseen} not seen since; latest run failing in {len(failing)} suite(s)"
+            + ("" if any_release else " (a suite on each release counted apart)"))
+    scope = ("Each run is compared with the previous run of its suite on any vLLM release "
+             "(--across-releases)." if any_release else
+             "Each run is compared with the previous run of its suite on the same vLLM release: a "
+             "suite on each release is a line of its own (--across-releases compares across them).")
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>simrig history</title>"
              f"<style>{_CSS}</style></head><body><h1>simrig history</h1>",
              f"<p class='banner {'bad' if open_new or len(failing) else 'good'}'>{e(text)}</p>"]
@@ -61,8 +91,8 @@ def render_history(runs: pd.DataFrame, classes: pd.DataFrame, since: str | None 
                         "<p class='expected'>none: the latest run of every suite shows no new class</p>"))
     png = trends_png(trends, runs)
     if png is not None:
-        parts.append("<h2>Trends</h2><img alt='trends' src='data:image/png;base64,"
-                     + base64.b64encode(png).decode("ascii") + "'>")
+        parts.append(f"<h2>Trends</h2><p class='note'>{e(scope)}</p><img alt='trends' "
+                     "src='data:image/png;base64," + base64.b64encode(png).decode("ascii") + "'>")
     parts.append("<h2>Finding classes</h2><p class='note'><b>fixed since</b> R: R replayed the same "
                  "traces (as much of them as the last run showing the class) and did not show it. "
                  "<b>not seen since</b> R: R only did not hit it (a fuzz or selftest run draws new "
@@ -120,14 +150,18 @@ def _shown_timeline(timeline: pd.DataFrame) -> pd.DataFrame:
                   "last_seen", "vllm_versions", "introduced_in", "status"]]
 
 
-def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]:
+def history_summary(runs: pd.DataFrame, classes: pd.DataFrame, *,
+                    any_release: bool | None = None) -> dict[str, Any]:
     """``bisected``: where ``simrig bisect`` found each class introduced / fixed;
     ``fixed``: classes a later replay of the same traces no longer shows;
     ``not_seen``: classes a later run of their suite merely did not hit;
-    ``still_new``: new classes the latest run of their suite still shows."""
+    ``still_new``: new classes the latest run of their suite still shows. Unless
+    ``any_release``, "their suite" is the suite on the same vLLM release, and each
+    item's ``suite`` reads "fuzz valid on vLLM 0.33.0"."""
+    runs, classes, any_release = _keyed(runs, classes, any_release)
     timeline = class_timeline(runs, classes)
     cov = coverage_trend(runs)
-    return {"runs": int(len(runs)), "classes": int(len(timeline)),
+    return {"runs": int(len(runs)), "classes": int(len(timeline)), "across_releases": any_release,
             "coverage": cov.to_dict("records"),
             "coverage_drops": cov[cov["verdict"] == "drop"][
                 ["suite", "run_id", "created_utc", "change_lines", "change_branches"]].to_dict("records"),
@@ -142,7 +176,8 @@ def history_summary(runs: pd.DataFrame, classes: pd.DataFrame) -> dict[str, Any]
 
 def history_command(store: Path, since: str | None, out: Path, *, verbose: bool, json_out: bool) -> int:
     """``simrig history`` from a checked store: the page written to ``out``, then its summary
-    lines (or ``--json``); with ``verbose`` the files the reader skipped, on stderr."""
+    lines (or ``--json``); with ``verbose`` the files the reader skipped, on stderr. Runs are
+    compared on their own vLLM release unless ``across_releases()`` (--across-releases)."""
     listing = StoreListing()
     runs, classes = load_history(store, since, listing)  # a bad file: a warning, skipped
     if verbose:

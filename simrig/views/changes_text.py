@@ -1,6 +1,7 @@
-"""The changes since the previous run of a suite, in words (``summary["since_previous"]``,
-computed by ``simrig.history.changes.since_previous``): one text for the page, the
-Markdown summary and the terminal."""
+"""The changes since the previous run of a suite on its vLLM release (or on any release,
+``--across-releases``), in words (``summary["since_previous"]``, computed by
+``simrig.history.changes.since_previous``): one text for the page, the Markdown summary
+and the terminal."""
 
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ def change_lines(changes: dict[str, Any] | None) -> list[str]:
     if status == "off":
         return ["history recording is off (SIMRIG_HISTORY=none): nothing to compare with"]
     if status == "first":
-        return [f"first recorded run of suite '{changes.get('suite', '')}': nothing to compare with yet"]
+        others = changes.get("other_releases") or []
+        return [f"first run of {run_scope(changes)}: nothing to compare with"
+                + (f" (its runs on vLLM {', '.join(others)} are compared only with --across-releases)"
+                   if others else "")]
     if status != "compared":
         return [f"the history store could not be read: {changes.get('why', '?')}"]
     lines = []
     new_now = [a["signature"] for a in changes.get("appeared", []) if a["verdict"] == "new"]
     if changes.get("appeared_count"):
-        lines.append(f"{changes['appeared_count']} class(es) new since the previous run"
+        lines.append(f"{changes['appeared_count']} class(es) new since then"
                      + (f", {len(new_now)} of them failing" if new_now else ""))
     fixed = [g for g in changes.get("gone", []) if g["why"] == "fixed"]
     if changes.get("gone_count"):
@@ -65,10 +69,21 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
 
 
+def run_scope(changes: dict[str, Any]) -> str:
+    """What a run is compared with: 'fuzz valid on vLLM 0.33.0' (its suite on its release),
+    'fuzz valid on any vLLM release' (--across-releases)."""
+    suite = changes.get("suite", "")
+    if changes.get("any_release"):
+        return f"{suite} on any vLLM release"
+    return f"{suite} on vLLM {changes['vllm']}" if changes.get("vllm") else f"{suite} (no vLLM version recorded)"
+
+
 def previous_label(changes: dict[str, Any] | None) -> str:
-    """'previous run 2026-12-04 07:41 UTC (vLLM 0.33.0, exit 0)' or ''."""
+    """'previous run of fuzz valid on vLLM 0.33.0: 2026-12-04 07:41 UTC (exit 0)' or ''
+    (across releases, the previous run's release is named too)."""
     if not changes or changes.get("status") != "compared":
         return ""
     when = str(changes.get("previous_created_utc", ""))[:16].replace("T", " ")
-    return (f"previous run of '{changes.get('suite', '')}': {when} UTC (vLLM {changes.get('previous_vllm', '?')}, "
+    release = f"vLLM {changes.get('previous_vllm', '?')}, " if changes.get("any_release") else ""
+    return (f"previous run of {run_scope(changes)}: {when} UTC ({release}"
             f"exit {changes.get('previous_exit_status', '?')})")

@@ -91,7 +91,7 @@ def _single_values(ax: Any, values: dict[str, float], unit: str) -> None:
         y = 0.85 - i * step
         ax.text(0.02, y, f"{value:,.2f}".rstrip("0").rstrip(".") + (f" {unit}" if unit else ""),
                 fontsize=15, va="center", transform=ax.transAxes)
-        ax.text(0.02, y - step * 0.38, f"{label[:60]} (one run so far)", fontsize=7, color="#666",
+        ax.text(0.02, y - step * 0.38, f"{_short(label, 60)} (one run so far)", fontsize=7, color="#666",
                 va="center", transform=ax.transAxes)
 
 
@@ -108,12 +108,17 @@ def dated_series(ax: Any, times: pd.Series, values: dict[str, pd.Series], unit: 
         _single_values(ax, {label: float(v.iloc[0]) for label, (_, v) in points.items()}, unit)
         return
     for i, (label, (t, v)) in enumerate(points.items()):
-        ax.plot(t, v, "o-", markersize=3.5, linewidth=1.4, label=label[:40],
+        ax.plot(t, v, "o-", markersize=3.5, linewidth=1.4, label=_short(label, 40),
                 color=SERIES_COLOURS[i % len(SERIES_COLOURS)])
     _shared_range(ax, when)
     _date_axis(ax)
     if len(points) > 1:
         ax.legend(fontsize=7)
+
+
+def _short(label: str, width: int) -> str:
+    """A label cut in the middle: its end ("... on vLLM 0.33.0") tells the lines apart."""
+    return label if len(label) <= width else label[:width // 2 - 1] + "…" + label[-(width - width // 2):]
 
 
 def _date_axis(ax: Any) -> None:
@@ -191,7 +196,8 @@ def _classes_over_time(ax: Any, classes: pd.DataFrame, end: float | None) -> Non
 
 def history_trends(trends: pd.DataFrame) -> bytes | None:
     """The history page's panels over run dates: classes per run, then each rate that any
-    run measured (steps/s, examples/s, mutants detected, coverage), one line per suite."""
+    run measured (steps/s, examples/s, mutants detected, coverage), one line per suite (the
+    page names a suite on each vLLM release apart: one line per suite and release)."""
     if trends.empty:
         return None
     panels: list[tuple[str, str, str]] = [("classes", "", "finding classes per run")]
