@@ -72,9 +72,11 @@ def test_max_examples_30_reports_30_examples_and_the_shrink_runs_apart(no_vllm, 
     assert len(shrunk.steps) == 1 and len(shrunk.steps[0].num_scheduled_tokens) == 2  # it did shrink
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert (summary["examples"], summary["shrink_runs"]) == (30, st.shrink_runs)
+    facts = f"30 examples (+{st.shrink_runs:,} shrink runs), "
+    assert facts in (tmp_path / "out" / "report.html").read_text()  # the page's line of facts
     campaign_report.finish(campaign, status, tmp_path / "out", summary_md=None, json_out=False)
     banner = capsys.readouterr().out.splitlines()[0]
-    assert banner.startswith(f"fuzz valid: 30 examples (+{st.shrink_runs:,} shrink runs), ")
+    assert banner.startswith(f"fuzz valid: {facts}")
     runs, _ = load_history(tmp_path / "history")
     assert (runs["examples"].tolist(), runs["shrink_runs"].tolist()) == ([30.0], [float(st.shrink_runs)])
     # a shrink run's places are named after the example it shrinks
@@ -134,3 +136,25 @@ def test_the_rule_agrees_with_the_phase_hypothesis_ran_each_test_case_in(no_vllm
                                            "minimal failing test case"}
     assert all(shrink_run == (how != "during generate phase") for how, shrink_run in stepped)
     assert sum(not s for _, s in stepped) == 12 and sum(s for _, s in stepped) == campaign.stats.shrink_runs
+
+
+def test_a_sharded_campaign_sums_both_counts_lost_shards_included(tmp_path):
+    from simrig.campaign.options import CampaignStats
+    from simrig.distributed.fuzz_shards import ShardedCampaign
+    from simrig.distributed.shard import ShardResult, plan_shards
+    from simrig.findings.classes import ClassTally
+
+    options = CampaignOptions(budget_s=None, max_examples=30, database=None, out_dir=tmp_path / "out",
+                              pcp_sizes=(1, 2))
+    sharded = ShardedCampaign(options, workers=2)
+    s0, s1 = plan_shards(options, 2)
+    sharded.specs = {s0.name: s0, s1.name: s1}
+    stats = CampaignStats(examples=30, shrink_runs=57, steps=400, stopped_by="max_examples")
+    sharded.results[s0.name] = ShardResult(s0.name, "w0", stats, None, None, None, [], ClassTally())
+    sharded.status[s0.name] = "done"
+    lost = SimpleNamespace(stats={"examples": 11, "shrink_runs": 5, "steps": 90}, counts={}, worker="w1")
+    sharded._merge({"shards": {s1.name: lost}, "classes": {}, "found_by": {}, "best_from": {}, "stopped": False})
+    st = sharded.merged.stats
+    assert (st.examples, st.shrink_runs, st.steps) == (41, 62, 490)
+    assert [(r.shard, r.examples, r.shrink_runs) for r in sharded.rows] == [("s0", 30, 57), ("s1", 11, 5)]
+    assert sharded.merged.summary()["shrink_runs"] == 62
