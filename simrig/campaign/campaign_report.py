@@ -144,6 +144,7 @@ def findings_frame(campaign: Any) -> Any:
         row.update(count=cls.count, verdict=cls.verdict, loud_rejection=cls.loud,
                    failing=cls.failing, source=cls.source, shrunk_trace=cls.trace_path,
                    shrunk_steps=len(cls.steps) if cls.steps is not None else -1,
+                   example_steps=cls.example_steps,  # a crash class's example before it was shrunk
                    reproduced="" if cls.reproduced is None else str(cls.reproduced),
                    pcp_size=cls.config.pcp_size if cls.config else -1)
         rows.append(row)

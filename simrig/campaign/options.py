@@ -73,6 +73,7 @@ class FindingClass:
     config: RunnerConfig | None = None
     trace_path: str = ""
     reproduced: bool | None = None
+    example_steps: int = -1  # a crash class: its example's steps before it was shrunk (-1: not known)
 
     @property
     def loud(self) -> bool:

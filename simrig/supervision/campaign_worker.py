@@ -3,7 +3,8 @@
 ``run_supervised`` runs the campaign (``SupervisedCampaign``) in a forked worker
 (``simrig.supervision.forked``) that checkpoints what it found; a native crash, an
 OOM kill or a hang becomes one ``crash`` finding (``crash_record``, ``apply_crash``)
-and a new worker resumes after the chunk that crashed.
+and a new worker resumes after the chunk that crashed. Before the report, each crash
+class's example is shrunk (``simrig.supervision.crash_shrink``).
 
 See docs/fuzz.md, 'The supervisor and its worker'.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from simrig import lifeline as lifeline_mod
 from simrig.supervision import forked
+from simrig.supervision.crash_shrink import shrink_crash_classes
 from simrig.campaign.fuzz import Campaign, CampaignOptions, FindingClass
 from simrig.campaign.shrink import class_key
 from simrig.findings.classes import Where
@@ -96,6 +98,16 @@ class SupervisedCampaign(Campaign):
         super().between_chunks()
         if time.perf_counter() - self._last_checkpoint > max(CHECKPOINT_S, 20 * self._checkpoint_cost):
             self.checkpoint()
+
+    def finish(self) -> None:
+        """Each crash class's example shrunk in forked children (``crash_shrink``), then the
+        report; a stopped campaign (Ctrl-C, SIGTERM) writes its report at once."""
+        if not self.interrupted:
+            try:
+                shrink_crash_classes(self)
+            except Exception as exc:  # noqa: BLE001 -- a bug in simrig: reported, the report still written
+                self.rig_error(exc, "crash_shrink")
+        super().finish()
 
     def checkpoint(self) -> None:
         start = time.perf_counter()
