@@ -103,7 +103,8 @@ def test_a_store_written_before_the_column_still_reads(tmp_path):
     old = pd.read_parquet(next((store / "runs").glob("*.parquet"))).drop(columns=["shrink_runs"])
     old.to_parquet(next((store / "runs").glob("*.parquet")), index=False)
     runs, _ = load_history(store)
-    assert "shrink_runs" in RUN_COLUMNS and runs["shrink_runs"].isna().all() and runs["examples"].tolist() == [5.0]
+    assert "shrink_runs" in RUN_COLUMNS and runs["shrink_runs"].isna().all()
+    assert runs["examples"].tolist() == [5.0]
 
 
 def test_the_rule_agrees_with_the_phase_hypothesis_ran_each_test_case_in(no_vllm, tmp_path, monkeypatch):
@@ -153,7 +154,8 @@ def test_a_sharded_campaign_sums_both_counts_lost_shards_included(tmp_path):
     sharded.results[s0.name] = ShardResult(s0.name, "w0", stats, None, None, None, [], ClassTally())
     sharded.status[s0.name] = "done"
     lost = SimpleNamespace(stats={"examples": 11, "shrink_runs": 5, "steps": 90}, counts={}, worker="w1")
-    sharded._merge({"shards": {s1.name: lost}, "classes": {}, "found_by": {}, "best_from": {}, "stopped": False})
+    sharded._merge({"shards": {s1.name: lost}, "classes": {}, "found_by": {}, "best_from": {},
+                    "stopped": False})
     st = sharded.merged.stats
     assert (st.examples, st.shrink_runs, st.steps) == (41, 62, 490)
     assert [(r.shard, r.examples, r.shrink_runs) for r in sharded.rows] == [("s0", 30, 57), ("s1", 11, 5)]

@@ -116,9 +116,9 @@ def test_history_command_writes_a_page_with_every_run(tmp_path, capsys, monkeypa
     # a replay on 0.34.0 fixes nothing it never showed on 0.34.0: b was seen on 0.33.0 only
     assert [(f["suite"], f["signature"], f["fixed_since_run"]) for f in summary["fixed"]] == \
         [("replay traces/ on vLLM 0.34.0", "key_error · a", ids[3])]
+    on_33 = "replay traces/ on vLLM 0.33.0"
     assert {(n["suite"], n["signature"]) for n in summary["still_new"]} == {
-        ("replay traces/ on vLLM 0.33.0", "key_error · a"), ("replay traces/ on vLLM 0.33.0", "dtype_drift · b"),
-        ("fuzz valid on vLLM 0.33.0", "value_mismatch · c")}
+        (on_33, "key_error · a"), (on_33, "dtype_drift · b"), ("fuzz valid on vLLM 0.33.0", "value_mismatch · c")}
     page = (store / "history.html").read_text()
     assert "4 run(s) of 2 suite(s) on 2 vLLM release(s)" in page and all(i in page for i in ids)
     assert "<img" in page and f"fixed since 2026-11-04 03:00 ({ids[3]})" in page

@@ -156,8 +156,8 @@ def headline(s: dict[str, Any]) -> str:
     where = f" on {s['workers']} workers" if s.get("workers") else ""
     repeat = ("; repeatable (same --seed, same examples)" if s.get("repeatable")
               else "; NOT repeatable: " + ", ".join(s.get("not_repeatable_because") or ["?"]))
-    return (f"fuzz {s['mode']}{where}: {s['examples']:,} examples (+{s.get('shrink_runs', 0):,} shrink runs), "
-            f"{s['steps']:,} steps in {s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
+    return (f"fuzz {s['mode']}{where}: {s['examples']:,} examples (+{s.get('shrink_runs', 0):,} shrink "
+            f"runs), {s['steps']:,} steps in {s['elapsed_s']:.1f} s ({s['examples_per_s']:.2f} examples/s, "
             f"{s['steps_per_s']:.2f} steps/s), stopped by {s['stopped_by']}{repeat}; "
             f"{s['regression_traces']} regression trace(s) replayed first; "
             f"{s['loud_rejections']} loud rejections of {s['violations_sent']} violations"

@@ -290,9 +290,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         self.tally.add(finding, Where("campaign", elapsed_s=self._elapsed() if self._start else None,
                                       example=self.stats.examples))
         key = class_key(finding)
-        cls = self.classes.get(key)
-        if cls is None:
-            cls = self.classes[key] = FindingClass(key, finding)
+        cls = self.classes.setdefault(key, FindingClass(key, finding))
         cls.count += 1
         self._notify(cls)
 
@@ -326,8 +324,7 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
             "examples": st.examples, "shrink_runs": st.shrink_runs, "steps": st.steps,
             "steps_by_cudagraph_mode": dict(sorted(st.steps_by_cudagraph_mode.items())),
             "steps_by_dispatched_mode": dict(sorted(st.steps_by_dispatched_mode.items())),
-            "examples_per_s": round(st.examples / elapsed, 3),
-            "steps_per_s": round(st.steps / elapsed, 3),
+            "examples_per_s": round(st.examples / elapsed, 3), "steps_per_s": round(st.steps / elapsed, 3),
             "findings": st.findings, "finding_classes": len(self.classes),
             "failing_classes": sum(c.failing for c in self.classes.values()),
             "loud_rejections": st.loud_rejections, "violations_sent": st.violations_sent,

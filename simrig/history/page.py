@@ -38,7 +38,8 @@ def per_release(frame: pd.DataFrame) -> pd.DataFrame:
     run with the previous run of its suite (trends, class lines, coverage) stays on it."""
     if frame.empty:
         return frame
-    return frame.assign(suite=frame["suite"].astype(str) + ON + frame["vllm_version"].astype(str).replace("", "?"))
+    release = frame["vllm_version"].astype(str).replace("", "?")
+    return frame.assign(suite=frame["suite"].astype(str) + ON + release)
 
 
 def _keyed(runs: pd.DataFrame, classes: pd.DataFrame, any_release: bool | None) -> tuple[Any, Any, bool]:

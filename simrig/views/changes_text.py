@@ -75,7 +75,7 @@ def run_scope(changes: dict[str, Any]) -> str:
     suite = changes.get("suite", "")
     if changes.get("any_release"):
         return f"{suite} on any vLLM release"
-    return f"{suite} on vLLM {changes['vllm']}" if changes.get("vllm") else f"{suite} (no vLLM version recorded)"
+    return f"{suite} on vLLM {changes['vllm']}" if changes.get("vllm") else f"{suite} (vLLM version unknown)"
 
 
 def previous_label(changes: dict[str, Any] | None) -> str:
