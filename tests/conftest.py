@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# `ray start` clusters (the Ray tier's session cluster, the two-node test) take token
+# authentication; Ray reads the mode once, when it is first imported, so it is set before any
+# test module imports it. The token lands in ~/.ray, where every client of the session reads it.
+os.environ["RAY_AUTH_MODE"] = "token"
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +47,92 @@ def ghost_trace(tmp_path):
     write_trace(path, TraceHeader(config=RunnerConfig(max_num_reqs=4, max_num_batched_tokens=16,
                                                       max_model_len=64)), steps)
     return path
+
+
+# ---------------------------------------------------------------- the Ray tier
+# One local Ray for the whole cluster tier: every command a test runs with --workers joins it
+# (RAY_ADDRESS) instead of starting its own, and commands run in this process share one
+# connection, so the workers that already imported vLLM take the next test's shards.
+# A test that needs workers of its own (coverage counts what a fresh process runs once) asks
+# for ``fresh_ray_workers``; one whose workers need an environment of their own (a seeded
+# fault through sitecustomize) starts its own Ray by leaving RAY_ADDRESS out.
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """`ray start --head --block` (2 CPUs, as the machine) in its own process group; its
+    address in RAY_ADDRESS while the session runs."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path_factory.mktemp("ray") / "head.log"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
+                             "--port", str(port), "--num-cpus", "2", "--include-dashboard=false",
+                             "--disable-usage-stats"], env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while "Ray runtime started" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.3)
+    address = f"127.0.0.1:{port}"
+    old = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = address
+    yield address
+    _disconnect_ray()
+    if old is None:
+        os.environ.pop("RAY_ADDRESS", None)
+    else:
+        os.environ["RAY_ADDRESS"] = old
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=wait)
+            break
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _disconnect_ray() -> None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _shared_ray(request):
+    """Cluster-marked tests run against the session's Ray, this process connected to it
+    (kept between tests: simrig's ray_session reuses a connection the process has)."""
+    if request.node.get_closest_marker("cluster") is None:
+        yield
+        return
+    address = request.getfixturevalue("ray_cluster")
+    if "fresh_ray_workers" not in request.fixturenames:
+        import signal
+
+        import ray
+
+        if not ray.is_initialized():
+            sigterm = signal.getsignal(signal.SIGTERM)  # ray.init replaces it
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            signal.signal(signal.SIGTERM, sigterm)
+    yield
+
+
+@pytest.fixture
+def fresh_ray_workers():
+    """The test's commands start their own workers (a new job on the session's Ray)."""
+    _disconnect_ray()
+    yield
+    _disconnect_ray()

@@ -27,7 +27,7 @@ def _run(args: list[str], capsys) -> tuple[int, dict]:
     return status, json.loads((Path(args[args.index("--out") + 1]) / "summary.json").read_text())
 
 
-def test_sharded_replay_coverage_equals_the_one_process_coverage(tmp_path, capsys):
+def test_sharded_replay_coverage_equals_the_one_process_coverage(tmp_path, capsys, fresh_ray_workers):
     pytest.importorskip("ray", reason="the simrig[ray] extra is not installed")
     common = ["replay", "traces/samples", "--stages", "gather,dummy", "--coverage", "--quiet", "--json",
               "--segment-steps", "100000"]  # whole traces per unit: the same steps as one process
@@ -42,7 +42,7 @@ def test_sharded_replay_coverage_equals_the_one_process_coverage(tmp_path, capsy
     assert a["data"] == b["data"]  # the same arcs, file by file
 
 
-def test_sharded_fuzz_coverage_equals_the_one_process_coverage(tmp_path, capsys):
+def test_sharded_fuzz_coverage_equals_the_one_process_coverage(tmp_path, capsys, fresh_ray_workers):
     """One worker, the same seed and examples (the repeatable setting)."""
     pytest.importorskip("ray", reason="the simrig[ray] extra is not installed")
     common = ["fuzz", "--seed", "2", "--max-examples", "4", "--steps-per-example", "6", "--pcp-sizes", "1,2",

@@ -1,7 +1,8 @@
 """Sharded replay and fuzz on a local Ray against the real vLLM.
 
-Each test starts its own local Ray (a few seconds) and pays the vLLM import
-once per worker; campaign budgets are a few seconds.
+The tests join the session's Ray (tests/conftest.py); those that run the command
+in this process reuse its workers, vLLM already imported. Campaign budgets are a few
+seconds.
 """
 
 from __future__ import annotations
@@ -108,14 +109,18 @@ def _report_classes(out: Path) -> pd.DataFrame:
     return f
 
 
-def test_two_worker_campaign_shares_one_example_database(tmp_path):
+def test_two_worker_campaign_shares_one_example_database(tmp_path, capsys):
+    """In this process, on the session's Ray: the second campaign's shards run on the
+    workers the first one left, vLLM already imported."""
+    from simrig.cli import main
+
     db = tmp_path / "db"
     for run in (1, 2):
         out = tmp_path / f"run{run}"
-        proc = _fuzz(tmp_path, "--budget", "4", "--out", str(out), "--database", str(db),
-                     "--no-regressions")
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
+        status = main(["fuzz", "--workers", "2", "--mode", "adversarial", "--progress", "quiet",
+                       "--steps-per-example", "8", "--no-coverage", "--budget", "4", "--out", str(out),
+                       "--database", str(db), "--no-regressions"])
+        assert status == 0, capsys.readouterr().err[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         shards = pd.read_csv(out / "shards.csv")
         assert shards.status.tolist() == ["done", "done"] and (shards.examples > 0).all()

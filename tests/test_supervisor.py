@@ -183,6 +183,7 @@ def test_a_sharded_campaign_whose_worker_segfaults_records_a_crash_class(tmp_pat
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE_FAULT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    env.pop("RAY_ADDRESS", None)  # a Ray of its own: its workers must start with the fault's PYTHONPATH
     out = tmp_path / "fuzz"
     proc = subprocess.run([sys.executable, "-m", "simrig", "fuzz", "--workers", "2", "--max-examples", "4",
                            "--seed", "1", "--database", "none", "--no-regressions", "--no-coverage",

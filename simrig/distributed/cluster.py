@@ -36,6 +36,10 @@ _SETTINGS = 4
 _GCS_PROBE = ("import sys\nfrom ray._raylet import GcsClient\n"
               "GcsClient(address=sys.argv[1], cluster_id=None).cluster_id\n")
 _answered: set[str] = set()  # addresses that answered as Ray in this process
+# Settings only the driver reads (where the report and history go, how it reaches the cluster):
+# left out of a worker's environment, so a worker kept from an earlier command is reused.
+_DRIVER_ONLY = frozenset({"SIMRIG_HISTORY", "SIMRIG_RAY_TIMEOUT", "SIMRIG_DOCS_URL", "SIMRIG_ACROSS_RELEASES",
+                          "SIMRIG_FAILURES", "SIMRIG_VENVS", "SIMRIG_WHEELS"})
 
 
 def add_distributed_arguments(p: argparse.ArgumentParser, what: str) -> None:
@@ -78,8 +82,13 @@ def cluster_address(address: str | None) -> str | None:
 @contextmanager
 def ray_session(workers: int, address: str | None = None) -> Iterator[Any]:
     """``ray.init`` for the duration of a command; ``ray.shutdown`` after. Ray
-    replaces the SIGTERM handler on init; the command's own one is put back."""
+    replaces the SIGTERM handler on init; the command's own one is put back. A process
+    already connected to Ray (a notebook, a test session) keeps its connection: the command
+    runs on that cluster, and its idle workers, vLLM already imported, take the shards."""
     ray = import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
     address = cluster_address(address)
     common = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
                   configure_logging=True)
@@ -206,6 +215,17 @@ def _check_gcs(address: str, deadline: float, timeout: float) -> None:
         lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
         raise UsageError(f"--ray: {address!r} did not answer as a Ray cluster: "
                          f"{(lines[-1] if lines else f'exit {done.returncode}')[:200]}")
+
+
+def worker_options() -> dict[str, Any]:
+    """Task options that give a shard's process the command's own SIMRIG_* settings.
+    A worker inherits the environment its cluster was started with, not the command's:
+    SIMRIG_MEMCHECK above all is read when the worker imports vLLM, so a --no-memcheck
+    command on a cluster started with memcheck (or the reverse) would judge kernels other
+    than it says. Ray keeps a worker per environment, so workers are still reused across
+    commands that ask for the same settings."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("SIMRIG_") and k not in _DRIVER_ONLY}
+    return {"runtime_env": {"env_vars": env}} if env else {}
 
 
 def pinned_here(ray: Any) -> dict[str, Any]:

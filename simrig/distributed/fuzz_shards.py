@@ -25,7 +25,7 @@ import pandas as pd
 
 from simrig.campaign.campaign_report import ReportTables, write_campaign_report
 from simrig.campaign.fuzz import Campaign, CampaignOptions
-from simrig.distributed.cluster import pinned_here, ray_session
+from simrig.distributed.cluster import pinned_here, ray_session, worker_options
 from simrig.distributed.collector import Collector, SharedDatabase
 from simrig.distributed.merge import concat_frames, merge_contract, prefixed, tally_from_counts
 from simrig.distributed.shard import POLL_S, ShardResult, ShardSpec, plan_shards, run_shard  # noqa: F401 -- plan_shards re-exported
@@ -40,6 +40,11 @@ from simrig.supervision.campaign_worker import apply_crash, crash_record
 # class when the driver can read what the shard persisted; a lost node or raylet is only lost
 WORKER_DEATHS = ("WorkerCrashedError", "OutOfMemoryError")
 MIN_REASSIGN_S = 1.0  # a lost shard's leftover budget below this is not reassigned
+# A shard whose workers die this many times in a row before finishing one example is given
+# up: each replacement costs a fresh process and a vLLM import (tens of seconds on a
+# CPU), and a fault that kills every example would spend the whole budget on them. Its
+# crash classes are kept; the other shards go on.
+MAX_FRUITLESS_CRASHES = 2
 STOP_GRACE_S = 60.0  # after a stop request, how long the driver waits for shards to return
 
 
@@ -180,7 +185,7 @@ class ShardedCampaign:
     def _drive(self, ray: Any, collector: Any, database: Any) -> None:
         from ray.exceptions import RayError, RayTaskError  # optional: ray
 
-        task = ray.remote(num_cpus=1, max_retries=0)(run_shard)
+        task = ray.remote(num_cpus=1, max_retries=0, **worker_options())(run_shard)
         base = dataclasses.replace(self.options, on_class=None, progress="quiet")
         pending = {}
         for spec in plan_shards(self.options, self.workers):
@@ -236,8 +241,16 @@ class ShardedCampaign:
         examples = None if spec.max_examples is None else spec.max_examples - done
         reason = type(exc).__name__
         self.status[spec.name] = "lost"
+        fruitless = 0
         if reason in WORKER_DEATHS:  # the process died under the shard (a lost node is not a crash)
             self._crashed(spec, reason)
+            fruitless = spec.fruitless + 1 if done == 0 else 0
+        if fruitless >= MAX_FRUITLESS_CRASHES:
+            self.notes[spec.name] = (f"worker lost ({reason}); {fruitless} workers in a row died "
+                                     "before finishing an example: shard given up")
+            self.say(f"shard {spec.name} lost ({reason}); given up after {fruitless} workers in a row "
+                     "died before finishing an example")
+            return None
         if self._stop.requested or (left is not None and left < MIN_REASSIGN_S) \
                 or (examples is not None and examples < 1):
             self.notes[spec.name] = f"worker lost ({reason}); nothing left to reassign"
@@ -245,7 +258,7 @@ class ShardedCampaign:
             return None
         replacement = dataclasses.replace(
             spec, attempt=spec.attempt + 1, budget_s=None if left is None else round(left, 3),
-            max_examples=examples, seed=spec.seed + 1_000 * (spec.attempt + 1))
+            max_examples=examples, seed=spec.seed + 1_000 * (spec.attempt + 1), fruitless=fruitless)
         what = f"{left:.1f} s" if left is not None else f"{examples} examples"
         self.notes[spec.name] = f"worker lost ({reason}); {what} reassigned to {replacement.name}"
         self.say(f"shard {spec.name} lost ({reason}); {what} reassigned to {replacement.name}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from simrig.coverage.collect import Collector
-from simrig.distributed.cluster import ray_session, worker_name
+from simrig.distributed.cluster import ray_session, worker_name, worker_options
 from simrig.distributed.merge import concat_frames
 from simrig.findings.classes import ClassTally, Where, merge_tallies
 from simrig.findings.findings import Finding
@@ -229,7 +229,7 @@ def replay_sharded(paths: Sequence[Path], *, workers: int, address: str | None,
     started = time.perf_counter()
     results: list[UnitResult] = []
     with ray_session(workers, address) as ray:
-        task = ray.remote(num_cpus=1, max_retries=2)(replay_unit)
+        task = ray.remote(num_cpus=1, max_retries=2, **worker_options())(replay_unit)
         pending = [task.remote(u, stages, coverage) for u in sorted(units, key=lambda u: -u.num_steps)]
         done_steps = 0
         while pending:

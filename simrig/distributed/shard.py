@@ -39,6 +39,7 @@ class ShardSpec:
     budget_s: float | None
     replay_regressions: bool
     attempt: int = 0  # replacements of a lost worker count up
+    fruitless: int = 0  # workers of this shard in a row that died before finishing an example
     max_examples: int | None = None
     # where the shard persists its example before each step and its lifeline (a file): the
     # driver reads them when the worker is lost, for the crash class (simrig.supervision)

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from simrig.distributed.cluster import worker_options
+
 
 def map_in_order(ray: Any, fn: Callable[..., Any], calls: Sequence[dict[str, Any]],
                  on_done: Callable[[int, Any], None] | None = None) -> list[Any]:
     """fn(**kwargs) for each kwargs in ``calls`` as Ray tasks; results in call order.
     ``on_done(index, result)`` runs as each one finishes (progress lines)."""
-    task = ray.remote(num_cpus=1, max_retries=1)(fn)
+    task = ray.remote(num_cpus=1, max_retries=1, **worker_options())(fn)
     refs = [task.remote(**kwargs) for kwargs in calls]
     index = {ref: i for i, ref in enumerate(refs)}
     results: list[Any] = [None] * len(refs)
