@@ -96,3 +96,45 @@ def test_merged_tallies_keep_true_counts_and_the_first_and_last_place():
     assert sorted(stats.traces) == ["s0/example-0", "s1/example-0", "s1/example-5"]
     row = merged.frame().iloc[0]
     assert row.occurrences == 4 and row.first_trace == "s0/example-0"
+
+
+class _Snapshot:
+    """Stand-ins for Ray's handles in the lost-worker path: ``ray.get`` of the collector's
+    snapshot gives the shards' last heartbeats."""
+
+    def __init__(self, examples_done: dict[str, int]):
+        from types import SimpleNamespace
+
+        self.snapshot = SimpleNamespace(remote=lambda: {"shards": {
+            name: SimpleNamespace(started_at=0.0, stats={"examples": n}) for name, n in examples_done.items()}})
+
+    @staticmethod
+    def get(value):
+        return value
+
+
+@pytest.mark.parametrize("done, replaced", [
+    ((0, 0), [True, False]),   # two workers in a row die in their first example: given up
+    ((0, 1), [True, True]),    # the second finished one: it made progress, the count starts again
+    ((1, 0), [True, True]),
+])
+def test_a_shard_whose_workers_keep_dying_before_an_example_is_given_up(tmp_path, done, replaced):
+    from ray.exceptions import WorkerCrashedError
+
+    from simrig.distributed.fuzz_shards import MAX_FRUITLESS_CRASHES, ShardedCampaign
+    from simrig.interrupt import StopRequests
+
+    assert MAX_FRUITLESS_CRASHES == 2
+    campaign = ShardedCampaign(CampaignOptions(out_dir=tmp_path, progress="quiet", max_examples=10), 1)
+    campaign.crash_dir, campaign._stop = str(tmp_path), StopRequests()
+    spec = plan_shards(campaign.options, 1)[0]
+    got = []
+    for attempt_done in done:
+        ray = _Snapshot({spec.name: attempt_done})
+        replacement = campaign._lost(ray, ray, spec, WorkerCrashedError())
+        got.append(replacement is not None)
+        if replacement is None:
+            assert "given up" in campaign.notes[spec.name]
+            break
+        spec = replacement
+    assert got == replaced
