@@ -13,6 +13,7 @@ from __future__ import annotations
 # holds). Units on one floor never import each other.
 FLOORS: tuple[set[str], ...] = (
     {"__init__", "step", "errors", "observe", "progress", "interrupt",  # the step model, plain helpers
+     "host_memory",                                    # the memory this machine can give a run
      "trace_gate", "lifeline",                         # what a coverage collector traces; a worker's
                                                        # last words
      "layout"},                                        # these floors

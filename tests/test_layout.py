@@ -23,9 +23,9 @@ SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", "triton_memcheck", *
                "views", "selftest", "cli", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
-# progress, errors, Ctrl-C handling and replay driver.
-CORE = {"__init__", "__main__", "dummy_paths", "errors", "harness", "interrupt", "layout", "observe",
-        "lifeline", "progress", "replay", "replay_run", "runners", "stage_probes", "step", "step_context",
+# progress, errors, Ctrl-C handling, the machine's memory and replay driver.
+CORE = {"__init__", "__main__", "dummy_paths", "errors", "harness", "host_memory", "interrupt", "layout",
+        "observe", "lifeline", "progress", "replay", "replay_run", "runners", "stage_probes", "step", "step_context",
         "trace_gate"}
 
 

@@ -12,6 +12,7 @@ See docs/standins.md for each stand-in and its reason.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -125,11 +126,11 @@ class LoraManagerStandIn:
     """The worker's LoRA model manager (``runner.lora_manager``): the real one
     loads adapter weights into the model's LoRA layers. The runner's own
     ``_set_active_loras`` / ``maybe_dummy_run_with_lora`` / capture hook call it;
-    it records what they hand it and loads nothing."""
+    it keeps the last calls' arguments (not all: each holds max_loras ids) and loads nothing."""
 
     def __init__(self) -> None:
-        # each set_active_adapters call: (sorted adapter ids, LoRAMapping)
-        self.activations: list[tuple[list[int], Any]] = []
+        # the last set_active_adapters calls: (sorted adapter ids, LoRAMapping)
+        self.activations: deque[tuple[list[int], Any]] = deque(maxlen=16)
         self._dummies: set[int] = set()
 
     def set_active_adapters(self, requests: set[Any], mapping: Any | None) -> None:

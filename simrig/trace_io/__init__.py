@@ -4,6 +4,6 @@
 (the streaming reader, identity checks, ``trace_files_in``), ``bounds.py``
 (every size against the trace's config, the config against the machine) and
 ``trace_writer.py``. The full specification is traces/README.md. It may
-import the core step model only: never ``vllm`` or the adapters' rooms, the
+import the core (the step model, ``host_memory``) only: never ``vllm`` or the adapters' rooms, the
 oracle, ``sources``, ``report``, ``campaign`` or ``selftest``.
 """

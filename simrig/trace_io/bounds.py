@@ -1,35 +1,39 @@
 """Input bounded before vLLM runs: every size in a trace against its own config,
 and the config against the machine.
 
-``check_config`` and ``StepBounds`` hold every size to what the runner's buffers were built
-for (the rules are tabled in ``StepBounds``'s docstring), adversarial traces too. Each
-problem is a ``TraceError`` raised while the file is read, so ``simrig replay`` refuses the
-input before vLLM is imported. The format's spec (traces/README.md, *Bounds*) lists the same
-rules.
+``check_config`` holds the header's config to the memory this process can have
+(``estimate_bytes``), to the time a runner may take to start (``estimate_seconds``) and
+to int32; ``StepBounds`` holds every size to what the runner's buffers were built for
+(its docstring tables the rules), adversarial traces too. Each problem is a
+``TraceError`` raised while the file is read, so ``simrig replay`` refuses the input
+before vLLM is imported. The format's spec (traces/README.md, *Bounds*) lists the same rules.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import resource
+from collections.abc import Callable
 from dataclasses import replace
 
+# MEMORY_ENV and parse_byte_count: the reader's callers and tests reach them here too
+from simrig.host_memory import MEMORY_ENV, available_memory, format_bytes, parse_byte_count  # noqa: F401
 from simrig.step import SYNTH_VOCAB_SIZE, BlockIds, NewRequest, RunnerConfig, Step, block_groups
 from simrig.trace_io.trace_format import _Line
 
 INT32_MAX = 2**31 - 1
-MEMORY_ENV = "SIMRIG_MEMORY_LIMIT_BYTES"  # overrides the memory this process is taken to have
 HEADER_LINE_BYTES = 4 << 20  # the header's longest line (config, source, expect)
+MAX_SECONDS = 60  # a config's start-up and first full step: a tenth of --step-timeout's default
 
 # Per token slot (max_num_reqs x max_model_len): the token table's int32 (RequestState.
 # all_token_ids) is a tensor; the rest is Python: the reference model's token list, the
 # SchedulerOutput's prefill_token_ids handed to the runner, and a step line's text and
 # parsed ids when the trace carries them (about 36 bytes per Python int held, each time).
 _PYTHON_BYTES_PER_SLOT = 128
-_FIXED_PER_GROUP = 16 << 10  # a KV cache group's specs, layer names, pointer tensors
+_FIXED_PER_GROUP = 48 << 10  # a KV cache group's specs, layer names, metadata builder, pointers
 _FIXED_PER_MANAGER = 64 << 10  # one PCPManager's own objects
-_FIXED_PER_CAPTURE = 16 << 10  # one captured graph's descriptor and buffers
+_FIXED_PER_GRAPH = 24 << 10  # one captured graph's descriptor and buffers
+# vLLM's default capture sizes at their largest (VllmConfig._set_cudagraph_sizes: 1, 2, 4,
+# multiples of 8 to 256 and of 16 to 1024 on Blackwell, with as many uniform decode sizes)
+_DEFAULT_CAPTURE_SIZES = 168
 
 
 # ------------------------------------------------------------------ the config
@@ -46,126 +50,118 @@ def _row_blocks(config: RunnerConfig) -> int:
     return sum(config.blocks_per_request(g) for g in range(config.num_kv_groups))
 
 
+def _lora_cases(config: RunnerConfig) -> int:
+    """How many active-adapter counts get graphs, at most: vLLM's get_lora_capture_cases
+    (v1/worker/gpu/lora_utils.py:20-35) over get_captured_lora_counts (lora/utils.py:55-69):
+    [0] without LoRA, [0, max_loras + 1] unspecialized, else 0, the powers of 2 up to
+    max_loras + 1 and max_loras + 1 itself."""
+    n = config.max_loras
+    if n <= 0:
+        return 1
+    specialized = config.cudagraph_specialize_lora and config.specialize_active_lora
+    return 2 + (n + 1).bit_length() if specialized else 2
+
+
+def _graphs(config: RunnerConfig) -> tuple[int, int]:
+    """(graphs captured, entries of the dispatcher's candidate map), at most: every capture
+    size x LoRA case x the two runtime modes (x 2 with micro-batch twins), and
+    CudaGraphManager._init_candidates' one entry per token count up to the largest size,
+    per LoRA case and mode (v1/worker/gpu/cudagraph_utils.py:305, 380-396)."""
+    if config.cudagraph_mode == "NONE":
+        return 0, 0
+    sizes = config.capture_sizes
+    count = len(set(sizes)) or min(_DEFAULT_CAPTURE_SIZES, config.max_num_batched_tokens)
+    largest = max(sizes) if sizes else min(1024, config.max_num_batched_tokens)
+    per_size = _lora_cases(config) * 2
+    return count * per_size * (2 if config.num_ubatches > 1 else 1), (largest + 1) * per_size
+
+
 def estimate_bytes(config: RunnerConfig) -> int:
     """About what replaying ``config`` allocates, at most (vLLM 0.33's MRV2
-    buffers, read off vllm/v1/worker/gpu/, and the rig's own), in bytes. The
-    tensors count twice: the harness keeps a copy of the state after start-up
-    to put back between examples (adapters/reuse.py)."""
+    buffers, read off vllm/v1/worker/gpu/, and the rig's own), in bytes. A PP config
+    builds each runner's part twice (adapters/pp_peer.py: the non-last rank's runner).
+    The runners' part counts twice: the harness keeps a copy of the state after
+    start-up to put back between examples (adapters/reuse.py)."""
     reqs, tokens = config.max_num_reqs, config.max_num_batched_tokens
     slots = reqs * config.max_model_len
     groups, rows = config.num_kv_groups, _row_blocks(config)
-    pcp = config.pcp_size
+    pcp, loras = config.pcp_size, config.max_loras
     managers = pcp * config.dcp_size if pcp > 1 else 0  # PCPManager per PCP rank and DCP peer
     query = config.decode_query_len
-    tensors = (slots * 4                           # RequestState.all_token_ids [reqs, max_model_len] int32
-               + reqs * rows * 4 * 2               # BlockTables: block_tables + input_block_tables, int32
-               + managers * reqs * rows * 4        # each PCP manager's local block tables
-               + groups * tokens * 8               # BlockTables.slot_mappings [groups, tokens] int64
-               + managers * groups * tokens * 8 * (1 + pcp)  # PCP global + gathered slot mappings
-               + 2 * tokens * (4 + 8 + 1)          # InputBuffers (the runner's and the dummy runs')
-               + reqs * query * 8 * 2              # draft tokens; the drafter stand-in's rows
-               + min(tokens, reqs * query) * SYNTH_VOCAB_SIZE * 4 * 2  # stand-in logits + a copy
-               + reqs * 128)                       # per-request vectors (lengths, sampling, LoRA)
-    fixed = (groups * _FIXED_PER_GROUP + managers * _FIXED_PER_MANAGER
-             + len(config.capture_sizes) * _FIXED_PER_CAPTURE)
-    return 2 * tensors + slots * _PYTHON_BYTES_PER_SLOT + fixed
+    runners = 2 if config.pp_size > 1 else 1
+    graphs, candidates = _graphs(config)
+    runner = (slots * 4                            # RequestState.all_token_ids [reqs, max_model_len] int32
+              + reqs * rows * 4 * 2                # BlockTables: block_tables + input_block_tables, int32
+              + managers * reqs * rows * 4         # each PCP manager's local block tables
+              + groups * tokens * 8                # BlockTables.slot_mappings [groups, tokens] int64
+              + managers * groups * tokens * 8 * (1 + pcp)  # PCP global + gathered slot mappings
+              + tokens * (4 + 8 + 1)               # InputBuffers
+              + reqs * query * 8 + reqs * 128      # draft tokens; per-request vectors (lengths, LoRA..)
+              # CudaGraphManager._candidates (a key, a list, an entry) and _lora_dispatch_map (an
+              # entry a count: v1/worker/gpu/cudagraph_utils.py:203-220)
+              + candidates * 384 + loras * 256
+              + groups * _FIXED_PER_GROUP + managers * _FIXED_PER_MANAGER + graphs * _FIXED_PER_GRAPH)
+    rig = (tokens * 13 + reqs * query * 8          # the dummy runs' InputBuffers; the drafter stand-in's rows
+           + min(tokens, reqs * query) * SYNTH_VOCAB_SIZE * 4 * 2)  # stand-in logits + a copy
+    transient = (tokens * 48                       # the profile run's hidden states and batch
+                 # a dummy run's warm-up adapters: two sets of max_loras LoRARequests and the ids
+                 # listed (v1/worker/lora_model_runner_mixin.py:131-138, 216-219, 239-246)
+                 + loras * 768
+                 # the PP group stand-in's ranks and PPHandler's ring of pp_size entries, per runner
+                 # (vllm_parts/pipeline.py; v1/worker/gpu/pp_utils.py:81-85)
+                 + (config.pp_size * 64 * runners if runners > 1 else 0))
+    return 2 * (runners * runner + rig) + slots * _PYTHON_BYTES_PER_SLOT + transient
 
 
-def format_bytes(n: int) -> str:
-    """2_100_000_000_000 -> '2.1 TB' (decimal units, as memory is usually quoted);
-    past 1000 EB, the power of ten ('10^40 B')."""
-    if n >= 10**21:
-        return f"10^{math.floor(math.log10(n))} B"
-    value = float(n)
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if value < 999.95:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} EB"
+def estimate_seconds(config: RunnerConfig) -> float:
+    """About how long the runner takes to start (profile run, captures, dispatcher) and
+    run one full step of ``config``, in seconds, where it grows with a config size: each
+    term measured with vLLM 0.33 on a 2-core CPU running MRV2's kernels in Triton's
+    interpreter (a GPU is faster). Every runner of a PP config starts and steps."""
+    tokens, loras = config.max_num_batched_tokens, config.max_loras
+    graphs, candidates = _graphs(config)
+    managers = config.pcp_size * config.dcp_size if config.pcp_size > 1 else 0
+    ubatches = config.num_ubatches if 1 < config.num_ubatches <= tokens else 0
+    runner = (min(config.max_num_reqs, tokens) * 5e-4  # the profile run: an interpreted program a request
+              + config.num_kv_groups * 1e-2    # block tables, slot mappings, metadata, per group
+              + tokens * 1e-6 + managers * 2e-3  # token buffers; each PCP rank's and DCP peer's partition
+              + ubatches * 4e-4                # a split batch's micro-batch slices
+              # the dummy run after each step: its warm-up adapters (see estimate_bytes); the
+              # dispatch map and get_captured_lora_counts' loop over 1..max_loras + 1
+              + loras * 6e-6
+              + graphs * (2e-3 + loras * 2e-6)  # each capture; its LoRA hook's adapters
+              + candidates * 1e-6)
+    return (2 if config.pp_size > 1 else 1) * runner + (config.pp_size * 2e-7 if config.pp_size > 1 else 0)
 
 
-def parse_byte_count(text: str) -> int:
-    """'6000000000', '6G', '512M' (binary multiples, as ``ulimit`` and ``free`` use) -> bytes."""
-    raw = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = 1
-    if raw and raw[-1] in "KMGT":
-        scale = 1024 ** ("KMGT".index(raw[-1]) + 1)
-        raw = raw[:-1]
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 30:
-        raise ValueError(f"{MEMORY_ENV} must be a number of bytes (e.g. 6000000000 or 6G), got {text!r}")
-    return int(raw) * scale
-
-
-def _read_int(path: str, key: str | None = None) -> int | None:
-    """An integer file (``memory.max``), or ``key:  N kB`` in a /proc table; None when absent."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            if key is None:
-                text = f.read().strip()
-                return int(text) if text.isdigit() else None
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name == key:
-                    parts = rest.split()
-                    if parts and parts[0].isdigit():
-                        return int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def available_memory() -> tuple[int, str] | None:
-    """(bytes, how it reads in a sentence) this process can still have: the least
-    of the machine's MemAvailable, the cgroup's limit less its usage and the
-    address-space limit (RLIMIT_AS) less what is mapped; ``SIMRIG_MEMORY_LIMIT_BYTES``
-    replaces them all. None when nothing can be read (the check is skipped)."""
-    override = os.environ.get(MEMORY_ENV)
-    if override:
-        n = parse_byte_count(override)
-        return n, f"{MEMORY_ENV} allows {format_bytes(n)}"
-    found: list[tuple[int, str]] = []
-    avail = _read_int("/proc/meminfo", "MemAvailable")
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            avail = None
-    if avail is not None:
-        found.append((avail, f"this machine has {format_bytes(avail)} available"))
-    for limit_path, usage_path in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        limit, usage = _read_int(limit_path), _read_int(usage_path)
-        if limit is not None and usage is not None and limit < 1 << 60:
-            left = max(0, limit - usage)
-            found.append((left, f"this container has {format_bytes(left)} left of its memory limit"))
-            break
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        left = max(0, soft - (_read_int("/proc/self/status", "VmSize") or 0))
-        found.append((left, f"this process may map {format_bytes(left)} more (RLIMIT_AS)"))
-    return min(found) if found else None
+def format_seconds(s: float) -> str:
+    """45 -> '45 s', 5400 -> '1.5 h', 4e6 -> '46 days'."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.{0 if s >= 10 * size else 1}f} {unit}"
+    return f"{s:.0f} s"
 
 
 _SIZE_FIELDS = ("max_model_len", "max_num_reqs", "max_num_batched_tokens", "num_speculative_tokens",
-                "pcp_size", "dcp_size", "block_size", "kv_groups", "capture_sizes")
+                "pcp_size", "dcp_size", "block_size", "kv_groups", "capture_sizes", "max_loras", "pp_size",
+                "num_ubatches")
 
 
-def _heaviest_field(config: RunnerConfig) -> str:
-    """The config field whose default would save the most of the estimate."""
-    default, whole = RunnerConfig(), estimate_bytes(config)
-    best, saved = "config", 0
+def _heaviest_field(config: RunnerConfig, cost: Callable[[RunnerConfig], float] = estimate_bytes) -> str:
+    """The config field whose default would save the most of ``cost``."""
+    default, whole = RunnerConfig(), cost(config)
+    best, saved = "config", 0.0
     for name in _SIZE_FIELDS:
         if getattr(config, name) != getattr(default, name):
-            saving = whole - estimate_bytes(replace(config, **{name: getattr(default, name)}))
+            saving = whole - cost(replace(config, **{name: getattr(default, name)}))
             if saving > saved:
                 best, saved = f"config.{name}", saving
     return best
 
 
 def check_config(config: RunnerConfig, path: str) -> None:
-    """The header's config against the machine, then against int32: raises
-    TraceError on line 1."""
+    """The header's config against the machine's memory, the start-up time a runner
+    is given and int32: raises TraceError on line 1."""
     ln = _Line(path, 1)
     try:
         have = available_memory()
@@ -175,6 +171,11 @@ def check_config(config: RunnerConfig, path: str) -> None:
     if have is not None and need > have[0]:
         raise ln.fail(_heaviest_field(config), f"the runner would allocate about {format_bytes(need)} "
                       f"for this config; {have[1]}")
+    took = estimate_seconds(config)
+    if took > MAX_SECONDS:
+        raise ln.fail(_heaviest_field(config, estimate_seconds), f"the runner would take about "
+                      f"{format_seconds(took)} to start and run one full step of this config on a CPU, "
+                      f"past the {MAX_SECONDS} s a config is given")
     values = [(f"config.{name}", getattr(config, name)) for name in
               ("max_num_reqs", "max_num_batched_tokens", "max_model_len", "num_speculative_tokens",
                "pcp_size", "dcp_size", "block_size", "max_loras", "pp_size", "num_ubatches",
@@ -192,26 +193,19 @@ class StepBounds:
     requests held (after finished, preempted and new ones), the computed tokens
     each will have before its next step, the blocks in each row.
 
-        header  config.*            the estimated allocation <= the memory this process can have;
-                                    every count fits the runner's int32 tensors
-        step    prompt_len,         <= config.max_model_len
-                prefill_len
-                num_computed +      <= config.max_model_len (computed: the step's own value, or
-                  scheduled            what the earlier steps left for a request without one)
-                the batch           each request's tokens and their sum <= max_num_batched_tokens;
-                                    at most max_num_reqs requests
-                requests held       <= config.max_num_reqs (after finished, preempted, new)
-                block ids           < config.num_kv_blocks; a request's row <= blocks_per_request
-                token_ids, lora_id, fit int32 (the runner's token table, max_seq_len, LoRA ids)
-                prompt_len + max_tokens
-        file    a line's length     <= max_line_bytes(config) (HEADER_LINE_BYTES for line 1)
+        prompt_len, prefill_len      <= config.max_model_len
+        num_computed + scheduled     <= config.max_model_len (computed: the step's own, or
+                                        what the earlier steps left for a request without one)
+        the batch                    each request's tokens and their sum <= max_num_batched_tokens;
+                                     at most max_num_reqs requests
+        requests held                <= config.max_num_reqs (after finished, preempted, new)
+        block ids                    < config.num_kv_blocks; a request's row <= blocks_per_request
+        token_ids, lora_id,          fit int32 (the runner's token table, max_seq_len, LoRA ids)
+          prompt_len + max_tokens
+        a line's length              <= max_line_bytes(config) (HEADER_LINE_BYTES for line 1)
 
-    These hold for every trace, adversarial ones too: an adversarial trace breaks
-    request *identity* on purpose (``simrig.trace_io.trace._LiveIds``), never the
-    sizes the runner's buffers were built for. Each problem is a ``TraceError``
-    (``FILE:LINE: field: problem``, exit 2), raised while the file is read, so
-    ``simrig replay`` refuses the input before vLLM is imported or anything is
-    allocated. The format's spec (traces/README.md, *Bounds*) lists the same rules.
+    These hold for adversarial traces too: they break request *identity* on purpose
+    (``simrig.trace_io.trace._LiveIds``), never the sizes the runner's buffers were built for.
     """
 
     def __init__(self, config: RunnerConfig) -> None:
