@@ -4,13 +4,16 @@ With ``sanitize_overflow`` on, the interpreter recomputes every narrow integer o
 and hands the check to ``device_assert``, which drops it unless ``options.debug`` is set:
 about a seventh of a campaign's CPU time for no effect (``skip_dead_overflow_checks`` has
 the detail). This module switches that dead work off while debug is off, patches the
-language once and routes launches past the coverage sampler. Platform plumbing only: no
-vLLM code and no kernel body is changed. See docs/setup.md, "Triton's interpreter patches".
+language once, routes launches past the coverage sampler and keeps numpy quiet about the 0/0
+lanes a ``tl.where`` discards (``quiet_discarded_nans``). Platform plumbing only: no vLLM
+code and no kernel body is changed. See docs/setup.md, "Triton's interpreter patches".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import warnings
 from typing import Any
 
 from simrig import trace_gate as gate
@@ -135,3 +138,67 @@ def _specialization(executor: Any, args: tuple, kwargs: dict) -> tuple:
             value = repr(value)
         values.append(value)
     return (executor.fn, tuple(values))
+
+
+_held: dict[int, tuple] = {}  # id(division result) -> (it, its new NaN lanes, kernel (file, line), registry)
+
+
+def quiet_discarded_nans() -> bool:
+    """Warn "invalid value encountered in divide" only for lanes a kernel keeps. Returns
+    whether it was installed (False: a Triton without this layout, or already installed).
+
+    numpy warns for each 0/0 (or inf/inf) an interpreted ``a / b`` computes, also in lanes a
+    ``tl.where`` then discards, which a GPU computes and discards silently: vLLM's
+    ``_rejection_kernel`` (block verification) runs ``tl.where(denom > 0.0, residual_mass /
+    denom, 1.0)`` with ``denom`` 0 when the drafts so far and the next hold all the target's mass.
+    Here a division's new NaN lanes are held; a ``tl.where`` that discards all of them lets
+    them go; any left at the launch's end warn at the kernel's line. Values stay Triton's.
+    """
+    try:
+        # optional: numpy, triton
+        import numpy as np
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "interpreter_builder", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    if executor is None or not hasattr(builder, "create_fdiv") or "create_select" in vars(builder):
+        return False
+    divide, select, launch = builder.create_fdiv, builder.create_select, executor.__call__
+
+    def create_fdiv(lhs: Any, rhs: Any) -> Any:
+        with np.errstate(invalid="raise"):  # the rare case pays: a handful of divisions per step
+            try:
+                return divide(lhs, rhs)
+            except FloatingPointError:
+                pass
+        with np.errstate(invalid="ignore"):
+            out = divide(lhs, rhs)
+        frame = sys._getframe(1)
+        while frame.f_back and frame.f_globals.get("__name__", "").startswith(("triton.", "simrig.triton_")):
+            frame = frame.f_back  # up to the kernel's own line
+        lanes = np.isnan(out.data) & ~np.isnan(lhs.data) & ~np.isnan(rhs.data)  # new: not a NaN operand's
+        registry = frame.f_globals.setdefault("__warningregistry__", {})  # once per line, as warn keeps
+        _held[id(out)] = (out, lanes, (frame.f_code.co_filename, frame.f_lineno), registry)
+        return out
+
+    def create_select(cond: Any, lhs: Any, rhs: Any) -> Any:
+        if _held and lhs is not rhs:
+            taken = cond.data != 0
+            for side, lanes in ((lhs, taken), (rhs, ~taken)):
+                entry = _held.get(id(side))  # (held, so its id is its own)
+                if entry is not None and not (entry[1] & lanes).any():
+                    del _held[id(side)]
+        return select(cond, lhs, rhs)
+
+    def launch_settled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _held.clear()  # what a failed launch left
+        out = launch(self, *args, **kwargs)
+        for (filename, lineno), registry in {e[2]: e[3] for e in _held.values()}.items():
+            warnings.warn_explicit("invalid value encountered in divide", RuntimeWarning, filename, lineno,
+                                   registry=registry)
+        _held.clear()
+        return out
+
+    builder.create_fdiv, builder.create_select, executor.__call__ = create_fdiv, create_select, launch_settled
+    return True

@@ -144,13 +144,8 @@ def fast_splat() -> bool:
     members = _core_members("block_type", "dtype", "pointer_type")
     if members is None:
         return False
-    try:
-        # optional: numpy, triton
-        import numpy as np
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
+    from triton.runtime import interpreter  # lazy: triton loads only when this runs
+
     block, scalar, pointer = members
     semantic = getattr(interpreter, "interpreter_semantic", None)
     original = getattr(semantic, "broadcast_impl_value", None)
@@ -183,25 +178,6 @@ def fast_splat() -> bool:
         return original(lhs, rhs)
 
     bound = types.MethodType(broadcast_impl_value, semantic)
-    try:  # the layout: both ways give operands of equal types and equal data
-        def operand(ty: Any, data: Any) -> Any:
-            return tl.tensor(interpreter.TensorHandle(np.asarray(data), ty.scalar), ty)
-
-        i32x8 = block(tl.int32, [8])
-        cases = [(operand(i32x8, np.arange(8, dtype=np.int32)), operand(tl.int32, np.array([3], np.int32))),
-                 (operand(tl.int64, np.array([-2], np.int64)), operand(block(tl.int64, [2, 4]),
-                                                                       np.zeros((2, 4), np.int64))),
-                 (operand(i32x8, np.arange(8, dtype=np.int32)), operand(i32x8, np.ones(8, np.int32))),
-                 (operand(tl.int32, np.array([1], np.int32)), operand(tl.int32, np.array([2], np.int32)))]
-        for lhs, rhs in cases:
-            got, want = bound(lhs, rhs), original(lhs, rhs)
-            for a, b in zip(got, want):
-                if (a.type != b.type or a.handle.dtype != b.handle.dtype
-                        or a.handle.data.dtype != b.handle.data.dtype
-                        or not np.array_equal(a.handle.data, b.handle.data)):
-                    return False
-    except Exception:
-        return False
     broadcast_impl_value.__simrig_fast__ = True  # type: ignore[attr-defined]
     bound.__func__.__simrig_original__ = original  # type: ignore[attr-defined]
     semantic.broadcast_impl_value = bound

@@ -282,8 +282,8 @@ def lean_block_type() -> bool:
     in the same order, to equal values: a ``tl.tuple`` of the ints typed by
     their ``constexpr_type``, ``validate_block_shape``'s numel (and its
     errors), the same name. Anything else goes to Triton's constructor. The
-    patch is only installed when probes built both ways agree attribute by
-    attribute.
+    registry installs it only when its probe's block types (``patch_catalogue._block_types``)
+    built both ways agree attribute by attribute.
     """
     try:
         import triton.language as tl  # optional: triton
@@ -316,19 +316,6 @@ def lean_block_type() -> bool:
             raise TypeError('0d block_type is forbidden')
         self.numel = validate(self.shape)
         self.name = f'<{self.shape}, {self.element_ty}>'
-
-    # the layout: probes built both ways agree, attribute by attribute
-    try:
-        shapes = ([4, 8], tl_tuple([16]), tl_tuple([constexpr(2), 4]), [constexpr(8)], [1, 2, 4])
-        elements = (tl.int32, tl.float32, tl.pointer_type(tl.int64), tl.int1, tl.uint8)
-        for element, shape in zip(elements, shapes):
-            built, lean = block.__new__(block), block.__new__(block)
-            original(built, element, shape)
-            __init__(lean, element, shape)
-            if _state(built) != _state(lean) or list(vars(built)) != list(vars(lean)):
-                return False
-    except Exception:
-        return False
 
     __init__.__simrig_lean__ = True  # type: ignore[attr-defined]
     __init__.__simrig_original__ = original  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ None is required: each only makes the interpreter cheaper, so
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from simrig.triton_interpreter import interpreter, interpreter_launch, interpreter_speed, interpreter_types
@@ -117,7 +118,9 @@ def _binary_typing() -> list:
     cases = [(tl.int32, tl.int32, (False, False, True, False)), (i32, i32, (False, False, True, True)),
              (tl.uint32, tl.uint32, (False, False, False, True)),
              (tl.pointer_type(tl.int32), tl.int64, (True, True, True, False)),
-             (tl.block_type(tl.pointer_type(tl.int32), [8]), i32, (True, False, True, False))]
+             (tl.int32, tl.pointer_type(tl.int64), (True, True, True, False)),
+             (tl.block_type(tl.pointer_type(tl.int32), [8]), i32, (True, False, True, False)),
+             (tl.block_type(tl.pointer_type(tl.int64), [8]), tl.block_type(tl.int64, [8]), (True, True, True, False))]
     out = []
     for left, right, flags in cases:
         lhs, rhs = operand(left), operand(right)
@@ -147,11 +150,13 @@ def _splats() -> list:
     block = tl.block_type(tl.int32, [8])
     pairs = [(operand(block, np.arange(8, dtype=np.int32)), operand(tl.int32, np.array([3], np.int32))),
              (operand(tl.int64, np.array([-2], np.int64)), operand(tl.block_type(tl.int64, [2, 4]),
-                                                                   np.zeros((2, 4), np.int64)))]
+                                                                   np.zeros((2, 4), np.int64))),
+             (operand(block, np.arange(8, dtype=np.int32)), operand(block, np.ones(8, np.int32))),
+             (operand(tl.int32, np.array([1], np.int32)), operand(tl.int32, np.array([2], np.int32)))]
     out = []
     for lhs, rhs in pairs:
         for t in semantic.broadcast_impl_value(lhs, rhs):
-            out.append([str(t.type), str(t.handle.data.dtype), t.handle.data.tolist()])
+            out.append([str(t.type), str(t.handle.dtype), str(t.handle.data.dtype), t.handle.data.tolist()])
     return out
 
 
@@ -159,6 +164,23 @@ def _launch_options() -> list:
     from triton.runtime import interpreter as triton_interpreter  # lazy: triton loads only when this runs
 
     return [bool(getattr(triton_interpreter.interpreter_builder.options, "debug", True))] + kernel_bytes()
+
+
+def _divisions() -> list:
+    """Float divisions with 0/0 lanes, a ``tl.where`` discarding some: values and dtypes."""
+    # lazy: numpy loads only when this runs; lazy: triton loads only when this runs
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as triton_interpreter
+
+    builder, handle = triton_interpreter.interpreter_builder, triton_interpreter.TensorHandle
+    num, den = (handle(np.array(v, np.float32), tl.float32) for v in ([0, 1, 0, np.inf, np.nan],
+                                                                      [0, 2, 0, np.inf, 1]))
+    with warnings.catch_warnings():  # Triton's own answer warns
+        warnings.simplefilter("ignore", RuntimeWarning)
+        quotient = builder.create_fdiv(num, den)
+        kept = builder.create_select(handle(den.data > 1, tl.int1), quotient, num)
+        return [repr(h.data.tolist()) + str(h.data.dtype) for h in (quotient, kept)] + kernel_bytes()
 
 
 def _undo_language_once() -> None:
@@ -202,6 +224,9 @@ PATCHES: tuple[Patch, ...] = (
            undo=_undo_language_once),
     _speed("sample_traced_launches", INTERP, ("GridExecutor.__call__",), interpreter.sample_traced_launches,
            kernel_bytes),
+    _speed("quiet_discarded_nans", INTERP, ("interpreter_builder.create_fdiv", "interpreter_builder.create_select",
+                                            "GridExecutor.__call__"), interpreter.quiet_discarded_nans, _divisions,
+           required="not a speed-up: no numpy warning for a 0/0 lane a tl.where discards (a GPU gives none)"),
 )
 
 
