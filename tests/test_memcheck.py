@@ -398,3 +398,16 @@ def test_a_store_written_before_the_memcheck_column_still_reads(tmp_path):
     runs, _ = load_history(tmp_path)
     assert "memcheck" in RUN_COLUMNS and str(runs["memcheck"].dtype) == "boolean"
     assert runs["memcheck"].isna().tolist() == [True, False] and bool(runs["memcheck"].iloc[1])
+
+
+def test_a_kernel_memory_error_class_s_repro_file_says_it_needs_simrig_s_memcheck():
+    from simrig.bisect.search import ClassKey
+    from simrig.repro.pytest_file import render
+
+    trace = REPO / "traces" / "samples" / "chunked_prefill.jsonl"
+    for exception_type in ("KernelMemoryError", "KernelOverflowError"):
+        doc = render(trace, ClassKey("exception", "prepare", "", exception_type)).split('"""')[1]
+        assert "This class needs simrig's memcheck to reproduce on CPU" in doc
+        assert "\n    compute-sanitizer --tool memcheck python -m pytest THIS_FILE\n" in doc
+    other = render(trace, ClassKey("exception", "prepare", "", "KeyError")).split('"""')[1]
+    assert "memcheck" not in other  # only the checker's own exception types
