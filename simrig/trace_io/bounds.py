@@ -31,9 +31,8 @@ _PYTHON_BYTES_PER_SLOT = 128
 _FIXED_PER_GROUP = 48 << 10  # a KV cache group's specs, layer names, metadata builder, pointers
 _FIXED_PER_MANAGER = 64 << 10  # one PCPManager's own objects
 _FIXED_PER_GRAPH = 24 << 10  # one captured graph's descriptor and buffers
-# vLLM's default capture sizes at their largest (VllmConfig._set_cudagraph_sizes: 1, 2, 4,
-# multiples of 8 to 256 and of 16 to 1024 on Blackwell, with as many uniform decode sizes)
-_DEFAULT_CAPTURE_SIZES = 168
+_FIXED_PARALLEL = 48 << 20  # the modules PP or PCP load on first use (265 of them, about 30 MB)
+
 
 
 # ------------------------------------------------------------------ the config
@@ -62,18 +61,20 @@ def _lora_cases(config: RunnerConfig) -> int:
     return 2 + (n + 1).bit_length() if specialized else 2
 
 
-def _graphs(config: RunnerConfig) -> tuple[int, int]:
-    """(graphs captured, entries of the dispatcher's candidate map), at most: every capture
-    size x LoRA case x the two runtime modes (x 2 with micro-batch twins), and
-    CudaGraphManager._init_candidates' one entry per token count up to the largest size,
-    per LoRA case and mode (v1/worker/gpu/cudagraph_utils.py:305, 380-396)."""
+def _shapes(config: RunnerConfig) -> tuple[int, int]:
+    """(shapes captured, each once per LoRA case; entries of the dispatcher's candidate map),
+    at most: every capture size in the two runtime modes (x 2 with micro-batch twins), and
+    CudaGraphManager._init_candidates' entry per token count up to the largest size, LoRA
+    case and mode (v1/worker/gpu/cudagraph_utils.py:305, 380-396). Without sizes named,
+    vLLM's default list (VllmConfig._set_cudagraph_sizes: 1, 2, 4, multiples of 8 to 256 and
+    of 16 up to 2 x max_num_reqs x decode_query_len, at most 1024) and as many decode sizes."""
     if config.cudagraph_mode == "NONE":
         return 0, 0
     sizes = config.capture_sizes
-    count = len(set(sizes)) or min(_DEFAULT_CAPTURE_SIZES, config.max_num_batched_tokens)
-    largest = max(sizes) if sizes else min(1024, config.max_num_batched_tokens)
-    per_size = _lora_cases(config) * 2
-    return count * per_size * (2 if config.num_ubatches > 1 else 1), (largest + 1) * per_size
+    cap = min(config.max_num_batched_tokens, 2 * config.max_num_reqs * config.decode_query_len, 1024)
+    grid = sum(x <= cap for x in (1, 2, 4)) + min(cap, 255) // 8 + max(0, (cap - 240) // 16)
+    shapes = (len(set(sizes)) if sizes else 2 * grid + 1) * 2 * (2 if config.num_ubatches > 1 else 1)
+    return shapes, (max(sizes, default=cap) + 1) * 2 * _lora_cases(config)
 
 
 def estimate_bytes(config: RunnerConfig) -> int:
@@ -89,7 +90,7 @@ def estimate_bytes(config: RunnerConfig) -> int:
     managers = pcp * config.dcp_size if pcp > 1 else 0  # PCPManager per PCP rank and DCP peer
     query = config.decode_query_len
     runners = 2 if config.pp_size > 1 else 1
-    graphs, candidates = _graphs(config)
+    shapes, candidates = _shapes(config)
     runner = (slots * 4                            # RequestState.all_token_ids [reqs, max_model_len] int32
               + reqs * rows * 4 * 2                # BlockTables: block_tables + input_block_tables, int32
               + managers * reqs * rows * 4         # each PCP manager's local block tables
@@ -100,17 +101,20 @@ def estimate_bytes(config: RunnerConfig) -> int:
               # CudaGraphManager._candidates (a key, a list, an entry) and _lora_dispatch_map (an
               # entry a count: v1/worker/gpu/cudagraph_utils.py:203-220)
               + candidates * 384 + loras * 256
-              + groups * _FIXED_PER_GROUP + managers * _FIXED_PER_MANAGER + graphs * _FIXED_PER_GRAPH)
+              + groups * _FIXED_PER_GROUP + managers * _FIXED_PER_MANAGER
+              + shapes * _lora_cases(config) * _FIXED_PER_GRAPH)
     rig = (tokens * 13 + reqs * query * 8          # the dummy runs' InputBuffers; the drafter stand-in's rows
            + min(tokens, reqs * query) * SYNTH_VOCAB_SIZE * 4 * 2)  # stand-in logits + a copy
-    transient = (tokens * 48                       # the profile run's hidden states and batch
+    ubatches = config.num_ubatches if 1 < config.num_ubatches <= tokens else 0  # a split batch's slices
+    transient = (tokens * 48 + ubatches * 4096     # the profile run's hidden states and batch; the slices
                  # a dummy run's warm-up adapters: two sets of max_loras LoRARequests and the ids
                  # listed (v1/worker/lora_model_runner_mixin.py:131-138, 216-219, 239-246)
                  + loras * 768
                  # the PP group stand-in's ranks and PPHandler's ring of pp_size entries, per runner
                  # (vllm_parts/pipeline.py; v1/worker/gpu/pp_utils.py:81-85)
                  + (config.pp_size * 64 * runners if runners > 1 else 0))
-    return 2 * (runners * runner + rig) + slots * _PYTHON_BYTES_PER_SLOT + transient
+    parallel = _FIXED_PARALLEL if runners > 1 or pcp > 1 else 0
+    return 2 * (runners * runner + rig) + slots * _PYTHON_BYTES_PER_SLOT + transient + parallel
 
 
 def estimate_seconds(config: RunnerConfig) -> float:
@@ -119,19 +123,22 @@ def estimate_seconds(config: RunnerConfig) -> float:
     term measured with vLLM 0.33 on a 2-core CPU running MRV2's kernels in Triton's
     interpreter (a GPU is faster). Every runner of a PP config starts and steps."""
     tokens, loras = config.max_num_batched_tokens, config.max_loras
-    graphs, candidates = _graphs(config)
+    shapes, candidates = _shapes(config)
     managers = config.pcp_size * config.dcp_size if config.pcp_size > 1 else 0
-    ubatches = config.num_ubatches if 1 < config.num_ubatches <= tokens else 0
+    ubatches = config.num_ubatches if 1 < config.num_ubatches <= tokens else 0  # as estimate_bytes
     runner = (min(config.max_num_reqs, tokens) * 5e-4  # the profile run: an interpreted program a request
               + config.num_kv_groups * 1e-2    # block tables, slot mappings, metadata, per group
-              + tokens * 1e-6 + managers * 2e-3  # token buffers; each PCP rank's and DCP peer's partition
+              + tokens * 1e-6 + managers * 5e-3  # token buffers; each PCP rank's and DCP peer's partition
               + ubatches * 4e-4                # a split batch's micro-batch slices
               # the dummy run after each step: its warm-up adapters (see estimate_bytes); the
               # dispatch map and get_captured_lora_counts' loop over 1..max_loras + 1
-              + loras * 6e-6
-              + graphs * (2e-3 + loras * 2e-6)  # each capture; its LoRA hook's adapters
+              + loras * 2e-5
+              # each capture; the LoRA hook's adapters, min(case, max_loras) a case (lora_utils.py:52-72)
+              + shapes * (_lora_cases(config) * 2e-3 + loras * (3 if _lora_cases(config) > 2 else 1) * 2.5e-6)
               + candidates * 1e-6)
-    return (2 if config.pp_size > 1 else 1) * runner + (config.pp_size * 2e-7 if config.pp_size > 1 else 0)
+    ranks = config.pp_size * 2e-7 if config.pp_size > 1 else 0  # PP's rings (see estimate_bytes)
+    # the buffers allocated, filled and copied for the state after start-up: about 2 GB/s
+    return (2 if config.pp_size > 1 else 1) * runner + ranks + estimate_bytes(config) * 5e-10
 
 
 def format_seconds(s: float) -> str:
