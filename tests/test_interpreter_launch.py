@@ -40,8 +40,9 @@ def _original(fn):
 
 @pytest.fixture
 def tritons_own(monkeypatch):
-    """Triton's own plumbing at the three patch points (the patched ones put
-    back after the test)."""
+    """Triton's own plumbing at the three patch points, each put back as it
+    was after the test (a splat the test installed taken off again, so a
+    registry run later in this process finds Triton's own)."""
     executor = interpreter.GridExecutor
     for owner, name in ((executor, "_init_args_hst"), (executor, "_restore_args_dev"), (tl, "str_to_ty")):
         monkeypatch.setattr(owner, name, _original(getattr(owner, name)))
@@ -49,6 +50,8 @@ def tritons_own(monkeypatch):
     if "broadcast_impl_value" in vars(semantic):  # the class's own method shows through
         monkeypatch.delattr(semantic, "broadcast_impl_value")
     yield
+    # an instance attribute the test set: monkeypatch (torn down after this) restores one it took off
+    vars(semantic).pop("broadcast_impl_value", None)
 
 
 # ------------------------------------------------------------ args_in_place

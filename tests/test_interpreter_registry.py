@@ -216,7 +216,8 @@ def test_cpu_mode_installs_all_fifteen_through_the_registry(vllm_api):
         pytest.skip("CUDA mode: no interpreter")
     states = {s.name: s for s in registry.patch_states()}
     assert len(patch_catalogue.PATCHES) == 15
-    assert all(states[p.name].state == INSTALLED for p in patch_catalogue.PATCHES), registry.summary()["line"]
+    assert all(states[p.name].state == INSTALLED for p in patch_catalogue.PATCHES), "\n".join(
+        [registry.summary()["line"]] + [s.line() for s in registry.patch_states() if s.state != INSTALLED])
     # SIMRIG_INTERPRETER_SPEEDUPS=0 turns each off but the one that is no speed-up
     assert [p.name for p in patch_catalogue.PATCHES if p.required] == ["quiet_discarded_nans"]
 
