@@ -2,8 +2,8 @@
 and the config against the machine.
 
 ``check_config`` holds the header's config to the memory this process can have
-(``estimate_bytes``), to the time a runner may take to start (``estimate_seconds``) and
-to int32; ``StepBounds`` holds every size to what the runner's buffers were built for
+(``estimate_bytes``), to the time a runner may take to start and step (``estimate_seconds``)
+and to int32; ``StepBounds`` holds every size to what the runner's buffers were built for
 (its docstring tables the rules), adversarial traces too. Each problem is a
 ``TraceError`` raised while the file is read, so ``simrig replay`` refuses the input
 before vLLM is imported. The format's spec (traces/README.md, *Bounds*) lists the same rules.
@@ -32,7 +32,6 @@ _FIXED_PER_GROUP = 48 << 10  # a KV cache group's specs, layer names, metadata b
 _FIXED_PER_MANAGER = 64 << 10  # one PCPManager's own objects
 _FIXED_PER_GRAPH = 24 << 10  # one captured graph's descriptor and buffers
 _FIXED_PARALLEL = 48 << 20  # the modules PP or PCP load on first use (265 of them, about 30 MB)
-
 
 
 # ------------------------------------------------------------------ the config
@@ -128,14 +127,14 @@ def estimate_seconds(config: RunnerConfig) -> float:
     ubatches = config.num_ubatches if 1 < config.num_ubatches <= tokens else 0  # as estimate_bytes
     runner = (min(config.max_num_reqs, tokens) * 5e-4  # the profile run: an interpreted program a request
               + config.num_kv_groups * 1e-2    # block tables, slot mappings, metadata, per group
-              + tokens * 1e-6 + managers * 5e-3  # token buffers; each PCP rank's and DCP peer's partition
+              + tokens * 1e-6 + managers * 1e-2  # token buffers; each PCP rank's and DCP peer's manager
               + ubatches * 4e-4                # a split batch's micro-batch slices
               # the dummy run after each step: its warm-up adapters (see estimate_bytes); the
               # dispatch map and get_captured_lora_counts' loop over 1..max_loras + 1
               + loras * 2e-5
               # each capture; the LoRA hook's adapters, min(case, max_loras) a case (lora_utils.py:52-72)
               + shapes * (_lora_cases(config) * 2e-3 + loras * (3 if _lora_cases(config) > 2 else 1) * 2.5e-6)
-              + candidates * 1e-6)
+              + candidates * 5e-6)  # built twice: by the manager's __init__, then for the LoRA cases
     ranks = config.pp_size * 2e-7 if config.pp_size > 1 else 0  # PP's rings (see estimate_bytes)
     # the buffers allocated, filled and copied for the state after start-up: about 2 GB/s
     return (2 if config.pp_size > 1 else 1) * runner + ranks + estimate_bytes(config) * 5e-10
