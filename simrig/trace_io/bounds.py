@@ -65,8 +65,9 @@ def _shapes(config: RunnerConfig) -> tuple[int, int]:
     at most: every capture size in the two runtime modes (x 2 with micro-batch twins), and
     CudaGraphManager._init_candidates' entry per token count up to the largest size, LoRA
     case and mode (v1/worker/gpu/cudagraph_utils.py:305, 380-396). Without sizes named,
-    vLLM's default list (VllmConfig._set_cudagraph_sizes: 1, 2, 4, multiples of 8 to 256 and
-    of 16 up to 2 x max_num_reqs x decode_query_len, at most 1024) and as many decode sizes."""
+    vLLM's default list (VllmConfig._set_cudagraph_sizes, config/vllm.py:2453-2604: 1, 2, 4,
+    multiples of 8 to 256 and of 16 up to 2 x max_num_reqs x decode_query_len, at most 1024)
+    and as many decode sizes."""
     if config.cudagraph_mode == "NONE":
         return 0, 0
     sizes = config.capture_sizes
