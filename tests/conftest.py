@@ -50,56 +50,79 @@ def ghost_trace(tmp_path):
 
 
 # ---------------------------------------------------------------- the Ray tier
-# One local Ray for the whole cluster tier: every command a test runs with --workers joins it
+# One Ray for the whole cluster tier, two nodes of one CPU each on this machine (the
+# multi-node path, as a cluster runs it): every command a test runs with --workers joins it
 # (RAY_ADDRESS) instead of starting its own, and commands run in this process share one
 # connection, so the workers that already imported vLLM take the next test's shards.
 # A test that needs workers of its own (coverage counts what a fresh process runs once) asks
 # for ``fresh_ray_workers``; one whose workers need an environment of their own (a seeded
 # fault through sitecustomize) starts its own Ray by leaving RAY_ADDRESS out.
+RAY_NODE_CPUS = 1
 
 
-@pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
-    """`ray start --head --block` (2 CPUs, as the machine) in its own process group; its
-    address in RAY_ADDRESS while the session runs."""
-    import signal
-    import socket
+def _ray_start(args: list[str], log):
+    """`ray start ... --block` in its own process group (stopped by group, never `ray stop`,
+    which would stop every Ray on the machine)."""
     import subprocess
     import sys
     import time
     from pathlib import Path
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("ray") / "head.log"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--head", "--block",
-                             "--port", str(port), "--num-cpus", "2", "--include-dashboard=false",
-                             "--disable-usage-stats"], env=env, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("ray")), "start", "--block",
+                             "--num-cpus", str(RAY_NODE_CPUS), "--disable-usage-stats", *args],
+                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
     while "Ray runtime started" not in log.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.3)
-    address = f"127.0.0.1:{port}"
-    old = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = address
-    yield address
-    _disconnect_ray()
-    if old is None:
-        os.environ.pop("RAY_ADDRESS", None)
-    else:
-        os.environ["RAY_ADDRESS"] = old
-    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+    return proc
+
+
+def _ray_stop(proc) -> None:
+    """SIGTERM to the group, then SIGKILL to whatever of it is left (gcs_server outlives
+    `ray start --block` at times)."""
+    import signal
+    import subprocess
+
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
-            proc.wait(timeout=wait)
-            break
         except ProcessLookupError:
-            break
+            return
+        try:
+            proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
-            continue
+            pass
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A head and a second node (`ray start`, one CPU each); the head's address in
+    RAY_ADDRESS while the session runs."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    logs = tmp_path_factory.mktemp("ray")
+    head = _ray_start(["--head", "--port", str(port), "--include-dashboard=false"], logs / "head.log")
+    address = f"127.0.0.1:{port}"
+    try:
+        node = _ray_start(["--address", address], logs / "node.log")
+        old = os.environ.get("RAY_ADDRESS")
+        os.environ["RAY_ADDRESS"] = address
+        try:
+            yield address
+        finally:
+            _disconnect_ray()
+            if old is None:
+                os.environ.pop("RAY_ADDRESS", None)
+            else:
+                os.environ["RAY_ADDRESS"] = old
+            _ray_stop(node)
+    finally:
+        _ray_stop(head)
 
 
 def _disconnect_ray() -> None:
