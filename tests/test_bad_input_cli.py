@@ -148,3 +148,24 @@ def test_the_known_file_flag_is_read_by_the_checker(tmp_path, monkeypatch):
     monkeypatch.delenv(KNOWN_ENV)
     assert ("dtype_drift", "prepare", "positions", "contract") not in \
         [e.key for e in load_known_findings("0.33.0").entries]
+
+
+@pytest.mark.vllm
+def test_a_config_vllm_itself_refuses_is_one_line_and_exit_2_from_the_supervised_worker(tmp_path):
+    """The reader's bounds pass it; vLLM's own SchedulerConfig refuses it in the worker that
+    builds the runner (max_num_batched_tokens < max_num_reqs): still bad input, not a rig error
+    (this row imports vLLM, so it is not in the table above)."""
+    trace = tmp_path / "refused.jsonl"
+    trace.write_text(json.dumps({"format": "simrig-trace", "version": 1, "config": {
+        "max_num_reqs": 64, "max_num_batched_tokens": 16, "max_model_len": 64}}) + "\n"
+        + json.dumps({"step": 0, "new_requests": [{"id": "a", "prompt_len": 4}],
+                      "num_scheduled_tokens": {"a": 4}}) + "\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "SIMRIG_HISTORY": str(tmp_path / "history"), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "simrig", "replay", str(trace), "--quiet", "--no-coverage",
+                           "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    err_lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert err_lines == [f"simrig replay: error: {trace}: config: vLLM's SchedulerConfig refuses it: "
+                         "max_num_batched_tokens (16) must be greater than or equal to max_num_seqs (64)."], err_lines
+    assert not out.exists() and not (tmp_path / "history").exists()

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from simrig import lifeline as lifeline_mod
-from simrig.errors import EXIT_RIG_ERROR
+from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError
 
 MAX_CRASHES = 20  # then the last worker only writes the report
 DEFAULT_STEP_TIMEOUT_S = 600.0  # no stage opened for this long: the worker hangs
+_REFUSED = "refused.pkl"  # a worker's UsageError, raised again by the supervisor
 FAULT_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT)
 
 
@@ -77,6 +78,9 @@ def supervise(command: str, out_dir: Path, work: Callable[[Path, bool, float], i
             finally:
                 relay.close()
             if how == "exit":
+                refused = _refused(state_dir) if value == EXIT_USAGE else None
+                if refused is not None:  # the input, refused where vLLM was first asked: one line
+                    raise UsageError(refused)
                 return value
             if last:
                 print(f"simrig {command}: the worker writing the report died ({value}); the "
@@ -150,6 +154,9 @@ def _worker(work: Callable[[Path, bool, float], int], state_dir: Path, line: lif
             signal.signal(sig, signal.SIG_DFL)
         lifeline_mod.install(line)
         code = work(state_dir, last, elapsed_before)
+    except UsageError as exc:  # bad input found only once vLLM judged it (its own config checks)
+        dump(state_dir / _REFUSED, str(exc))
+        code = EXIT_USAGE
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 -- the worker must leave through os._exit
@@ -158,6 +165,10 @@ def _worker(work: Callable[[Path, bool, float], int], state_dir: Path, line: lif
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _refused(state_dir: Path) -> str | None:
+    return load(state_dir / _REFUSED)
 
 
 def dump(path: Path, value: Any) -> None:
