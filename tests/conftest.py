@@ -134,13 +134,17 @@ def _disconnect_ray() -> None:
 
 
 @pytest.fixture(autouse=True)
-def _shared_ray(request):
+def _shared_ray(request, monkeypatch):
     """Cluster-marked tests run against the session's Ray, this process connected to it
     (kept between tests: simrig's ray_session reuses a connection the process has)."""
     if request.node.get_closest_marker("cluster") is None:
         yield
         return
     address = request.getfixturevalue("ray_cluster")
+    # Ray keeps a worker per environment, and a command's tasks carry its SIMRIG_* settings:
+    # memcheck on, as every command has it by default, for the tests that call the sharded
+    # replay directly too, so all of them share the same warm workers
+    monkeypatch.setenv("SIMRIG_MEMCHECK", "1")
     if "fresh_ray_workers" not in request.fixturenames:
         import signal
 
