@@ -249,3 +249,22 @@ def test_the_standalone_file_imports_only_vllm_torch_numpy_pytest_and_stdlib(tmp
     assert namespace["STEPS"][0]["num_scheduled_tokens"] == {"a": 3, "b": 5}
     assert namespace["CONFIG"]["max_num_reqs"] == 4
     assert "def test_dtype_drift_dummy_logits_indices" in out.read_text()
+
+
+@pytest.mark.parametrize("key, memcheck", [
+    ("dtype_drift:prepare:idx_mapping", False),
+    ("value_mismatch:prepare:positions", False),
+    ("key_error:gather::KeyError", False),
+    ("exception:prepare::KernelMemoryError", True),
+    ("exception:prepare::KernelOverflowError", True),
+    ("exception:prepare:", True),  # names no type: it may be the checker's
+])
+def test_a_point_runs_the_kernel_checker_only_for_a_class_it_may_raise(tmp_path, key, memcheck):
+    from simrig.bisect.points import Judge
+    from simrig.bisect.search import ClassKey
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("{}\n")
+    flags = Judge(trace, ClassKey.parse(key), stages=None, cache=tmp_path).judged_with()
+    assert "--no-coverage" in flags
+    assert ("--no-memcheck" not in flags) == memcheck

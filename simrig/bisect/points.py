@@ -145,10 +145,19 @@ class Judge:
         self.trace_hash = hashlib.sha1(self.trace.read_bytes()).hexdigest()
         self.results: dict[str, Verdict] = {}
 
+    def judged_with(self) -> list[str]:
+        """A point's verdict is one class, so its replay measures no coverage and runs the
+        kernel checker (up to 1.25x a replay) only where the class may be the checker's
+        (a Kernel*Error, or an exception class that names no type)."""
+        key = self.key
+        checked = key.exception_type.startswith("Kernel") or (key.kind == "exception" and not key.exception_type)
+        return ["--no-coverage"] + ([] if checked else ["--no-memcheck"])
+
     def _cache_file(self, point: Point, overlay: str) -> Path:
         stamp = Path(point.python).parents[1] / ".simrig-installed"
         text = json.dumps([point.python, stamp.stat().st_mtime if stamp.exists() else 0, overlay,
-                           self.trace_hash, self.key.text, self.stages, list(self.paths)])
+                           self.trace_hash, self.key.text, self.stages, list(self.paths),
+                           self.judged_with()])
         return self.cache / "verdicts" / (hashlib.sha1(text.encode()).hexdigest()[:20] + ".json")
 
     def __call__(self, point: Point) -> Verdict:
@@ -186,7 +195,7 @@ class Judge:
                            SIMRIG_OVERLAY_LOG=str(served_log))
             out = work_dir / "report"
             cmd = [point.python, "-m", "simrig.vllm_runtime.overlay", "replay", str(self.trace), "--json",
-                   "--quiet", "--out", str(out), "--stages", self.stages]
+                   "--quiet", "--out", str(out), "--stages", self.stages, *self.judged_with()]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=envs.PROJECT,
                                       timeout=self.timeout, check=False)
