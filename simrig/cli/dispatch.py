@@ -19,6 +19,7 @@ import sys
 import tempfile
 import traceback
 
+from simrig.cli.flags import scoped_env
 from simrig.errors import EXIT_RIG_ERROR, EXIT_USAGE, UsageError, describe_io_error
 from simrig.trace_io.trace import TraceError
 from simrig.vllm_api.entry_points import VllmApiError, VllmUnavailable
@@ -94,9 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet_vllm_logs(getattr(args, "verbose", False))
+    # --across-releases: for the command and its workers, as it was after
+    with scoped_env(ACROSS_RELEASES_ENV, "1" if getattr(args, "across_releases", False) else None):
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The parsed command run, its end turned into an exit status (one line on stderr)."""
     name = f"simrig {args.command}"
-    across, before = getattr(args, "across_releases", False), os.environ.get(ACROSS_RELEASES_ENV)
-    os.environ.update({ACROSS_RELEASES_ENV: "1"} if across else {})
     try:
         if args.command in JUDGING_COMMANDS:
             _choose_known_findings(getattr(args, "known", None))
@@ -117,10 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: internal error (a bug in simrig): {type(exc).__name__}: "
               f"{str(exc).splitlines()[0] if str(exc) else ''} (traceback: {saved})", file=sys.stderr)
         return EXIT_RIG_ERROR
-    finally:
-        if across:  # as it was: an in-process caller's next command compares as it is told
-            os.environ.pop(ACROSS_RELEASES_ENV, None)
-            os.environ.update({ACROSS_RELEASES_ENV: before} if before is not None else {})
 
 
 def _choose_known_findings(path: str | None) -> None:

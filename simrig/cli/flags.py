@@ -79,20 +79,27 @@ def check_step_timeout(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def memcheck_env(on: bool) -> Iterator[None]:
-    """SIMRIG_MEMCHECK=1 (``on``, the default) or 0 (--no-memcheck) while the command runs, set
-    before vLLM is imported, so this process and every worker or child it starts installs the
-    checker or not (``simrig.vllm_runtime.interpreter_patches``; never in CUDA mode); the
-    environment is put back after (an in-process caller's later runs are not changed)."""
-    before = os.environ.get("SIMRIG_MEMCHECK")
-    os.environ["SIMRIG_MEMCHECK"] = "1" if on else "0"
+def scoped_env(name: str, value: str | None) -> Iterator[None]:
+    """``name=value`` while the command runs (None: the environment is left as it is), set
+    before vLLM is imported, so this process and every worker or child it starts reads it;
+    put back after, so an in-process caller's next command starts from its own environment."""
+    before = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("SIMRIG_MEMCHECK", None)
-        else:
-            os.environ["SIMRIG_MEMCHECK"] = before
+        if value is not None:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+
+
+def memcheck_env(on: bool) -> contextlib.AbstractContextManager[None]:
+    """SIMRIG_MEMCHECK=1 (``on``, the default) or 0 (--no-memcheck) while the command runs: the
+    checker goes in or not (``simrig.vllm_runtime.interpreter_patches``; never in CUDA mode)."""
+    return scoped_env("SIMRIG_MEMCHECK", "1" if on else "0")
 
 
 def progress_mode(args: argparse.Namespace) -> str | None:
