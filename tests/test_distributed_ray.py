@@ -109,18 +109,14 @@ def _report_classes(out: Path) -> pd.DataFrame:
     return f
 
 
-def test_two_worker_campaign_shares_one_example_database(tmp_path, capsys):
-    """In this process, on the session's Ray: the second campaign's shards run on the
-    workers the first one left, vLLM already imported."""
-    from simrig.cli import main
-
+def test_two_worker_campaign_shares_one_example_database(tmp_path):
     db = tmp_path / "db"
     for run in (1, 2):
         out = tmp_path / f"run{run}"
-        status = main(["fuzz", "--workers", "2", "--mode", "adversarial", "--progress", "quiet",
-                       "--steps-per-example", "8", "--no-coverage", "--budget", "4", "--out", str(out),
-                       "--database", str(db), "--no-regressions"])
-        assert status == 0, capsys.readouterr().err[-3000:]
+        proc = _fuzz(tmp_path, "--budget", "4", "--out", str(out), "--database", str(db),
+                     "--no-regressions")
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         shards = pd.read_csv(out / "shards.csv")
         assert shards.status.tolist() == ["done", "done"] and (shards.examples > 0).all()
