@@ -12,6 +12,7 @@ from __future__ import annotations
 # top-level module or a room is one unit; inside a room the cycle scan of the layout test
 # holds). Units on one floor never import each other.
 FLOORS: tuple[set[str], ...] = (
+    {"sampling"},                                      # a request's sampling parameters: plain data
     {"__init__", "step", "errors", "observe", "progress", "interrupt",  # the step model, plain helpers
      "host_memory",                                    # the memory this machine can give a run
      "trace_gate", "lifeline",                         # what a coverage collector traces; a worker's

@@ -18,6 +18,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field, replace
 
+from simrig.sampling.params import SamplingSpec
+
 # Synthesised token ids stay inside a small vocabulary: every id fits the
 # runner's int32 token table with room to spare, and the stand-in logits (one
 # vocabulary-wide row per logit index, see adapters/sampling.py) and the greedy
@@ -297,6 +299,9 @@ class NewRequest:
     # (the last sampled one dropped) plus the new input; num_computed_tokens the
     # session's computed frontier; block_ids every block it holds.
     streaming: bool = False
+    # The request's sampling parameters; None: vLLM's defaults. A request re-sent (resumed
+    # after preemption, or a streaming update) carries them again.
+    sampling: SamplingSpec | None = None
 
     @property
     def num_prefill_tokens(self) -> int:

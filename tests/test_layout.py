@@ -19,7 +19,7 @@ SIMRIG = ROOT / "simrig"
 VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "adapters")
 # The rooms of the oracle: what the real code's observations must satisfy.
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "checks")
-SUBPACKAGES = ("trace_io", "sources", "triton_interpreter", "triton_memcheck", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
+SUBPACKAGES = ("sampling", "trace_io", "sources", "triton_interpreter", "triton_memcheck", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
                "views", "selftest", "cli", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
@@ -92,6 +92,10 @@ def test_only_adapters_import_vllm():
                "simrig.harness", "simrig.campaign", "simrig.selftest", "simrig.cli")),
     ("trace_io", (*rooms(*VLLM_ROOMS), "vllm", *rooms(*ORACLE_ROOMS), "simrig.sources",
                   "simrig.campaign", "simrig.selftest", "simrig.report")),
+    # a request's sampling parameters sit under the step model: plain data (the standard
+    # library and numpy), no other unit of simrig
+    ("sampling", ("vllm", "torch", "triton", "pandas", "hypothesis",
+                  *rooms(*(u for floor in FLOORS for u in floor if u not in ("sampling", "__init__"))))),
     ("sources", ("simrig.checks", "simrig.campaign", "simrig.selftest", "simrig.report")),
     *((room, (*rooms(*ORACLE_ROOMS), "simrig.report", "simrig.history", "simrig.campaign",
                "simrig.selftest", "simrig.trace_io", "simrig.sources", "simrig.harness", "simrig.replay"))

@@ -4,6 +4,7 @@
 (the streaming reader, identity checks, ``trace_files_in``), ``bounds.py``
 (every size against the trace's config, the config against the machine) and
 ``trace_writer.py``. The full specification is traces/README.md. It may
-import the core (the step model, ``host_memory``) only: never ``vllm`` or the adapters' rooms, the
+import the core (the step model, ``host_memory``) and ``sampling`` (a request's ``sampling``
+object) only: never ``vllm`` or the adapters' rooms, the
 oracle, ``sources``, ``report``, ``campaign`` or ``selftest``.
 """

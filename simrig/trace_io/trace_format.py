@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from simrig.step import KV_GROUP_KINDS, BlockIds, CachedUpdate, KvGroup, NewRequest, RunnerConfig, Step
+from simrig.sampling.params import SamplingSpec, SamplingSpecError
+from simrig.step import (KV_GROUP_KINDS, SYNTH_VOCAB_SIZE, BlockIds, CachedUpdate, KvGroup, NewRequest,
+                         RunnerConfig, Step)
 
 FORMAT_NAME = "simrig-trace"
 FORMAT_VERSION = 1
@@ -346,14 +348,19 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
         num_computed = ln.int_(raw, "num_computed_tokens", f"{name}.num_computed_tokens", default=0)
         if num_computed > (prefill_len or prompt_len):
             raise ln.fail(f"{name}.num_computed_tokens", f"{num_computed} exceeds the prefill length")
+        max_tokens = ln.int_(raw, "max_tokens", f"{name}.max_tokens", default=16, minimum=1)
+        try:  # token ids within the vocabulary the runner's stand-in logits span
+            sampling = None if raw.get("sampling") is None else SamplingSpec.from_json(
+                raw["sampling"], where=f"{name}.sampling", vocab_size=SYNTH_VOCAB_SIZE, max_tokens=max_tokens)
+        except SamplingSpecError as exc:
+            raise ln.fail(exc.field, exc.problem) from None
         new.append(NewRequest(
-            req_id=req_id, prompt_len=prompt_len, num_computed_tokens=num_computed,
-            max_tokens=ln.int_(raw, "max_tokens", f"{name}.max_tokens", default=16, minimum=1),
+            req_id=req_id, prompt_len=prompt_len, num_computed_tokens=num_computed, max_tokens=max_tokens,
             prefill_len=prefill_len, prompt_token_ids=token_ids,
             block_ids=ln.block_ids(raw.get("block_ids", []), f"{name}.block_ids"),
             # LoRARequest: "id must be > 0"
             lora_id=ln.int_(raw, "lora_id", f"{name}.lora_id", default=None, minimum=1),
-            streaming=streaming))
+            streaming=streaming, sampling=sampling))
     cached = []
     for i, raw in enumerate(ln.list_(obj, "cached_requests", "cached_requests")):
         name = f"cached_requests[{i}]"

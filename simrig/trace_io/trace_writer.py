@@ -50,6 +50,8 @@ def step_to_json(step: Step, index: int) -> dict[str, Any]:
                 d["lora_id"] = r.lora_id
             if r.streaming:
                 d["streaming"] = True
+            if r.sampling is not None:  # written even when default: {} reads back as asked
+                d["sampling"] = r.sampling.to_json()
             reqs.append(d)
         out["new_requests"] = reqs
     if step.cached:
