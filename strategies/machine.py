@@ -49,11 +49,12 @@ from simrig.checks.lifecycle import (  # noqa: F401  (re-exported)
 from simrig.findings.findings import Finding
 from simrig.observe import OPTIONAL_STAGES, StepObs
 from simrig.step import CachedUpdate, RunnerConfig, Step
-from strategies._validate import check_choice
+from strategies._validate import check_choice, check_strategy
 from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import Plan, Row, SchedulerModel
 from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
+from strategies.sampling import request_sampling, within_max_tokens
 from strategies.steps import draw_large_plan, draw_plan, draw_small_plan, draw_stream_input
 
 MODES = ("valid", "adversarial")
@@ -69,6 +70,9 @@ class MachineSettings:
     extra_checks: Sequence[ExtraCheck] = ()
     violations: Sequence[str] = VIOLATIONS
     max_new_tokens: int = 8
+    # Each arriving request's sampling parameters (SamplingSpec or None: vLLM's defaults);
+    # a resumed request and a streaming update carry them again.
+    sampling: st.SearchStrategy[Any] = field(default_factory=request_sampling)
     # hook(machine, index, step, obs, findings) -> findings that fail the example;
     # default: every finding that is neither known nor a loud rejection.
     on_step: Callable[..., list[Finding]] | None = None
@@ -85,6 +89,7 @@ class MachineSettings:
 
     def validate(self) -> None:
         check_choice("mode", self.mode, MODES)
+        check_strategy("sampling", self.sampling)
         for v in self.violations:
             check_choice("violations", v, VIOLATIONS)
 
@@ -162,7 +167,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
             hit = prompt_len - 1  # P/D: every prompt token's KV but the last loaded remotely
         max_tokens = data.draw(st.integers(1, self.machine_settings.max_new_tokens), label="max_tokens")
         lora_id = data.draw(lora_ids(cfg.max_loras), label="lora_id") if cfg.max_loras else None
-        self.model.arrive(prompt_len, max_tokens, hit, lora_id)
+        spec = data.draw(self.machine_settings.sampling, label="sampling")
+        self.model.arrive(prompt_len, max_tokens, hit, lora_id, within_max_tokens(spec, max_tokens))
 
     @precondition(lambda self: self.model is not None and self.model.held())
     @rule(data=st.data())

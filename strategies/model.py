@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from simrig.sampling.params import SamplingSpec
 from simrig.step import SYNTH_VOCAB_SIZE, CachedUpdate, NewRequest, RunnerConfig, Step, block_groups, synth_token
 from strategies.blocks import BlockPool
 
@@ -81,6 +82,7 @@ class Request:
     token_ids: list[int] | None = None  # explicit prompt ids once a streaming input arrived
     turn: int = 0  # streaming inputs received
     sampled_at: int | None = None  # the step index at which it last sampled (PP's interval)
+    sampling: SamplingSpec | None = None  # its sampling parameters (sent with every new request)
 
     @property
     def prefilling(self) -> bool:
@@ -122,16 +124,23 @@ class SchedulerModel:
 
     # ------------------------------------------------------------ events
     def arrive(self, prompt_len: int, max_tokens: int, prefix_hit: int = 0,
-               lora_id: int | None = None) -> str:
+               lora_id: int | None = None, sampling: SamplingSpec | None = None) -> str:
         if not 1 <= prompt_len < self.config.max_model_len:  # room for one output token
             raise ValueError(f"prompt_len {prompt_len} outside 1..{self.config.max_model_len - 1}")
         if not 0 <= prefix_hit < prompt_len:
             raise ValueError(f"prefix_hit {prefix_hit} must leave a token to compute")
+        self._check_min_tokens(sampling, max_tokens)
         req_id = f"{self.id_prefix}{self._next_id}"
         self._next_id += 1
         self.reqs[req_id] = Request(req_id, prompt_len, max_tokens, num_tokens=prompt_len,
-                                    prefix_hit=prefix_hit, lora_id=lora_id)
+                                    prefix_hit=prefix_hit, lora_id=lora_id, sampling=sampling)
         return req_id
+
+    @staticmethod
+    def _check_min_tokens(sampling: SamplingSpec | None, max_tokens: int) -> None:
+        # SamplingParams: "min_tokens must be less than or equal to max_tokens"
+        if sampling is not None and sampling.min_tokens > max_tokens:
+            raise ValueError(f"min_tokens {sampling.min_tokens} exceeds max_tokens {max_tokens}")
 
     def abort(self, req_id: str) -> None:
         req = self.reqs[req_id]
@@ -165,6 +174,7 @@ class SchedulerModel:
         stops here (a request past its prefill only) and the input is taken at once."""
         req = self.reqs[req_id]
         assert req.state in (RUNNING, PAUSED) and req.queued_input is None and num_tokens >= 1
+        self._check_min_tokens(req.sampling, max_tokens)  # the session keeps its sampling parameters
         req.resumable, req.queued_input = True, (num_tokens, max_tokens)
         if req.state == RUNNING and stop_now and not req.prefilling:
             req.state = PAUSED
@@ -302,14 +312,16 @@ class SchedulerModel:
                     req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.prefix_hit,
                     max_tokens=req.max_tokens,
                     prefill_len=req.num_tokens if req.num_tokens > req.prompt_len else None,
-                    block_ids=block_ids, lora_id=req.lora_id, prompt_token_ids=req.token_ids))
+                    block_ids=block_ids, lora_id=req.lora_id, prompt_token_ids=req.token_ids,
+                    sampling=req.sampling))
             elif req.state == STREAMED:  # a streaming update: its live id, every block it holds
                 req.state = RUNNING
                 self.pool.grow(req.req_id, req.num_computed + row.num_tokens, req.num_computed)
                 step.new_requests.append(NewRequest(
                     req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.num_computed,
                     max_tokens=req.max_tokens, prompt_token_ids=list(req.token_ids or []) or None,
-                    block_ids=self.pool.blocks_of(req.req_id), lora_id=req.lora_id, streaming=True))
+                    block_ids=self.pool.blocks_of(req.req_id), lora_id=req.lora_id, streaming=True,
+                    sampling=req.sampling))
             else:
                 assert req.state == RUNNING, f"{row.req_id} is {req.state}"
                 new_blocks = self.pool.grow(req.req_id, req.num_computed + row.num_tokens,

@@ -4,6 +4,7 @@
     max_tokens  1 .. max_new_tokens       (output budget)
     prefix hit  0, block_size, 2*block_size … < prompt_len   (prefix cache)
     lora_id     None (base model) or 1 .. max_loras  (LoRA adapter)
+    sampling    None (vLLM's defaults) or a SamplingSpec  (strategies.sampling)
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from simrig.step import NewRequest
-from strategies._validate import check_bool, check_int
+from strategies._validate import check_bool, check_int, check_strategy
+from strategies.sampling import request_sampling, within_max_tokens
 
 
 def prompt_lengths(*, max_model_len: int = 256, min_len: int = 1) -> st.SearchStrategy[int]:
@@ -36,24 +38,30 @@ def prefix_cache_hits(prompt_len: int, *, block_size: int = 16) -> st.SearchStra
 
 @st.composite
 def _new_requests(draw, max_model_len: int, max_new_tokens: int, block_size: int,
-                  prefix_caching: bool, req_id: str | None) -> NewRequest:
+                  prefix_caching: bool, req_id: str | None, sampling: st.SearchStrategy) -> NewRequest:
     prompt_len = draw(prompt_lengths(max_model_len=max_model_len))
     hit = draw(prefix_cache_hits(prompt_len, block_size=block_size)) if prefix_caching else 0
     rid = req_id if req_id is not None else draw(request_ids())
-    return NewRequest(req_id=rid, prompt_len=prompt_len, num_computed_tokens=hit,
-                      max_tokens=draw(st.integers(1, max_new_tokens)))
+    max_tokens = draw(st.integers(1, max_new_tokens))
+    return NewRequest(req_id=rid, prompt_len=prompt_len, num_computed_tokens=hit, max_tokens=max_tokens,
+                      sampling=within_max_tokens(draw(sampling), max_tokens))
 
 
 def new_requests(*, max_model_len: int = 256, max_new_tokens: int = 16, block_size: int = 16,
-                 prefix_caching: bool = True, req_id: str | None = None) -> st.SearchStrategy[NewRequest]:
-    """A ``simrig.step.NewRequest`` as sent on first arrival (never a resume)."""
+                 prefix_caching: bool = True, req_id: str | None = None,
+                 sampling: st.SearchStrategy | None = None) -> st.SearchStrategy[NewRequest]:
+    """A ``simrig.step.NewRequest`` as sent on first arrival (never a resume). ``sampling``
+    draws its sampling parameters (default ``request_sampling()``: a spec about one time in
+    three, else None; ``st.none()``: always vLLM's defaults); a spec's ``min_tokens`` is
+    lowered to the request's ``max_tokens`` where it is above."""
     check_int("max_model_len", max_model_len, minimum=1)
     check_int("max_new_tokens", max_new_tokens, minimum=1)
     check_int("block_size", block_size, minimum=1)
     check_bool("prefix_caching", prefix_caching)
     if req_id is not None and (not isinstance(req_id, str) or not req_id):
         raise InvalidArgument(f"req_id={req_id!r} must be a non-empty string or None")
-    return _new_requests(max_model_len, max_new_tokens, block_size, prefix_caching, req_id)
+    sampling = request_sampling() if sampling is None else check_strategy("sampling", sampling)
+    return _new_requests(max_model_len, max_new_tokens, block_size, prefix_caching, req_id, sampling)
 
 
 def request_ids() -> st.SearchStrategy[str]:

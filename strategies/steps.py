@@ -23,12 +23,14 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from simrig.sampling.params import SamplingSpec
 from simrig.step import RunnerConfig, Step
 from strategies._validate import check_int
 from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
 from strategies.model import PAUSED, WAITING, Plan, Row, SchedulerModel
 from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
+from strategies.sampling import request_sampling, within_max_tokens
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -118,8 +120,11 @@ def draw_small_plan(draw: Draw, model: SchedulerModel) -> Plan | None:
     return Plan([Row(req.req_id, 1)])
 
 
-def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
-    """Between steps: maybe an arrival, abort, preemption, resume or streaming input."""
+def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int,
+               sampling: st.SearchStrategy[Any] | None = None) -> None:
+    """Between steps: maybe an arrival, abort, preemption, resume or streaming input. An
+    arrival carries a draw of ``sampling`` (default ``request_sampling()``), which every
+    later resend of the request (resume, streaming update) carries again."""
     cfg = model.config
     kind = draw(st.sampled_from(("none", "arrive", "abort", "preempt", "resume", "stream")))
     if kind == "arrive" or not model.reqs:
@@ -128,8 +133,9 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int) -> None:
         if cfg.num_speculative_tokens and prompt_len > 1 and draw(st.integers(0, 3)) == 0:
             hit = prompt_len - 1  # P/D: every prompt token's KV but the last loaded remotely
         max_tokens = draw(st.integers(1, max_new_tokens))
-        model.arrive(prompt_len, max_tokens, hit,
-                     draw(lora_ids(cfg.max_loras)) if cfg.max_loras else None)
+        lora_id = draw(lora_ids(cfg.max_loras)) if cfg.max_loras else None
+        spec = draw(request_sampling() if sampling is None else sampling)
+        model.arrive(prompt_len, max_tokens, hit, lora_id, within_max_tokens(spec, max_tokens))
     elif kind == "abort" and model.held():
         model.abort(draw(st.sampled_from([r.req_id for r in model.held()])))
     elif kind == "preempt" and model.preemptable():
@@ -151,6 +157,8 @@ def draw_stream_input(draw: Draw, model: SchedulerModel, max_new_tokens: int) ->
         return
     room = max(1, model.config.max_model_len // 4)
     num_tokens, max_tokens = draw(st.integers(1, room)), draw(st.integers(1, max_new_tokens))
+    if req.sampling is not None:  # the session's sampling parameters stay; its min_tokens fits each turn
+        max_tokens = max(max_tokens, req.sampling.min_tokens)
     # a running turn past its prefill may stop now (its last token a stop token)
     stop_now = req.state != PAUSED and not req.prefilling and draw(st.integers(0, 3)) > 0
     model.stream_input(req.req_id, num_tokens, max_tokens, stop_now)
@@ -158,14 +166,14 @@ def draw_stream_input(draw: Draw, model: SchedulerModel, max_new_tokens: int) ->
 
 @st.composite
 def _scheduler_steps(draw, config: st.SearchStrategy[RunnerConfig], min_steps: int,
-                     max_steps: int, max_new_tokens: int) -> list[Step]:
+                     max_steps: int, max_new_tokens: int, sampling: st.SearchStrategy[Any]) -> list[Step]:
     cfg = draw(config)
     model = SchedulerModel(cfg)
     target = draw(st.integers(min_steps, max_steps))
     attempts = 0
     while len(model.steps) < target and attempts < 4 * max_steps + 8:
         attempts += 1
-        draw_event(draw, model, max_new_tokens)
+        draw_event(draw, model, max_new_tokens, sampling)
         plan = draw_plan(draw, model)
         if plan is not None:
             model.build_step(plan)
@@ -173,35 +181,45 @@ def _scheduler_steps(draw, config: st.SearchStrategy[RunnerConfig], min_steps: i
 
 
 def scheduler_steps(*, config: st.SearchStrategy[RunnerConfig] | None = None, min_steps: int = 1,
-                    max_steps: int = 10, max_new_tokens: int = 16) -> st.SearchStrategy[list[Step]]:
+                    max_steps: int = 10, max_new_tokens: int = 16,
+                    sampling: st.SearchStrategy[SamplingSpec | None] | None = None
+                    ) -> st.SearchStrategy[list[Step]]:
     """Lists of ``simrig.step.Step`` a correct scheduler could send, in order.
 
     ``config`` is a strategy for the runner config the steps are valid under
     (default ``runner_configs()``); draw it with ``st.shared`` to obtain the
-    config a given list was made for, or use ``scheduled_runs()``.
+    config a given list was made for, or use ``scheduled_runs()``. ``sampling`` draws
+    each arriving request's sampling parameters (default ``request_sampling()``: a spec
+    for about a third of them; ``st.none()``: vLLM's defaults for all); a spec's
+    ``min_tokens`` is lowered to the request's ``max_tokens`` where it is above.
     """
     from strategies._validate import check_strategy
 
     config = runner_configs() if config is None else check_strategy("config", config)
+    sampling = request_sampling() if sampling is None else check_strategy("sampling", sampling)
     check_int("min_steps", min_steps, minimum=0)
     check_int("max_steps", max_steps, minimum=max(min_steps, 1))
     check_int("max_new_tokens", max_new_tokens, minimum=1)
-    return _scheduler_steps(config, min_steps, max_steps, max_new_tokens)
+    return _scheduler_steps(config, min_steps, max_steps, max_new_tokens, sampling)
 
 
 def scheduled_runs(*, config: st.SearchStrategy[RunnerConfig] | None = None, min_steps: int = 1,
-                   max_steps: int = 10, max_new_tokens: int = 16
+                   max_steps: int = 10, max_new_tokens: int = 16,
+                   sampling: st.SearchStrategy[SamplingSpec | None] | None = None
                    ) -> st.SearchStrategy[tuple[RunnerConfig, list[Step]]]:
-    """``(config, steps)`` pairs: the steps are valid under that config."""
+    """``(config, steps)`` pairs: the steps are valid under that config (``sampling``
+    as in ``scheduler_steps``)."""
     from strategies._validate import check_strategy
 
     config = runner_configs() if config is None else check_strategy("config", config)
+    if sampling is not None:
+        check_strategy("sampling", sampling)
 
     @st.composite
     def build(draw) -> tuple[RunnerConfig, list[Step]]:
         cfg = draw(config)
-        return cfg, draw(scheduler_steps(config=st.just(cfg), min_steps=min_steps,
-                                         max_steps=max_steps, max_new_tokens=max_new_tokens))
+        return cfg, draw(scheduler_steps(config=st.just(cfg), min_steps=min_steps, max_steps=max_steps,
+                                         max_new_tokens=max_new_tokens, sampling=sampling))
 
     return build()
 
