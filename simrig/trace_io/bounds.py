@@ -39,7 +39,8 @@ def max_line_bytes(config: RunnerConfig) -> int:
     """The longest step line a trace of ``config`` may hold: every request slot
     sent as new at once, each with max_model_len explicit token ids and a full
     block-table row (12 bytes a number, ``2147483647,`` and a space), plus room
-    for ids and maps."""
+    for ids, maps and the requests' ``sampling`` objects (their lists are held to the
+    MRV2 sampler's own limits, a few tens of KB at most, by ``simrig.sampling.params``)."""
     per_request = (config.max_model_len + _row_blocks(config)) * 12 + (4 << 10)
     return (1 << 20) + config.max_num_reqs * per_request
 
