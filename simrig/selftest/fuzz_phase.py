@@ -3,8 +3,8 @@ finding class the unmutated code does not produce.
 
 Valid mode first (most seeded bugs break valid batches), then adversarial
 (bugs that only show on contract-violating input, such as a lookup that no
-longer raises for an unknown id). After a detection the campaign keeps
-running for ``SHRINK_S`` so Hypothesis can shrink the failing example.
+longer raises for an unknown id). After a detection the campaign runs on
+until Hypothesis has shrunk the failing example (at most ``SHRINK_S``), then stops.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ class _UntilNew(Campaign):
                     self.detected_examples = self.stats.examples + 1
                     break
         return failing
+
+    def _explore_more(self) -> bool:
+        # a detection ends the campaign once the Hypothesis run that met it has ended: that
+        # run shrank the example, and more exploring cannot change the verdict
+        return self.detected_at is None and super()._explore_more()
 
     def stopped(self) -> bool:
         if self.detected_at is not None and self._elapsed() >= self.detected_at + self.shrink_s:
