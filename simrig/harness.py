@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from simrig import observe as obs
 from simrig.vllm_runtime import platform
 from simrig.adapters import pp_peer, sampling
@@ -21,6 +23,7 @@ from simrig.adapters.reuse import RunnerState
 from simrig.adapters.runner import VllmApi, load
 from simrig.dummy_paths import DummyRuns
 from simrig.findings.findings import Finding, rig_error
+from simrig.sampling.logits import spread_logits, spreads
 from simrig.stage_probes import Probes, StopStep, observe_dcp_local_seq_lens, record_unclaimed
 from simrig.step import RunnerConfig, Step
 from simrig.step_context import StepContext
@@ -89,6 +92,7 @@ class Harness:
         # and the runner pool never resets such a runner for another example
         self.raised_at: int | None = None
         self.ctx = StepContext()
+        self.spread_ids: set[str] = set()  # requests whose logit rows are spread (_learn_spread)
         self.probes = Probes(self.ctx, self.api, self.runner, stages, len(self.pcp_managers))
         self.dummies = DummyRuns(self.ctx, self.runner, stages)
         # reuse (simrig.runners): the state after start-up, kept when asked for
@@ -118,6 +122,7 @@ class Harness:
             # the drafts the last rank proposes are what the other PP ranks embed: K, as
             # vLLM's Scheduler sets it ("num_spec_tokens_to_schedule = self.num_spec_tokens")
             so.num_spec_tokens_to_schedule = self.config.num_speculative_tokens
+        self._learn_spread(step)
         ctx = self.ctx
         ctx.begin(step, result)
         start = time.perf_counter()
@@ -196,6 +201,7 @@ class Harness:
         if not dirty:
             self.num_steps = 0
             self.raised_at = None
+            self.spread_ids.clear()
             self.ctx.begin(None, None)
             self._report_startup = True
         return dirty
@@ -246,6 +252,12 @@ class Harness:
         scheduler are observed."""
         record = self.ctx.open(obs.POSTPROCESS)
         self.runner.model.target_tokens = sampling.target_tokens(batch)
+        rows = self._spread_rows(batch)
+        self.runner.model.spread_rows = {row: spread_logits(req_id, pos, self.runner.vocab_size)
+                                         for row, (req_id, pos) in rows.items()}
+        switch = self.runner.sampler
+        if hasattr(switch, "use_real"):  # vllm_sampling.switch.SamplerSwitch
+            switch.use_real = bool(rows)
         start = time.perf_counter()
         try:
             with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)), \
@@ -258,13 +270,41 @@ class Harness:
             return
         finally:
             record.duration_s = time.perf_counter() - start
-            self.runner.model.target_tokens = None
+            self.runner.model.target_tokens = self.runner.model.spread_rows = None
+            if rows and hasattr(switch, "take_rows"):
+                result.sampled = {"rows": [(row, req_id, pos) for row, (req_id, pos) in rows.items()],
+                                  "calls": switch.take_rows()}
         if output is not None and getattr(output, "sampled_token_ids", None) is not None:
             record.fields["output.req_ids"] = obs.observe_value(list(output.req_ids))
             record.fields["output.num_sampled_tokens"] = obs.observe_value(
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
+
+    def _learn_spread(self, step: Step) -> None:
+        """Which held requests state sampling parameters (their rows are spread)."""
+        self.spread_ids.difference_update((*step.finished, *step.preempted))
+        for req in step.new_requests:
+            if spreads(req.sampling, self.config.num_speculative_tokens):
+                self.spread_ids.add(req.req_id)
+            else:
+                self.spread_ids.discard(req.req_id)
+
+    def _spread_rows(self, batch: Any) -> dict[int, Any]:
+        """The logit rows of requests with sampling parameters: row -> (request, position),
+        their logits set by the model stand-in (``simrig.sampling.logits``)."""
+        if not self.spread_ids:
+            return {}
+        n = batch.num_reqs
+        num_logits = np.diff(batch.cu_num_logits_np[: n + 1])
+        seq_lens = batch.seq_lens[:n].cpu().numpy()
+        rows, row = {}, 0
+        for i, req_id in enumerate(batch.req_ids):
+            k = int(num_logits[i])
+            if req_id in self.spread_ids:
+                rows.update({row + j: (req_id, int(seq_lens[i]) - k + j) for j in range(k)})
+            row += k
+        return rows
 
     def _pp_in_step(self) -> bool:
         """The non-last PP rank steps with this one until vLLM raised here: after that

@@ -20,12 +20,13 @@ FLOORS: tuple[set[str], ...] = (
      "layout"},                                        # these floors
     {"triton_interpreter", "triton_memcheck"},         # where the kernels run on a CPU; their checker
     {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it
-    {"vllm_parts"},                                    # vLLM's own parts made from a trace config
+    {"vllm_parts", "vllm_sampling"},                   # vLLM's own parts made from a trace config;
+                                                       # its sampler driven with each request's params
     {"adapters", "step_context"},                      # the model-less runner; the step in flight
     {"trace_io", "findings", "ledger", "coverage", "dummy_paths", "stage_probes", "bench"},
     {"sources", "reference", "views"},                 # producers of traces; the reference model; page parts
     {"partition", "harness", "report"},                # PCP layout; stepping one runner; reports
-    {"graph_rules", "history", "runners"},             # cudagraph rules; the history; the runner pool
+    {"graph_rules", "history", "runners", "sampling_checks"},             # cudagraph rules; the history; the runner pool
     {"checks"},                                        # the Checker: every check behind one object
     {"replay"},                                        # the one replay loop
     {"campaign", "releases"},                          # fuzz campaigns; two vLLMs side by side

@@ -89,6 +89,9 @@ class StepObs:
     # not exception-safe (a call may stop half-way, e.g. block ids staged and never
     # applied), so a step after it runs on a runner in an unknown state.
     after_exception: int | None = None
+    # What vLLM's own sampler computed on a batch with sampling parameters: the logit rows'
+    # request ids and positions, and its SampledRows (simrig/vllm_sampling/switch.py)
+    sampled: Any = None
 
     def get(self, stage: str, rank: int | None = None) -> StageObs | None:
         for obs in self.stages:

@@ -16,9 +16,9 @@ from simrig.layout import FLOORS, MAX_MODULE_LINES, MAX_ROOM_LINES
 ROOT = Path(__file__).resolve().parents[1]
 SIMRIG = ROOT / "simrig"
 # The rooms of the vLLM adapter: the only code that imports vllm.
-VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "adapters")
+VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "vllm_sampling", "adapters")
 # The rooms of the oracle: what the real code's observations must satisfy.
-ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "checks")
+ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "sampling_checks", "checks")
 SUBPACKAGES = ("sampling", "trace_io", "sources", "triton_interpreter", "triton_memcheck", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
                "views", "selftest", "cli", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")

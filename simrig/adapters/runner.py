@@ -24,6 +24,7 @@ from simrig.vllm_api.entry_points import ENTRY_POINTS, EntryPoint, VllmApiError,
 from simrig.vllm_parts import cudagraph, lora
 from simrig.vllm_parts.vllm_config import vllm_config_for
 from simrig.vllm_runtime import platform
+from simrig.vllm_sampling.sampling_params import sampling_params
 
 
 def _vllm_version() -> str:
@@ -132,7 +133,7 @@ class VllmApi:
                 req_id=req.req_id,
                 prompt_token_ids=all_ids[: req.prompt_len],
                 mm_features=[],
-                sampling_params=self.SamplingParams(max_tokens=req.max_tokens),
+                sampling_params=sampling_params(self.SamplingParams, req.sampling, req.max_tokens),
                 pooling_params=None,
                 block_ids=tuple(block_groups(req.block_ids, groups)),
                 num_computed_tokens=req.num_computed_tokens,

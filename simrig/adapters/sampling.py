@@ -12,13 +12,13 @@ See docs/standins.md, 'Sampling stand-ins and the token rule'.
 from __future__ import annotations
 
 import copy
-import inspect
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from simrig.step import Step, draft_token, rejected_from, synth_token
+from simrig.vllm_sampling.switch import build_sampler
 
 
 def write_drafts(api: Any, runner: Any, step: Step) -> None:
@@ -54,9 +54,10 @@ def target_tokens(batch: Any) -> np.ndarray:
 
 
 def trace_logits(torch: Any, tokens: np.ndarray | None, vocab_size: int, num_rows: int,
-                 device: Any) -> Any:
-    """Logits whose only finite entry in row j is ``tokens[j]`` (0 there);
-    with no tokens (a dummy or profile run's sampler warm-up), all zeros."""
+                 device: Any, spread: dict[int, np.ndarray] | None = None) -> Any:
+    """Logits whose only finite entry in row j is ``tokens[j]`` (0 there), but for the
+    rows of ``spread`` (``simrig.sampling.logits``); with no tokens (a dummy or profile
+    run's sampler warm-up), all zeros."""
     if tokens is None:
         return torch.zeros((num_rows, vocab_size), device=device)
     if num_rows != len(tokens):
@@ -65,6 +66,8 @@ def trace_logits(torch: Any, tokens: np.ndarray | None, vocab_size: int, num_row
     logits = torch.full((num_rows, vocab_size), float("-inf"), device=device)
     if num_rows:
         logits[torch.arange(num_rows), torch.from_numpy(tokens).to(device)] = 0.0
+    for row, values in (spread or {}).items():
+        logits[row] = torch.from_numpy(values).to(device)
     return logits
 
 
@@ -148,14 +151,9 @@ def vllm_samplers(runner: Any, method: str) -> tuple[Any, Any]:
     trace's: a draft is kept iff it is the row's token, and any token sampled
     from a row is that row's token, at any temperature."""
     # lazy: vllm loads after platform.configure() sets its env
-    from vllm.v1.worker.gpu.sample.sampler import Sampler
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
-    wanted = {"vllm_config": runner.vllm_config, "max_num_reqs": runner.max_num_reqs,
-              "vocab_size": runner.vocab_size, "device": runner.device, "req_states": runner.req_states,
-              "num_speculative_tokens": runner.decode_query_len}
-    params = inspect.signature(Sampler).parameters
-    sampler = Sampler(**{k: v for k, v in wanted.items() if k in params})
+    sampler = build_sampler(runner)
     # the VllmConfig is shared between runners (vllm_parts.vllm_config): the method is set on a copy
     spec_config = copy.copy(runner.vllm_config.speculative_config)
     spec_config.rejection_sample_method = method

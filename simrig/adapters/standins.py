@@ -32,6 +32,7 @@ class ModelStandIn:
         # the trace's token for each logit row of the batch being sampled
         # (set by the harness before sample_tokens) # [num_logits]
         self.target_tokens: Any = None
+        self.spread_rows: dict[int, Any] | None = None  # row -> its spread logits, same time
 
     def modules(self) -> list[Any]:
         """A torch-compiled model, as PIECEWISE graphs require
@@ -56,7 +57,7 @@ class ModelStandIn:
         from simrig.adapters.sampling import trace_logits
 
         return trace_logits(self._torch, self.target_tokens, self.vocab_size,
-                            hidden_states.shape[0], self._device)
+                            hidden_states.shape[0], self._device, self.spread_rows)
 
 
 class FullGraphReplay:

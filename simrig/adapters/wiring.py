@@ -20,6 +20,7 @@ from simrig.adapters import sampling, standins
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
 from simrig.vllm_parts import lora
 from simrig.vllm_runtime import platform
+from simrig.vllm_sampling import switch
 
 
 def layer_names(group: int) -> list[str]:
@@ -217,6 +218,8 @@ def _equip_sampling(runner: Any, config: RunnerConfig, device: Any) -> None:
     runner.rejection_sampler = sampling.GreedyVerifier(runner, config.decode_query_len) if spec else None
     if spec and config.rejection_sampler:
         runner.sampler, runner.rejection_sampler = sampling.vllm_samplers(runner, config.rejection_sampler)
+    elif not spec and switch.sampler_runs_here():
+        runner.sampler = switch.SamplerSwitch(switch.build_sampler(runner), runner.sampler)
     runner.speculator = sampling.DrafterStandIn(runner) if spec else None
     runner.batch_sharder = None
     runner.structured_outputs_worker = None

@@ -1,10 +1,9 @@
 """All replay checks behind one object.
 
-``Checker.check(index, step, observation)`` returns the findings of one step. A Checker is
-stateful: it follows the request lifecycle, the reference model and the dtypes seen so far
-across the steps of one trace. Findings matching the committed known findings of the
-installed vLLM are marked ``known=True``. Each check, its module and what it judges: the
-table at the top of docs/oracle.md.
+``Checker.check(index, step, observation)`` returns one step's findings. Stateful: it follows
+the lifecycle, the reference model and the dtypes seen across one trace's steps. Findings
+matching the installed vLLM's known findings are marked ``known=True``. Each check, its
+module and what it judges: the table at the top of docs/oracle.md.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from simrig.graph_rules.padding import descriptor, sizes_in_force
 from simrig.graph_rules.ubatch_split import check_ubatches
 from simrig.observe import CAPTURE, CAPTURE_SIZES, DUMMY, GATHER, LIFECYCLE, PARTITION, PREPARE, PROFILE
 from simrig.observe import StepObs
+from simrig.sampling_checks.oracle import SamplingOracle
 from simrig.partition.pcp import check_dcp_peers, check_pcp
 from simrig.reference.blocks import BlockTracker, check_attn_blocks
 from simrig.reference.contract import DriftTracker, check_contract
@@ -66,6 +66,7 @@ class Checker:
         self.known = known if known is not None else load_known_findings(installed_vllm_version())
         self.lifecycle = SchedulerContract(config, adversarial=adversarial)
         self.reference = ReferenceModel(config)
+        self.sampling = SamplingOracle(config)  # what vLLM's sampler made of each request's parameters
         self.blocks = BlockTracker(config.num_kv_groups)
         self.adapters = AdapterTracker()  # each live request's LoRA adapter
         self.pipeline = PipelineTracker(config)  # the non-last PP rank (pp_size > 1)
@@ -86,8 +87,7 @@ class Checker:
                         "pp_size": config.pp_size}
 
     def check(self, index: int, step: Step, observation: StepObs) -> list[Finding]:
-        """Every check on one step. A check that raises becomes one ``rig_error``
-        finding (with its traceback); the other checks still run."""
+        """Every check on one step; one that raises is a ``rig_error`` finding, the rest still run."""
         findings: list[Finding] = []
         life = None
         with self._rig_errors(findings, index, "scheduler_contract"):
@@ -135,8 +135,11 @@ class Checker:
         undefined = (touched or set()) | self.broken
         findings.extend(f for f in piped if f.kind == fk.CONTRACT_VIOLATION_INPUT
                         or not set(f.req_ids) & undefined)
+        with self._rig_errors(findings, index, "sampling"):
+            findings.extend(f for f in self.sampling.check(index, step, observation)
+                            if not set(f.req_ids) & undefined)
         with self._rig_errors(findings, index, "reference"):
-            self.reference.advance(step)
+            self.reference.advance(step, observation)
         failed = False  # a malformed observation (a rig bug) leaves nothing set aside
         with self._rig_errors(findings, index, "runner_state"):
             failed = life is not None and not life.violations and observation.step_failed()

@@ -89,15 +89,15 @@ def check_model_fields(index: int, config: RunnerConfig, step: Step, obs: StepOb
                                                    "prompt's end samples nothing; otherwise 1 + drafts "
                                                    "- rejected are sampled"))
         first = pred.num_computed + pred.num_scheduled - pred.num_drafts  # the first position sampled
-        out.extend(_runner_output(index, post, rows, sampled, skip, first))
+        out.extend(_runner_output(index, post, rows, sampled, skip, first, pred.spread))
     for f in out:
         if f.check == "reference":
             f.check = "fields"
     return out
 
 
-def _runner_output(index: int, post: Any, rows: list[str], sampled: np.ndarray,
-                   skip: frozenset[str], first: np.ndarray | None = None) -> list[Finding]:
+def _runner_output(index: int, post: Any, rows: list[str], sampled: np.ndarray, skip: frozenset[str],
+                   first: np.ndarray | None = None, spread: frozenset[str] = frozenset()) -> list[Finding]:
     """What sample_tokens hands the scheduler (``ModelRunnerOutput``): one entry
     per request of the batch, in batch order ("req_ids" with "req_id_to_index"
     as its inverse), each holding exactly the tokens sampled for it: the
@@ -125,7 +125,7 @@ def _runner_output(index: int, post: Any, rows: list[str], sampled: np.ndarray,
             return out
     tokens = post.fields.get("output.sampled_token_ids")
     if tokens is not None and tokens.kind == "list" and first is not None:
-        bad = [r for i, r in enumerate(rows) if r not in skip and list(tokens.values[i]) !=
+        bad = [r for i, r in enumerate(rows) if r not in skip | spread and list(tokens.values[i]) !=
                [synth_token(r, int(first[i]) + j) for j in range(int(sampled[i]))]]
         if bad:
             out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="fields",

@@ -20,7 +20,8 @@ from simrig.findings import findings as fk
 from simrig.reference.descriptor import descriptor, padded_counts
 from simrig.reference.comparer import Comparer, short
 from simrig.findings.findings import Finding, guarded
-from simrig.observe import GATHER, PREPARE, StageObs, StepObs
+from simrig.observe import GATHER, POSTPROCESS, PREPARE, StageObs, StepObs
+from simrig.sampling.logits import spreads
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 @dataclass
@@ -28,6 +29,10 @@ class RequestModel:
     prefill_ids: list[int]  # [prefill_len] tokens handed to the runner
     num_computed: int
     slot: int | None = None  # learnt from the first observation
+    # Rows spread by its sampling parameters (simrig.sampling.logits): its outputs are the
+    # sampler's, learnt from what the runner handed the scheduler (position -> token)
+    spread: bool = False
+    given: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,6 +49,7 @@ class BatchPrediction:
     cu_num_logits: np.ndarray  # [num_reqs + 1]
     logits_indices: np.ndarray  # [total_num_logits]
     token_req: list[str] = field(default_factory=list)  # [num_tokens] owner of each token
+    spread: frozenset[str] = frozenset()  # requests whose sampled tokens are the sampler's
 
     @property
     def is_prefilling(self) -> np.ndarray:
@@ -109,16 +115,22 @@ class ReferenceModel:
         for req_id in (*step.finished, *step.preempted):
             self.reqs.pop(req_id, None)
         for req in step.new_requests:
-            self.reqs[req.req_id] = RequestModel(req.prefill_token_ids(), req.num_computed_tokens)
+            self.reqs[req.req_id] = RequestModel(req.prefill_token_ids(), req.num_computed_tokens,
+                                                 spread=spreads(req.sampling, self.config.num_speculative_tokens))
         for upd in step.cached:
             if upd.req_id in self.reqs:
                 self.reqs[upd.req_id].num_computed = upd.num_computed_tokens
 
-    def advance(self, step: Step) -> None:
-        """After the step: accepted tokens become computed (drafts may be rejected)."""
+    def advance(self, step: Step, obs: StepObs | None = None) -> None:
+        """After the step: accepted tokens become computed (drafts may be rejected); a
+        spread request's sampled token is learnt from the runner's output to the scheduler."""
+        given = _handed_to_scheduler(obs) if obs is not None else {}
         for req_id in step.num_scheduled_tokens:
             req = self.reqs.get(req_id)
             if req is not None:
+                if req.spread:  # the token sampled after its last scheduled position
+                    first = req.num_computed + step.num_scheduled_tokens[req_id]
+                    req.given.update((first + j, int(t)) for j, t in enumerate(given.get(req_id, ())))
                 req.num_computed += step.num_accepted(req_id)
 
     # ----------------------------------------------------------- prediction
@@ -143,7 +155,8 @@ class ReferenceModel:
                 if p >= first_draft:
                     input_ids.append(draft_token(req_id, p, p - first_draft >= first_rejected))
                 else:
-                    input_ids.append(ids[p] if p < len(ids) else synth_token(req_id, p))
+                    input_ids.append(ids[p] if p < len(ids) else
+                                     self.reqs[req_id].given.get(p, synth_token(req_id, p)))
                 token_req.append(req_id)
             logits.extend(range(int(qsl[i + 1] - 1 - k[i]), int(qsl[i + 1])))
         return BatchPrediction(
@@ -151,7 +164,8 @@ class ReferenceModel:
             query_start_loc=qsl, seq_lens=nc + q, positions=np.array(positions, dtype=np.int64),
             input_ids=np.array(input_ids, dtype=np.int64),
             cu_num_logits=np.concatenate([[0], np.cumsum(1 + k)]),
-            logits_indices=np.array(logits, dtype=np.int64), token_req=token_req)
+            logits_indices=np.array(logits, dtype=np.int64), token_req=token_req,
+            spread=frozenset(r for r in order if self.reqs[r].spread))
 
     # ----------------------------------------------------------- comparison
     def global_batch(self, step: Step, order: list[str] | None) -> GlobalBatch | None:
@@ -285,3 +299,14 @@ class ReferenceModel:
                         f"slot {slot} already held by live request {owner[slot]}")
             model.slot = slot
         return out
+
+
+def _handed_to_scheduler(obs: StepObs) -> dict[str, list]:
+    """The tokens sample_tokens handed the scheduler, per request (none if it failed)."""
+    post = obs.get(POSTPROCESS)
+    if post is None or post.error is not None:
+        return {}
+    ids, tokens = post.fields.get("output.req_ids"), post.fields.get("output.sampled_token_ids")
+    if ids is None or tokens is None or ids.kind != "list" or tokens.kind != "list":
+        return {}
+    return {str(r): list(t) for r, t in zip(ids.values, tokens.values)}

@@ -1,0 +1,43 @@
+"""The logits a sampled request's rows carry, named by the trace alone.
+
+A request that states sampling parameters (a ``SamplingSpec`` asking for anything) gets,
+on each logit row, a finite value for every token of the vocabulary: a pseudo-random
+row fixed by the request id and the row's position, so that temperature, top-k, top-p,
+min-p, penalties, logit bias, bad words and min-tokens each change what vLLM's sampler
+computes, and the reference (``simrig.sampling.processing``) can compute the same row
+without asking the runner. Every other request keeps the one-hot rows of the token rule
+(``simrig.step.synth_token``), so traces without ``sampling`` objects replay unchanged.
+
+    row of request r ending at position p:   spread_logits(r, p)   # [vocab_size]
+    values: SPREAD_SCALE * N(0, 1), seeded by crc32("r:p")
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from simrig.sampling.params import SamplingSpec
+
+# Standard deviation of a spread row: a softmax of N(0, 2.5^2) over 4,096 tokens puts
+# about half its mass on its top few dozen tokens, so top-k and top-p both cut somewhere
+# meaningful, and every token stays finite (a penalty or bias always shows).
+SPREAD_SCALE = 2.5
+
+
+def spread_logits(req_id: str, position: int, vocab_size: int) -> np.ndarray:
+    """The logit row of ``req_id`` ending at sequence position ``position``. # [vocab_size]"""
+    seed = zlib.crc32(f"{req_id}:{position}".encode())
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(vocab_size, dtype=np.float32) * np.float32(SPREAD_SCALE))
+
+
+def spreads(spec: SamplingSpec | None, num_speculative_tokens: int) -> bool:
+    """Whether a request's rows carry spread logits (and its tokens come from the sampler).
+
+    Only a request whose spec asks for something, and only without speculative decoding:
+    a draft is kept or rejected as the trace says, which needs the one-hot rows (a spread
+    row would make acceptance the sampler's choice).
+    """
+    return spec is not None and not spec.is_default and num_speculative_tokens == 0

@@ -1,0 +1,142 @@
+"""``SamplingOracle``: every sampled row of a request with sampling parameters, judged.
+
+It follows each such request (``simrig.sampling.logits.spreads``): spec, prompt and the
+tokens it was given (the runner's output to the scheduler). Per step, for each row that
+samples (its last scheduled position, prompt done; the position from the trace):
+
+    processed logits   == processing.expected_row(spec, spread_logits(req, pos), prompt,
+                          outputs): the same support (but tokens on a cut) and values
+    sampled token      inside that support; greedy: the row's largest value
+    token handed out   == the token sampled for that row
+
+A row reading another request's parameters or a stale history shows in its processed logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding
+from simrig.observe import POSTPROCESS, StepObs
+from simrig.sampling.logits import spread_logits, spreads
+from simrig.sampling.params import SamplingSpec
+from simrig.sampling.processing import expected_row
+from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
+
+ATOL, RTOL = 1e-3, 1e-4  # float32 kernels against the float64 reference
+
+
+@dataclass
+class _Request:
+    spec: SamplingSpec
+    prompt: list[int]
+    outputs: list[int] = field(default_factory=list)
+    prefill_len: int = 0
+
+
+class SamplingOracle:
+    """What vLLM's sampler computed for requests with parameters, step by step."""
+
+    def __init__(self, config: RunnerConfig, vocab_size: int = SYNTH_VOCAB_SIZE) -> None:
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.vocab_size = vocab_size
+        self.reqs: dict[str, _Request] = {}
+
+    def check(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
+        """This step's findings; then what the requests were given is learnt."""
+        for req_id in (*step.finished, *step.preempted):
+            self.reqs.pop(req_id, None)
+        for req in step.new_requests:
+            self.reqs.pop(req.req_id, None)
+            if spreads(req.sampling, self.num_speculative_tokens):
+                ids = req.prefill_token_ids()
+                self.reqs[req.req_id] = _Request(req.sampling, ids[: req.prompt_len], ids[req.prompt_len:],
+                                                 len(ids))
+        computed = {c.req_id: c.num_computed_tokens for c in step.cached}
+        computed.update((r.req_id, r.num_computed_tokens) for r in step.new_requests)
+        sampling = {r: computed[r] + n - 1 for r, n in step.num_scheduled_tokens.items()
+                    if r in self.reqs and r in computed and computed[r] + n >= self.reqs[r].prefill_len}
+        if not sampling or obs.step_failed():
+            return []
+        handed = _handed_to_scheduler(obs)
+        out = self._judge(index, obs, sampling, handed)
+        for req_id in sampling:
+            self.reqs[req_id].outputs.extend(int(t) for t in handed.get(req_id, ()))
+        return out
+
+    def _judge(self, index: int, obs: StepObs, sampling: dict[str, int], handed: dict[str, list]) -> list[Finding]:
+        seen = obs.sampled
+        if seen is None or not seen["calls"]:
+            return []
+        call = seen["calls"][-1]
+        out: list[Finding] = []
+        for row, req_id, _ in seen["rows"]:
+            pos = sampling.get(req_id)
+            if pos is None or row >= len(call.sampled):
+                continue
+            req = self.reqs[req_id]
+            want = expected_row(req.spec, spread_logits(req_id, pos, self.vocab_size), req.prompt, req.outputs)
+            got = call.processed[row].astype(np.float64)
+            problem = _row_problem(want, got)
+            if problem:
+                out.append(_finding(index, req_id, "sampler.processed_logits", problem,
+                                    f"the row sampled after position {pos} under {_families(req.spec)}"))
+            token = int(call.sampled[row])
+            allowed = np.isfinite(want.values) | want.uncertain
+            best = np.max(want.values)
+            if not (0 <= token < len(allowed)) or not allowed[token] or (
+                    want.greedy and want.values[token] < best - ATOL - RTOL * abs(best)):
+                out.append(_finding(index, req_id, "sampler.sampled_token",
+                                    f"expected a token of the row's support ({int(allowed.sum())} tokens"
+                                    f"{', its argmax' if want.greedy else ''}), got {token}",
+                                    "the sampled token lies inside its row's support"))
+            elif req_id in handed and list(handed[req_id])[:1] != [token]:
+                out.append(_finding(index, req_id, "output.sampled_token_ids",
+                                    f"expected [{token}], got {list(handed[req_id])}",
+                                    "the token handed to the scheduler is the one sampled for the request"))
+        return out
+
+
+def _row_problem(want: Any, got: np.ndarray) -> str:
+    """How the observed row differs from the expected one ('' when it does not)."""
+    fin_want, fin_got = np.isfinite(want.values), np.isfinite(got)
+    support = (fin_want != fin_got) & ~want.uncertain
+    if support.any():
+        t = int(np.flatnonzero(support)[0])
+        return (f"support: expected {int(fin_want.sum())} tokens, got {int(fin_got.sum())} "
+                f"(token {t}: expected {want.values[t]:.4g}, got {got[t]:.4g})")
+    both = fin_want & fin_got
+    diff = np.abs(got[both] - want.values[both]) > ATOL + RTOL * np.abs(want.values[both])
+    if diff.any():
+        t = int(np.flatnonzero(both)[np.flatnonzero(diff)[0]])
+        return f"value: token {t} expected {want.values[t]:.6g}, got {got[t]:.6g}"
+    return ""
+
+
+def _families(spec: SamplingSpec) -> str:
+    default = SamplingSpec()
+    names = [f for f in ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                         "repetition_penalty", "logit_bias", "bad_words", "min_tokens")
+             if getattr(spec, f) != getattr(default, f)]
+    return ", ".join(names) or "its parameters"
+
+
+def _finding(index: int, req_id: str, field_name: str, detail: str, message: str) -> Finding:
+    expected, _, actual = detail.partition(", got ")
+    return Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="sampling",
+                   req_ids=(req_id,), field=field_name, expected=expected, actual=actual,
+                   message=f"{message}: {detail}")
+
+
+def _handed_to_scheduler(obs: StepObs) -> dict[str, list]:
+    post = obs.get(POSTPROCESS)
+    if post is None or post.error is not None:
+        return {}
+    ids, tokens = post.fields.get("output.req_ids"), post.fields.get("output.sampled_token_ids")
+    if ids is None or tokens is None or ids.kind != "list" or tokens.kind != "list":
+        return {}
+    return {str(r): list(t) for r, t in zip(ids.values, tokens.values)}

@@ -1,0 +1,91 @@
+"""vLLM's own sampler, driven with each request's sampling parameters, judged per request:
+a clean replay of every parameter family, and faults seeded in vLLM's sampling state
+(a parameter read from another slot, penalty counts lost) found by the sampling oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simrig.replay import replay_problems
+from simrig.sampling.params import SamplingSpec
+from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
+from simrig.trace_io.trace import TraceHeader
+
+pytestmark = pytest.mark.vllm
+
+CONFIG = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=128, max_model_len=128)
+SPECS = {
+    "plain": None,
+    "hot": SamplingSpec(temperature=0.7, top_k=20),
+    "nucleus": SamplingSpec(top_p=0.5, presence_penalty=1.0, frequency_penalty=0.5),
+    "greedy": SamplingSpec(temperature=0.0, repetition_penalty=1.5, logit_bias=((7, 5.0),)),
+    "minp": SamplingSpec(min_p=0.2, bad_words=((5,), (9, 10))),
+    "late": SamplingSpec(min_tokens=3, stop_token_ids=(1, 2, 3), temperature=1.3),
+}
+
+
+def steps(num_decodes: int = 4) -> list[Step]:
+    ids = list(SPECS)
+    out = [Step(new_requests=[NewRequest(r, prompt_len=12, sampling=SPECS[r], block_ids=[i])
+                              for i, r in enumerate(ids)],
+                num_scheduled_tokens={r: 12 for r in ids})]
+    out += [Step(cached=[CachedUpdate(r, 12 + s) for r in ids], num_scheduled_tokens={r: 1 for r in ids})
+            for s in range(num_decodes)]
+    return out
+
+
+def test_every_parameter_family_replays_clean_through_vllms_sampler(vllm_api):
+    assert replay_problems(TraceHeader(config=CONFIG), steps(), api=vllm_api) == []
+
+
+def test_the_sampler_runs_on_batches_with_parameters_and_hands_out_its_tokens(vllm_api):
+    from simrig import observe as obs
+    from simrig.harness import Harness
+
+    harness = Harness(CONFIG, api=vllm_api)
+    results = [harness.run_step(step) for step in steps(2)]
+    for result in results:
+        seen = result.sampled
+        assert seen is not None and len(seen["calls"]) == 1
+        assert sorted(req for _, req, _ in seen["rows"]) == sorted(r for r, s in SPECS.items() if s)
+        call = seen["calls"][0]
+        assert call.processed.shape == (len(SPECS), 4096)
+        post = result.get(obs.POSTPROCESS).fields
+        handed = dict(zip(post["output.req_ids"].values, post["output.sampled_token_ids"].values))
+        for row, req_id, _ in seen["rows"]:
+            assert handed[req_id] == [int(call.sampled[row])]
+    top_k_row = next(row for row, req, _ in results[1].sampled["rows"] if req == "hot")
+    assert int(np.isfinite(results[1].sampled["calls"][0].processed[top_k_row]).sum()) == 20
+
+
+def test_a_temperature_read_from_another_slot_is_found(vllm_api, monkeypatch):
+    """A seeded routing fault: each request's temperature lands in the next slot."""
+    from vllm.v1.worker.gpu.sample.states import SamplingStates
+
+    original = SamplingStates.add_request
+
+    def add_request(self, req_idx, sampling_params):
+        needs = original(self, req_idx, sampling_params)
+        self.temperature.np[(req_idx + 1) % self.max_num_reqs] = sampling_params.temperature
+        return needs
+
+    monkeypatch.setattr(SamplingStates, "add_request", add_request)
+    problems = replay_problems(TraceHeader(config=CONFIG), steps(1), api=vllm_api)
+    assert any("sampler.processed_logits" in p for p in problems), problems
+
+
+def test_a_prompt_the_penalties_never_count_is_found(vllm_api, monkeypatch):
+    """A seeded history fault: a new request's prompt and earlier outputs never reach the
+    penalties' prompt mask and bin counts, so its repetition penalty misses them."""
+    from vllm.v1.worker.gpu.sample.penalties import PenaltiesState
+
+    original = PenaltiesState.apply_staged_writes
+
+    def apply_staged_writes(self):
+        self._new_penalties_reqs.clear()
+        original(self)
+
+    monkeypatch.setattr(PenaltiesState, "apply_staged_writes", apply_staged_writes)
+    problems = replay_problems(TraceHeader(config=CONFIG), steps(1), api=vllm_api)
+    assert any("sampler.processed_logits" in p and "greedy" in p for p in problems), problems
