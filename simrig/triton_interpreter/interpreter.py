@@ -1,12 +1,11 @@
 """Triton's interpreter, run as a GPU runs a kernel compiled without debug.
 
-With ``sanitize_overflow`` on, the interpreter recomputes every narrow integer op in int64
-and hands the check to ``device_assert``, which drops it unless ``options.debug`` is set:
-about a seventh of a campaign's CPU time for no effect (``skip_dead_overflow_checks`` has
-the detail). This module switches that dead work off while debug is off, patches the
-language once, routes launches past the coverage sampler and keeps numpy quiet about the 0/0
-lanes a ``tl.where`` discards (``quiet_discarded_nans``). Platform plumbing only: no vLLM
-code and no kernel body is changed. See docs/setup.md, "Triton's interpreter patches".
+This module skips the overflow checks ``device_assert`` drops anyway while debug is off
+(``skip_dead_overflow_checks``), patches the language once, routes launches past the coverage
+sampler, keeps numpy quiet about the 0/0 lanes a ``tl.where`` discards
+(``quiet_discarded_nans``) and makes ``tl.range``'s variable a tensor (``range_yields_tensors``).
+Platform plumbing only: no vLLM code and no kernel body is changed. See docs/setup.md,
+"Triton's interpreter patches".
 """
 
 from __future__ import annotations
@@ -20,27 +19,14 @@ from simrig import trace_gate as gate
 
 
 def skip_dead_overflow_checks() -> bool:
-    """Turn ``sanitize_overflow`` off in the interpreter's builder when its
-    assertions are off. Returns whether it did (False: debug on, or a Triton
-    without this interpreter layout, which is then left as it is).
+    """Turn ``sanitize_overflow`` off in the interpreter's builder while its assertions are
+    off. Returns whether it did (False: debug on, or a Triton without this layout, left as is).
 
-    On CPU every MRV2 kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``).
-    With ``sanitize_overflow`` on (the interpreter's default), every integer
-    ``+``, ``-`` and ``*`` narrower than 64 bits is recomputed in int64 and
-    compared against the type's bounds, and the result handed to
-    ``device_assert``, which ``semantic.device_assert`` drops unless
-    ``options.debug`` is set:
-
-        if not self.builder.options.debug:
-            return
-
-    So without debug the check is computed and thrown away: about a seventh of a
-    campaign's wall time on CPU, for no observable effect. A compiled kernel on a
-    GPU has no such check either (assertions are compiled out without debug).
-    This module switches the dead work off, and only while the interpreter's
-    options say debug is off (a user who turns debug on keeps both).
-
-    Platform plumbing only: no vLLM code and no kernel body is changed.
+    With it on (the interpreter's default), every integer ``+``, ``-`` and ``*`` narrower than
+    64 bits is recomputed in int64, compared against the type's bounds and handed to
+    ``device_assert``, which drops it unless ``options.debug`` is set: about a seventh of a
+    campaign's wall time on CPU, for no observable effect. A kernel compiled without debug
+    has no such check either; a user who turns debug on keeps both.
     """
     try:
         from triton.runtime import interpreter  # optional: triton
@@ -62,17 +48,13 @@ class _KeepPatched:
 
 
 def patch_language_once() -> bool:
-    """Patch ``triton.language`` for the interpreter once, instead of around
-    every kernel launch.
-
-    Before each launch the interpreter's ``_patch_lang(fn)`` points every
-    builtin of ``tl`` and ``tl.core`` (those visible from the kernel's
-    globals) at its numpy semantics, and restores them all after the launch:
-    hundreds of ``setattr`` calls per launch, the same ones every time, since
-    the patch depends only on which of the two modules the kernel sees. In
-    CPU mode no kernel is ever compiled, so the patched language is the only
-    one in use: it is applied once, for both modules, and kept. Returns
+    """Patch ``triton.language`` for the interpreter once, not around every launch. Returns
     whether it did (False: a Triton without this interpreter layout).
+
+    Each launch's ``_patch_lang(fn)`` points every builtin of ``tl`` and ``tl.core`` (those
+    the kernel's globals see) at its numpy semantics and restores them after: hundreds of
+    ``setattr`` calls, the same each time. In CPU mode no kernel is compiled, so the patched
+    language is the only one in use: applied once, for both modules, and kept.
     """
     try:
         # optional: triton
@@ -98,10 +80,9 @@ def patch_language_once() -> bool:
 
 
 def sample_traced_launches() -> bool:
-    """Route every kernel launch through ``simrig.trace_gate.launch``, so a
-    running coverage collector traces only the launches its sampler asks for
-    (a plain call while none runs). Returns whether it was installed (False:
-    a Triton without this interpreter layout, or already installed)."""
+    """Route every kernel launch through ``simrig.trace_gate.launch``, so a running coverage
+    collector traces only the launches its sampler asks for (a plain call while none runs).
+    Returns whether it was installed (False: a Triton without this layout, or already installed)."""
     try:
         from triton.runtime import interpreter  # optional: triton
     except ImportError:
@@ -122,8 +103,8 @@ def sample_traced_launches() -> bool:
 
 
 def _specialization(executor: Any, args: tuple, kwargs: dict) -> tuple:
-    """A launch's kernel and its ``tl.constexpr`` values: what a compiled
-    kernel is specialised on, so the branches they fix count apart."""
+    """A launch's kernel and its ``tl.constexpr`` values: what a compiled kernel is
+    specialised on, so the branches they fix count apart."""
     names = executor.arg_names
     values = []
     for name in executor.constexprs:
@@ -201,4 +182,45 @@ def quiet_discarded_nans() -> bool:
         return out
 
     builder.create_fdiv, builder.create_select, executor.__call__ = create_fdiv, create_select, launch_settled
+    return True
+
+
+def range_yields_tensors() -> bool:
+    """``tl.range``'s loop variable a scalar tensor, as in a compiled kernel. Returns whether
+    it was installed (False: a Triton without this layout, or already installed).
+
+    The interpreter maps ``tl.range`` onto Python's ``range``, so a kernel calling a tensor
+    method on the variable fails (vLLM's ``_topk_topp_kernel``: ``row_id.to(tl.int64)``,
+    "'int' object has no attribute 'to'"). Each value becomes an int32 scalar tensor (int64
+    past int32's range); ``tl.static_range`` unrolls at compile time and keeps Python ints.
+    """
+    try:
+        # optional: numpy, triton
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return False
+    core, handle = getattr(interpreter, "_patch_lang_core", None), getattr(interpreter, "TensorHandle", None)
+    if core is None or handle is None or getattr(core, "__simrig_range__", False):
+        return False
+
+    def as_int(value: Any) -> int:
+        if isinstance(value, tl.tensor):
+            return int(np.asarray(value.handle.data).reshape(-1)[0])
+        return int(tl.core._unwrap_if_constexpr(value))
+
+    def tensor_range(arg1: Any, arg2: Any = None, step: Any = None, **kwargs: Any) -> Any:
+        start, end = (0, as_int(arg1)) if arg2 is None else (as_int(arg1), as_int(arg2))
+        wide = not (-2**31 <= min(start, end) and max(start, end) < 2**31)
+        dtype, ty = (np.int64, tl.int64) if wide else (np.int32, tl.int32)
+        for i in range(start, end, 1 if step is None else as_int(step)):
+            yield tl.tensor(handle(np.array(i, dtype=dtype), ty), ty)
+
+    def patch_lang_core(lang: Any, scope: Any) -> None:
+        core(lang, scope)
+        scope.set_attr(lang, "range", tensor_range)
+
+    patch_lang_core.__simrig_range__ = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_core = patch_lang_core
     return True

@@ -1,11 +1,10 @@
 """Triton's interpreter, launching a kernel and splatting a scalar with less overhead.
 
-The last of the interpreter plumbing a campaign's profile showed, after
-``interpreter_speed`` and ``interpreter_types``: work per launch and per scalar operand that
-leads to the same memory, types and values either way. Each patch (``args_in_place``,
-``memoise_str_to_ty``, ``fast_splat``; its docstring says what it skips and why that is
-safe) leaves Triton as it is when the layout it expects is not there, and is checked on
-install. See docs/setup.md, "Triton's interpreter patches".
+The last of the interpreter plumbing a campaign's profile showed: work per launch and per
+scalar operand that leads to the same memory, types and values either way. Each patch (its
+docstring says what it skips and why that is safe) leaves Triton as it is when the layout
+it expects is not there, and is checked on install. See docs/setup.md, "Triton's
+interpreter patches".
 """
 
 from __future__ import annotations
@@ -17,24 +16,16 @@ from simrig.triton_interpreter.interpreter_types import MAX_KEPT, _core_members
 
 
 def args_in_place() -> bool:
-    """Hand a launch its CPU tensors as they are. Returns whether it was
-    installed (False: a Triton without this layout, or already installed).
+    """Hand a launch its CPU tensors as they are. Returns whether it was installed (False:
+    a Triton without this layout, or already installed).
 
-    ``GridExecutor`` copies every tensor argument "to the host" before a
-    launch and back after it: per argument it takes the tensor's storage's
-    ``cpu()`` (for a CPU storage, that storage itself), builds a new tensor
-    over it with the same offset, size and stride, and after the launch
-    copies each host storage onto its device storage (for a CPU tensor, the
-    same memory). When every argument is an exact ``torch.Tensor`` on the CPU
-    or not a tensor at all (ints, floats, None, constexprs), the kernel is
-    handed the arguments themselves: the same data pointers, so the same
-    reads and writes, and nothing to copy back. A tuple, a tensor descriptor,
-    a wrapped or subclassed tensor, or a tensor on another device goes the
-    original way.
-
-        device tensor ──storage.cpu()──► host view ──kernel──► host storage
-             ▲                                                      │
-             └──────────────── copy_ (the same memory on CPU) ──────┘
+    ``GridExecutor`` copies every tensor argument "to the host" before a launch (a new
+    tensor over its storage's ``cpu()``: for a CPU storage, that storage itself) and back
+    after it (onto the same memory, on CPU). When every argument is an exact
+    ``torch.Tensor`` on the CPU or no tensor at all, the kernel is handed the arguments
+    themselves: the same data pointers, so the same reads and writes, nothing to copy back.
+    A tuple, a tensor descriptor, a wrapped or subclassed tensor, or one on another device
+    goes the original way.
     """
     try:
         # optional: torch, triton
@@ -86,14 +77,13 @@ def args_in_place() -> bool:
 
 
 def memoise_str_to_ty() -> bool:
-    """Keep ``tl.str_to_ty``'s type per plain name. Returns whether it was
-    installed (False: a Triton without it, or already installed).
+    """Keep ``tl.str_to_ty``'s type per plain name. Returns whether it was installed (False:
+    a Triton without it, or already installed).
 
-    Every launch types each argument with ``tl.str_to_ty(mangled name)``,
-    which parses the name (``"*i32"``, ``"i64"``) and builds a new type.
-    A type is never changed after its constructor, so the answer for a
-    plain name is kept; a tuple of names or a non-None second argument goes
-    to Triton's.
+    Every launch types each argument with ``tl.str_to_ty(mangled name)``, which parses the
+    name (``"*i32"``) and builds a new type. A type never changes after its constructor, so
+    a plain name's answer is kept; a tuple of names or a non-None second argument goes to
+    Triton's.
     """
     try:
         import triton.language as tl  # optional: triton
@@ -127,19 +117,16 @@ def memoise_str_to_ty() -> bool:
 
 
 def fast_splat() -> bool:
-    """Splat a scalar operand without lowering its type twice. Returns whether
-    it was installed (False: a Triton without this layout, or already installed).
+    """Splat a scalar operand without lowering its type twice. Returns whether it was
+    installed (False: a Triton without this layout, or already installed).
 
-    ``broadcast_impl_value(block, scalar)`` (every op between a block and a
-    scalar: ``offset < n``, ``x + 1``) splats the scalar: the block's type with
-    the scalar's element (``with_element_ty``), lowered through ``to_ir``,
-    which in the interpreter builds an equal block type again, and
-    ``create_splat``, which reads only that type's shape. The fast path hands
-    ``create_splat`` the block type itself, and keeps ``with_element_ty``'s
-    answer per kept block type and element. Two operands of the very same
-    type come back as they are, as Triton's own code hands them back. Every
-    other pair goes to Triton's. Only the interpreter's semantic object is
-    patched (an attribute of the instance), not the class the compiler uses.
+    ``broadcast_impl_value(block, scalar)`` (``offset < n``, ``x + 1``) splats the scalar:
+    the block's type with the scalar's element, lowered through ``to_ir`` (in the
+    interpreter, an equal block type again) for ``create_splat``, which reads only its
+    shape. The fast path hands ``create_splat`` the type itself, keeping
+    ``with_element_ty``'s answer per kept block type and element; two operands of the very
+    same type come back as they are, as Triton hands them back; every other pair goes to
+    Triton's. Only the interpreter's semantic instance is patched, not the compiler's class.
     """
     members = _core_members("block_type", "dtype", "pointer_type")
     if members is None:
@@ -185,7 +172,7 @@ def fast_splat() -> bool:
 
 
 def install_all() -> dict[str, bool]:
-    """Every patch above (after ``interpreter_types``: the splat keeps answers
-    only for kept block types). Returns which were installed."""
+    """Every patch above (after ``interpreter_types``: the splat keeps answers only for kept
+    block types). Returns which were installed."""
     return {"args_in_place": args_in_place(), "memoise_str_to_ty": memoise_str_to_ty(),
             "fast_splat": fast_splat()}

@@ -1,11 +1,9 @@
 """Triton's interpreter, doing the same work per kernel launch with less overhead.
 
 Most of an interpreted kernel's time is the interpreter's Python layer around each op. Each
-patch here (``memoise_np_dtype``, ``lean_builtin_calls``, ``cache_launch_binding``,
-``fast_unwrap_constexpr``, ``lean_block_type``; its docstring says what it skips and why
-that is safe) returns the same values as the plumbing it replaces, and leaves Triton as it
-is when the layout it expects is not there. See docs/setup.md, "Triton's interpreter
-patches", and docs/benchmarks.md.
+patch here (its docstring says what it skips and why that is safe) returns the same values
+as the plumbing it replaces, and leaves Triton as it is when the layout it expects is not
+there. See docs/setup.md, "Triton's interpreter patches", and docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -16,18 +14,14 @@ from typing import Any
 
 
 def memoise_np_dtype() -> bool:
-    """Keep ``_get_np_dtype``'s answer per scalar dtype name. Returns whether it
-    was installed (False: a Triton without this layout, or already installed).
+    """Keep ``_get_np_dtype``'s answer per scalar dtype name. Returns whether it was
+    installed (False: a Triton without this layout, or already installed).
 
-    ``interpreter._get_np_dtype(tt_dtype)`` rebuilds a 19-entry dict of
-    Triton dtype → numpy dtype on every call (tens of thousands per campaign
-    step batch) and looks the type up in it. For a plain scalar ``tl.dtype``
-    the answer depends only on its ``name`` (the dict's keys hash and compare
-    by name), and for a ``block_type`` of a plain scalar only on its element's
-    name; those answers are kept per name after the original first computes
-    them. Pointer types, subclasses and anything else still go to the
-    original. Safe: same numpy dtype object (numpy interns them), same
-    errors (a KeyError is never cached).
+    ``_get_np_dtype`` rebuilds a 19-entry dict of Triton dtype -> numpy dtype on every call
+    (tens of thousands per step batch). For an exact ``tl.dtype``, or a ``block_type`` of
+    one, the answer depends only on that dtype's ``name`` (the dict's keys compare by name),
+    so it is kept per name; anything else goes to the original. Same numpy dtype object
+    (numpy interns them), same errors (a KeyError is never kept).
     """
     try:
         # optional: triton
@@ -48,17 +42,11 @@ def memoise_np_dtype() -> bool:
 
     def _get_np_dtype(tt_dtype: Any) -> Any:
         kind = type(tt_dtype)
-        if kind is block:
-            element = tt_dtype.element_ty
-            if type(element) is scalar:
-                found = by_name.get(element.name)
-                if found is None:
-                    found = by_name[element.name] = original(element)
-                return found
-        elif kind is scalar:
-            found = by_name.get(tt_dtype.name)
+        element = tt_dtype.element_ty if kind is block else tt_dtype if kind is scalar else None
+        if type(element) is scalar:
+            found = by_name.get(element.name)
             if found is None:
-                found = by_name[tt_dtype.name] = original(tt_dtype)
+                found = by_name[element.name] = original(element)
             return found
         return original(tt_dtype)
 
@@ -69,8 +57,7 @@ def memoise_np_dtype() -> bool:
 
 
 def _builtin_target(member: Any, wrapper_code: Any) -> Any:
-    """The function under Triton's ``@builtin`` wrapper ``member``, or None when
-    ``member`` is not one."""
+    """The function under Triton's ``@builtin`` wrapper ``member``, or None when it is not one."""
     if getattr(member, "__code__", None) is not wrapper_code:
         return None
     cells = dict(zip(member.__code__.co_freevars, member.__closure__ or ()))
@@ -79,20 +66,16 @@ def _builtin_target(member: Any, wrapper_code: Any) -> Any:
 
 
 def lean_builtin_calls() -> bool:
-    """Replace the interpreter's ``_patch_attr`` with one whose wrappers call
-    the builtin's function directly. Returns whether it was installed (False:
-    a Triton without this layout, or already installed).
+    """Replace the interpreter's ``_patch_attr`` with one whose wrappers call the builtin's
+    function directly. Returns whether it was installed (False: a Triton without this
+    layout, or already installed).
 
-    Each builtin of ``tl`` the interpreter patches is a lambda that copies its
-    kwargs into a new dict without ``_semantic`` and calls the builtin's
-    ``@builtin`` wrapper, which checks ``_semantic`` is given and calls the
-    function. The lean wrapper drops ``_semantic`` from the (already fresh)
-    kwargs dict, adds the interpreter's semantic last (the same order), and
-    calls the function under ``@builtin`` directly: the check it skips can
-    never fail, as the semantic it is handed is never None. A member that is
-    not Triton's ``@builtin`` wrapper is called through, as before. Must be
-    installed before ``interpreter.patch_language_once`` (which applies the
-    patch once, through ``_patch_attr``).
+    Each builtin the interpreter patches is a lambda that copies its kwargs without
+    ``_semantic`` and calls the ``@builtin`` wrapper, which checks ``_semantic`` is given.
+    The lean wrapper swaps ``_semantic`` for the interpreter's (last, the same order) in the
+    already fresh kwargs and calls the function under ``@builtin``: the skipped check can
+    never fail. Any other member is called through. Must go in before
+    ``interpreter.patch_language_once`` (which applies it once, through ``_patch_attr``).
     """
     try:
         # optional: triton
@@ -134,9 +117,8 @@ def lean_builtin_calls() -> bool:
 
 
 class _Inspect(types.ModuleType):
-    """``inspect`` for Triton's interpreter module: everything forwarded, but
-    ``getfullargspec`` kept per function and ``getcallargs`` bound directly
-    for plain functions."""
+    """``inspect`` for Triton's interpreter module: everything forwarded, but ``getfullargspec``
+    kept per function and ``getcallargs`` bound directly for plain functions."""
 
     def __init__(self) -> None:
         super().__init__("inspect")
@@ -184,21 +166,16 @@ class _Inspect(types.ModuleType):
 
 
 def cache_launch_binding() -> bool:
-    """Give the interpreter module an ``inspect`` that keeps each kernel's
-    argument spec and binds its arguments without a Signature. Returns whether
-    it was installed (False: a Triton without this layout, or already
-    installed).
+    """Give the interpreter module an ``inspect`` that keeps each kernel's argument spec and
+    binds its arguments without a Signature. Returns whether it was installed (False: a
+    Triton without this layout, or already installed).
 
-    ``GridExecutor.__call__`` calls ``inspect.getfullargspec`` and
-    ``inspect.getcallargs`` on the (rewritten) kernel at every launch: a full
-    ``inspect.Signature`` build each time. The interpreter module's
-    ``inspect`` is replaced by a stand-in that forwards everything to
-    ``inspect`` except those two: ``getfullargspec`` is kept per function
-    while its code, defaults and annotations are the same objects, and
-    ``getcallargs`` binds a plain function's positional-or-keyword parameters
-    in the order ``inspect.getcallargs`` does (positionals, keywords as
-    given, then defaults), falling back to ``inspect.getcallargs`` for
-    anything else, and for every call it would reject (so the same error).
+    Every launch calls ``getfullargspec`` and ``getcallargs`` on the kernel: a full
+    ``inspect.Signature`` each time. The stand-in (``_Inspect``) keeps the spec per function
+    while its code, defaults and annotations are the same objects, and binds a plain
+    function's positional-or-keyword parameters in ``getcallargs``'s order (positionals,
+    keywords as given, then defaults); anything else, and every call it would reject, goes
+    to ``inspect`` (so the same error).
     """
     try:
         from triton.runtime import interpreter  # optional: triton
@@ -211,17 +188,15 @@ def cache_launch_binding() -> bool:
 
 
 def fast_unwrap_constexpr() -> bool:
-    """Answer ``_unwrap_if_constexpr`` for exact tensors, ints and constexprs
-    without its isinstance chain. Returns whether it was installed (False: a
-    Triton without this layout, or already installed).
+    """Answer ``_unwrap_if_constexpr`` for exact tensors, ints and constexprs without its
+    isinstance chain. Returns whether it was installed (False: a Triton without this
+    layout, or already installed).
 
-    ``tl.core._unwrap_if_constexpr`` is called about a million times per
-    campaign, mostly with a ``tl.tensor``, an ``int`` or a ``tl.constexpr``;
-    it runs four ``isinstance`` checks before answering. The fast path answers
-    for exactly those types (``o`` itself, or ``o.value`` for an exact
-    ``constexpr``) and hands every other value, subclasses included, to the
-    original. ``semantic`` reaches it as ``tl._unwrap_if_constexpr`` (an
-    attribute of the core module), so the one module attribute is enough.
+    It is called about a million times per campaign, mostly with a ``tl.tensor``, an ``int``
+    or a ``tl.constexpr``, and runs four ``isinstance`` checks. The fast path answers for
+    exactly those types (``o``, or an exact constexpr's ``o.value``); every other value,
+    subclasses included, goes to the original. ``semantic`` reaches it through the core
+    module, so that one attribute is enough.
     """
     try:
         import triton.language as tl  # optional: triton
@@ -256,8 +231,8 @@ def fast_unwrap_constexpr() -> bool:
 
 
 def _state(value: Any, depth: int = 0) -> Any:
-    """A value's attributes, recursively, as plain data: what a probe built by
-    Triton's constructor and by the lean one must agree on."""
+    """A value's attributes, recursively, as plain data: what a probe built by Triton's
+    constructor and by the lean one must agree on."""
     if depth > 6 or isinstance(value, (int, float, str, bool, type(None))):
         return value
     if isinstance(value, (list, tuple)):
@@ -269,21 +244,17 @@ def _state(value: Any, depth: int = 0) -> Any:
 
 
 def lean_block_type() -> bool:
-    """Build ``tl.block_type`` from a shape of plain ints without the generic
-    unwrapping its constructor does. Returns whether it was installed (False:
-    a Triton without this layout, or already installed).
+    """Build ``tl.block_type`` from a shape of plain ints without the generic unwrapping its
+    constructor does. Returns whether it was installed (False: a Triton without this
+    layout, or already installed).
 
-    ``tl.block_type(element_ty, shape)`` is built two or three times per op
-    (``to_ir``, ``with_element_ty``, the interpreter's ``get_block_ty``), each
-    time unwrapping the shape through ``_unwrap_shape`` (a new ``tl.tuple``
-    and two list copies) and typing it through ``_type_for_tuple_values``.
-    For a shape that is exactly a ``list`` or ``tl.tuple`` of exact ``int``
-    (what those callers pass) the lean constructor sets the same attributes,
-    in the same order, to equal values: a ``tl.tuple`` of the ints typed by
-    their ``constexpr_type``, ``validate_block_shape``'s numel (and its
-    errors), the same name. Anything else goes to Triton's constructor. The
-    registry installs it only when its probe's block types (``patch_catalogue._block_types``)
-    built both ways agree attribute by attribute.
+    A block type is built two or three times per op, each time unwrapping the shape through
+    ``_unwrap_shape`` (a new ``tl.tuple``, two list copies) and ``_type_for_tuple_values``.
+    For a shape that is exactly a ``list`` or ``tl.tuple`` of exact ``int`` (what those
+    callers pass) the lean constructor sets the same attributes, in the same order, to equal
+    values: the ints' ``tl.tuple`` typed by their ``constexpr_type``,
+    ``validate_block_shape``'s numel (and errors), the same name. Anything else goes to
+    Triton's constructor.
     """
     try:
         import triton.language as tl  # optional: triton

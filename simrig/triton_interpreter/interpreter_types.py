@@ -18,8 +18,8 @@ MAX_KEPT = 4096
 
 
 def _core_members(*names: str) -> tuple | None:
-    """``triton.language.core``'s members by name, or None when Triton or any
-    of them is missing (each patch then leaves Triton as it is)."""
+    """``triton.language.core``'s members by name, or None when Triton or any of them is
+    missing (each patch then leaves Triton as it is)."""
     try:
         import triton.language as tl  # optional: triton
     except ImportError:
@@ -29,15 +29,14 @@ def _core_members(*names: str) -> tuple | None:
 
 
 def plain_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
-    """``object.__new__`` for a class given back its own constructor: a
-    ``__new__`` once assigned to a class cannot be deleted again (CPython then
-    hands the constructor's arguments to ``object.__new__``, which refuses them)."""
+    """``object.__new__`` for a class given back its own constructor: a ``__new__`` once
+    assigned cannot be deleted again (CPython then hands the constructor's arguments to
+    ``object.__new__``, which refuses them)."""
     return object.__new__(cls)
 
 
 def _element_key(element: Any, scalar: type, pointer: type) -> Any:
-    """The key a block type's element is kept under, or None when it is not
-    one of the kinds kept."""
+    """The key a block type's element is kept under, or None when it is not a kind kept."""
     kind = type(element)
     if kind is scalar:
         return id(element)
@@ -47,22 +46,15 @@ def _element_key(element: Any, scalar: type, pointer: type) -> Any:
 
 
 def intern_block_types() -> bool:
-    """Keep one ``tl.block_type`` per element and shape of plain ints.
-    Returns whether it was installed (False: a Triton without this layout, or
-    already installed).
+    """Keep one ``tl.block_type`` per element and shape of plain ints. Returns whether it was
+    installed (False: a Triton without this layout, or already installed).
 
-    ``tl.block_type(element, shape)`` returns one kept instance per element
-    object (an exact ``tl.dtype``, by identity; an exact ``tl.pointer_type``
-    to such a dtype, by its element's identity, address space and constness,
-    the fields its ``__eq__`` compares) and per shape of plain ints. A block
-    type is never changed after its constructor (Triton assigns its fields
-    only there), so one shared instance answers every question a fresh one
-    would: ``==``, ``name``, ``shape``, ``numel``, ``scalar``. The kept
-    instance holds the first element object it was built with; a scalar
-    element is the one passed (identity kept, as Triton's
-    ``element_ty is tl.float16`` checks need); a pointer element is an equal
-    one (Triton compares pointer types with ``==`` only). At most
-    ``MAX_KEPT`` are kept; past that, fresh ones are built as before.
+    One instance is kept per element (an exact ``tl.dtype`` by identity, as Triton's
+    ``element_ty is tl.float16`` checks need; an exact ``tl.pointer_type`` to one by the
+    fields its ``__eq__`` compares, Triton comparing pointer types with ``==`` only) and per
+    shape of plain ints. Triton assigns a block type's fields only in its constructor, so
+    one shared instance answers every question a fresh one would (``==``, ``name``,
+    ``shape``, ``numel``, ``scalar``). Past ``MAX_KEPT``, fresh ones are built as before.
     """
     members = _core_members("block_type", "dtype", "pointer_type", "tuple")
     if members is None or getattr(members[0].__new__, "__simrig_interned__", False):
@@ -139,19 +131,16 @@ def intern_block_types() -> bool:
 
 
 def lean_tensors() -> bool:
-    """Build ``tl.tensor`` of a scalar dtype or a kept block type from
-    attributes kept per type. Returns whether it was installed (False: a
-    Triton without this layout, or already installed).
+    """Build ``tl.tensor`` of a scalar dtype or a kept block type from attributes kept per
+    type. Returns whether it was installed (False: a Triton without this layout, or
+    already installed).
 
-    ``tl.tensor.__init__`` for an exact tensor whose type is a scalar or a
-    kept block type sets the same attributes, in the same
-    order, to equal values. A scalar's (a ``tl.dtype`` or ``tl.pointer_type``)
-    are fixed: an empty shape, one element, the type its own scalar type. A
-    kept block type's come from the first tensor built with it: its shape's
-    ``constexpr`` dimensions (in a new ``tl.tuple`` per tensor, as a
-    ``tl.tuple`` can be changed), ``numel`` and ``dtype``. Those ``constexpr``
-    objects are shared: Triton never assigns a constexpr's ``value`` after its
-    constructor. Any other tensor goes to Triton's constructor.
+    For an exact tensor of such a type it sets the same attributes, in the same order, to
+    equal values. A scalar's are fixed (an empty shape, one element, its own type); a kept
+    block type's come from the first tensor built with it: its shape's ``constexpr``
+    dimensions (in a new ``tl.tuple`` per tensor, as a ``tl.tuple`` can be changed; the
+    constexprs shared, as Triton never reassigns their ``value``), ``numel`` and ``dtype``.
+    Any other tensor goes to Triton's constructor.
     """
     members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple", "constexpr")
     if members is None:
@@ -198,18 +187,16 @@ def lean_tensors() -> bool:
 
 
 def fast_binary_type_checks() -> bool:
-    """Answer the operand typing of a binary op directly where it hands back
-    its operands unchanged. Returns whether it was installed (False: a Triton
-    without this layout, or already installed).
+    """Answer the operand typing of a binary op directly where it hands back its operands
+    unchanged. Returns whether it was installed (False: a Triton without this layout, or
+    already installed).
 
-    ``binary_op_type_checking_impl`` (every ``+``, ``-``, ``*``, ``<``, ...)
-    types its two operands and hands them back cast and broadcast. For two
-    tensors that need neither it hands back the very operands it was given:
-    the same integer type (promotion of a type with itself is that type, and
-    a cast to a tensor's own scalar type is the tensor), or a pointer and an
-    integer of the same shape where the pointer's side allows a pointer (no
-    arithmetic typing with a pointer; no broadcast between equal shapes).
-    Those two cases are answered directly; every other goes to Triton's.
+    ``binary_op_type_checking_impl`` (every ``+``, ``-``, ``*``, ``<``, ...) hands its two
+    operands back cast and broadcast; it hands back the very operands for the same integer
+    type (a type promoted with itself is itself; a cast to a tensor's own type is the
+    tensor), or a pointer and an integer of the same shape where the pointer's side allows
+    one (no arithmetic typing, no broadcast). Those cases are answered directly; every
+    other goes to Triton's.
     """
     members = _core_members("tensor", "block_type", "dtype", "pointer_type", "tuple")
     if members is None:
@@ -263,7 +250,7 @@ def fast_binary_type_checks() -> bool:
 
 
 def install_all() -> dict[str, bool]:
-    """Every patch, block types first (the tensors keep attributes only for
-    kept block types). Returns which were installed."""
+    """Every patch, block types first (the tensors keep attributes only for kept block
+    types). Returns which were installed."""
     return {"intern_block_types": intern_block_types(), "lean_tensors": lean_tensors(),
             "fast_binary_type_checks": fast_binary_type_checks()}

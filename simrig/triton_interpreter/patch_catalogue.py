@@ -1,14 +1,12 @@
 """Every patch to Triton's interpreter: its target, its probe, the Triton it is known good on.
 
-Each probe is a small computation whose answer is plain data, run by the
-registry with Triton's code as it stands and again with the patch: the same
-op's values and types, or, for the patches that act around a whole launch,
-the bytes a tiny kernel leaves (``kernel_bytes``). ``PATCHES`` is in install
-order (``lean_builtin_calls`` before the language is patched once; block
-types kept before tensors and splats that keep answers per kept type).
-
-None is required: each only makes the interpreter cheaper, so
-``SIMRIG_INTERPRETER_SPEEDUPS=0`` turns every one off.
+Each probe is a small computation whose answer is plain data, run by the registry with
+Triton's code as it stands and again with the patch: the same op's values and types, or, for
+the patches that act around a whole launch, the bytes a tiny kernel leaves (``kernel_bytes``).
+``PATCHES`` is in install order (``lean_builtin_calls`` before the language is patched once;
+block types kept before tensors and splats that keep answers per kept type). A patch with
+``required`` set is no speed-up and stays on under ``SIMRIG_INTERPRETER_SPEEDUPS=0``; that
+turns every other one off.
 """
 
 from __future__ import annotations
@@ -27,8 +25,8 @@ _kernel: Any = None
 
 
 def kernel_bytes() -> list:
-    """A tiny kernel's output, as Triton's interpreter leaves it: masked loads
-    and stores, scalar and constexpr operands, a default and a keyword argument."""
+    """A tiny kernel's output, as Triton's interpreter leaves it: masked loads and stores,
+    scalar and constexpr operands, a default and a keyword argument."""
     global _kernel
     # lazy: torch and triton load only when this runs
     import torch
@@ -183,9 +181,27 @@ def _divisions() -> list:
         return [repr(h.data.tolist()) + str(h.data.dtype) for h in (quotient, kept)] + kernel_bytes()
 
 
+def _ranges() -> list:
+    """A ``tl.range`` loop's sum (the variable used only as an int would be), and the tiny kernel."""
+    # lazy: torch and triton load only when this runs
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def range_kernel(src, dst, n):
+        acc = tl.load(src)
+        for i in tl.range(1, n, 2):
+            acc += tl.load(src + i) * i
+        tl.store(dst, acc)
+
+    dst = torch.zeros(1, dtype=torch.int64)
+    range_kernel[(1,)](torch.arange(9, dtype=torch.int64), dst, 9)
+    return dst.tolist() + kernel_bytes()
+
+
 def _undo_language_once() -> None:
-    """The language patched once is put back through the scope Triton's own
-    ``_patch_lang`` returned."""
+    """The language patched once, put back through the scope Triton's ``_patch_lang`` returned."""
     from triton.runtime import interpreter as triton_interpreter  # lazy: triton loads only when this runs
 
     scope = getattr(triton_interpreter._patch_lang, "__simrig_scope__", None)
@@ -219,6 +235,8 @@ PATCHES: tuple[Patch, ...] = (
            _str_types),
     _speed("fast_splat", INTERP, ("interpreter_semantic.broadcast_impl_value",), interpreter_launch.fast_splat,
            _splats),
+    _speed("range_yields_tensors", INTERP, ("_patch_lang_core",), interpreter.range_yields_tensors, _ranges,
+           required="not a speed-up: vLLM's top-k/top-p kernel calls .to() on tl.range's variable"),
     # after every patch that goes through _patch_attr, which it applies once for good
     _speed("patch_language_once", INTERP, ("_patch_lang",), interpreter.patch_language_once, kernel_bytes,
            undo=_undo_language_once),

@@ -57,8 +57,8 @@ _answers: dict[Callable[[], Any], Any] = {}  # probe -> its answer before the fi
 
 
 def triton_version() -> str:
-    """The installed Triton's version ("" without Triton); tests replace it to
-    simulate a Triton the patches do not know."""
+    """The installed Triton's version ("" without Triton); tests replace it to simulate a
+    Triton the patches do not know."""
     try:
         import triton  # optional: triton
     except ImportError:
@@ -112,9 +112,8 @@ def _snapshot(patch: Patch) -> list[tuple[Any, str, Any, bool]] | str:
 
 
 def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]], undo: bool = True) -> None:
-    """Every target attribute as it was before ``install`` (an inherited one
-    shows through again); the patch's own ``undo`` first, unless its install
-    refused (then it installed nothing for ``undo`` to take back)."""
+    """Every target attribute as it was before ``install`` (an inherited one shows through
+    again); the patch's own ``undo`` first, unless its install refused (nothing to undo)."""
     if undo and patch.undo is not None:
         patch.undo()
     for owner, name, value, own in reversed(saved):
@@ -123,7 +122,6 @@ def _put_back(patch: Patch, saved: list[tuple[Any, str, Any, bool]], undo: bool 
                 setattr(owner, name, value)
         elif name in vars(owner):
             if name == "__new__":  # a class's __new__ cannot be deleted again once assigned
-
                 setattr(owner, name, plain_new)
             else:
                 delattr(owner, name)
@@ -138,13 +136,9 @@ def _record(patch: Patch, state: str, reason: str = "") -> PatchState:
 
 
 def apply(patch: Patch, force: bool | None = None) -> PatchState:
-    """Install one patch if it may and its probe agrees; record its state.
-    A patch already installed, or failed, in this process keeps its state
-    (a skipped one is looked at again: the environment may have changed).
-
-    A patch declares its target (a module and the attributes it replaces), a
-    probe (a small computation whose answer is plain data: values, dtypes, a tiny
-    kernel's bytes) and the Triton versions it is known good on. ``apply``:
+    """Install one patch if it may and its probe agrees; record its state. A patch already
+    installed, or failed, in this process keeps its state (a skipped one is looked at
+    again: the environment may have changed).
 
         SIMRIG_INTERPRETER_SPEEDUPS=0, not required ─► skipped (Triton's own plumbing)
         Triton not in its known-good list           ─► skipped, unless SIMRIG_INTERPRETER_PATCHES=force
@@ -154,12 +148,6 @@ def apply(patch: Patch, force: bool | None = None) -> PatchState:
         install(); probe() again ───────────────────┴► equal: installed
                                                        refused, raised, or differs: failed,
                                                        every target attribute put back
-
-    so a patch is never left half applied, and ``patch_states`` says, per patch,
-    what happened and why (``simrig doctor`` and every report's summary show it).
-    On a forced unknown Triton, ``install_all`` also runs a start-up check (a real
-    kernel, handed in by the caller) before and after, and takes every patch back
-    if its bytes differ.
     """
     known = _states.get(patch.name)
     if known is not None and known.state in (INSTALLED, FAILED):
@@ -218,10 +206,9 @@ def take_back_all(reason: str) -> None:
 
 def install_all(patches: Sequence[Patch], startup_check: Callable[[], Any] | None = None,
                 check_name: str = "start-up check") -> list[PatchState]:
-    """``apply`` each patch in order. On a Triton some patch is not known good
-    on, with SIMRIG_INTERPRETER_PATCHES=force, ``startup_check`` (a real kernel's
-    output, plain data) runs before and after; if they differ, every patch is
-    taken back and says why."""
+    """``apply`` each patch in order. On a Triton some patch is not known good on, with
+    SIMRIG_INTERPRETER_PATCHES=force, ``startup_check`` (a real kernel's output, plain data)
+    runs before and after; if they differ, every patch is taken back and says why."""
     unknown = forced() and any(triton_version() not in p.known_good for p in patches)
     before = None
     if unknown and startup_check is not None and any(p.name not in _states for p in patches):
@@ -238,8 +225,6 @@ def install_all(patches: Sequence[Patch], startup_check: Callable[[], Any] | Non
 
 def forget() -> None:
     """Put back every patch and forget every state (tests: a fresh start in this process)."""
-    while _installed:
-        patch, saved = _installed.pop()
-        _put_back(patch, saved)
+    take_back_all("")
     _states.clear()
     _answers.clear()
