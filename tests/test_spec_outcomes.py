@@ -40,7 +40,7 @@ STEPS = [
 def _pred(req_ids, scheduled, drafts, computed, prefill):
     arr = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
     return SimpleNamespace(req_ids=req_ids, num_scheduled=arr(scheduled), num_drafts=arr(drafts),
-                           num_computed=arr(computed), prefill_len=arr(prefill))
+                           num_computed=arr(computed), prefill_len=arr(prefill), spread=frozenset())
 
 
 def test_expected_counts_follow_the_steps_meaning():

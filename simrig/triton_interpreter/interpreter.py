@@ -133,10 +133,9 @@ def quiet_discarded_nans() -> bool:
     ``_rejection_kernel`` (block verification) runs ``tl.where(denom > 0.0, residual_mass /
     denom, 1.0)`` with ``denom`` 0 when the drafts so far and the next hold all the target's mass.
     Here a division's new NaN lanes are held; a ``tl.where`` that discards all of them lets
-    them go; any left at the launch's end warn at the kernel's line. Any other invalid op
-    (``inf - inf`` where vLLM's ``_topk_topp_kernel`` compares two infinite bounds) gives its NaN
-    silently, as a GPU does; a NaN a kernel stores is judged by the check reading it. Values
-    stay Triton's.
+    them go; any left at the launch's end warn at the kernel's line. ``inf - inf`` (vLLM's
+    ``_topk_topp_kernel`` compares two infinite bounds) gives its NaN silently, as a GPU does;
+    a NaN a kernel stores is judged by the check reading it. Values stay Triton's.
     """
     try:
         # optional: numpy, triton
@@ -149,6 +148,11 @@ def quiet_discarded_nans() -> bool:
     if executor is None or not hasattr(builder, "create_fdiv") or "create_select" in vars(builder):
         return False
     divide, select, launch = builder.create_fdiv, builder.create_select, executor.__call__
+    subtract = builder.create_fsub
+
+    def create_fsub(lhs: Any, rhs: Any) -> Any:
+        with np.errstate(invalid="ignore"):  # inf - inf: a NaN without a word, as on a GPU
+            return subtract(lhs, rhs)
 
     def create_fdiv(lhs: Any, rhs: Any) -> Any:
         with np.errstate(invalid="raise"):  # the rare case pays: a handful of divisions per step
@@ -177,8 +181,7 @@ def quiet_discarded_nans() -> bool:
 
     def launch_settled(self: Any, *args: Any, **kwargs: Any) -> Any:
         _held.clear()  # what a failed launch left
-        with np.errstate(invalid="ignore"):  # any other invalid op: NaN without a word, as on a GPU
-            out = launch(self, *args, **kwargs)
+        out = launch(self, *args, **kwargs)
         for (filename, lineno), registry in {e[2]: e[3] for e in _held.values()}.items():
             warnings.warn_explicit("invalid value encountered in divide", RuntimeWarning, filename, lineno,
                                    registry=registry)
@@ -186,6 +189,7 @@ def quiet_discarded_nans() -> bool:
         return out
 
     builder.create_fdiv, builder.create_select, executor.__call__ = create_fdiv, create_select, launch_settled
+    builder.create_fsub = create_fsub
     return True
 
 

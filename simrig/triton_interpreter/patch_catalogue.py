@@ -243,7 +243,7 @@ PATCHES: tuple[Patch, ...] = (
     _speed("sample_traced_launches", INTERP, ("GridExecutor.__call__",), interpreter.sample_traced_launches,
            kernel_bytes),
     _speed("quiet_discarded_nans", INTERP, ("interpreter_builder.create_fdiv", "interpreter_builder.create_select",
-                                            "GridExecutor.__call__"), interpreter.quiet_discarded_nans, _divisions,
+                                            "interpreter_builder.create_fsub", "GridExecutor.__call__"), interpreter.quiet_discarded_nans, _divisions,
            required="not a speed-up: no numpy warning for a 0/0 lane a tl.where discards (a GPU gives none)"),
 )
 
