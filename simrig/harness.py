@@ -23,7 +23,7 @@ from simrig.adapters.reuse import RunnerState
 from simrig.adapters.runner import VllmApi, load
 from simrig.dummy_paths import DummyRuns
 from simrig.findings.findings import Finding, rig_error
-from simrig.sampling.logits import spread_logits, spreads
+from simrig.sampling.logits import sampler_mode, spread_logits, spreads
 from simrig.stage_probes import Probes, StopStep, observe_dcp_local_seq_lens, record_unclaimed
 from simrig.step import RunnerConfig, Step
 from simrig.step_context import StepContext
@@ -257,7 +257,7 @@ class Harness:
                                          for row, (req_id, pos) in rows.items()}
         switch = self.runner.sampler
         if hasattr(switch, "use_real"):  # vllm_sampling.switch.SamplerSwitch
-            switch.use_real = bool(rows)
+            switch.use_real = bool(rows) or sampler_mode() == "always"
         start = time.perf_counter()
         try:
             with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)), \
@@ -271,15 +271,28 @@ class Harness:
         finally:
             record.duration_s = time.perf_counter() - start
             self.runner.model.target_tokens = self.runner.model.spread_rows = None
-            if rows and hasattr(switch, "take_rows"):
-                result.sampled = {"rows": [(row, req_id, pos) for row, (req_id, pos) in rows.items()],
-                                  "calls": switch.take_rows()}
+        if hasattr(switch, "take_rows"):  # what vLLM's sampler made, and each request's stored history
+            result.sampled = {"rows": [(row, req_id, pos) for row, (req_id, pos) in rows.items()],
+                              "calls": switch.take_rows(), "history": self._histories(batch),
+                              "logprobs": getattr(output, "logprobs", None)}
         if output is not None and getattr(output, "sampled_token_ids", None) is not None:
             record.fields["output.req_ids"] = obs.observe_value(list(output.req_ids))
             record.fields["output.num_sampled_tokens"] = obs.observe_value(
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
+
+    def _histories(self, batch: Any) -> dict[str, np.ndarray]:
+        """Each batch request's stored token history after sampling: ``all_token_ids`` of
+        its slot up to ``total_len`` (what penalties, bad words and drafters read)."""
+        states = self.runner.req_states
+        ids, total = getattr(states, "all_token_ids", None), getattr(states, "total_len", None)
+        if ids is None or total is None:  # a release without a stored history
+            return {}
+        lens = total.gpu.cpu().numpy()
+        slots = batch.idx_mapping_np[: batch.num_reqs]
+        return {r: ids.gpu[int(s), : int(lens[int(s)])].cpu().numpy().astype(np.int64)
+                for r, s in zip(batch.req_ids, slots)}
 
     def _learn_spread(self, step: Step) -> None:
         """Which held requests state sampling parameters (their rows are spread)."""

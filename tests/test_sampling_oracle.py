@@ -89,3 +89,52 @@ def test_a_prompt_the_penalties_never_count_is_found(vllm_api, monkeypatch):
     monkeypatch.setattr(PenaltiesState, "apply_staged_writes", apply_staged_writes)
     problems = replay_problems(TraceHeader(config=CONFIG), steps(1), api=vllm_api)
     assert any("sampler.processed_logits" in p and "greedy" in p for p in problems), problems
+
+
+LOGPROB_SPECS = {"a": SamplingSpec(logprobs=3), "b": None, "c": SamplingSpec(logprobs=0, temperature=0.5),
+                 "d": SamplingSpec(logprobs=-1, top_k=4)}
+
+
+def logprob_steps() -> list[Step]:
+    ids = list(LOGPROB_SPECS)
+    out = [Step(new_requests=[NewRequest(r, prompt_len=10, sampling=LOGPROB_SPECS[r], block_ids=[i])
+                              for i, r in enumerate(ids)], num_scheduled_tokens={r: 10 for r in ids})]
+    return out + [Step(cached=[CachedUpdate(r, 10 + s) for r in ids], num_scheduled_tokens={r: 1 for r in ids})
+                  for s in range(2)]
+
+
+def test_logprobs_of_every_width_replay_clean(vllm_api):
+    assert replay_problems(TraceHeader(config=CONFIG), logprob_steps(), api=vllm_api) == []
+
+
+def test_logprob_rows_taken_from_the_wrong_request_are_found(vllm_api, monkeypatch):
+    """A seeded fault of the kind vllm#33391 fixed: the logprob rows shifted by one request."""
+    import torch
+    from vllm.v1.worker.gpu.sample import sampler as sampler_module
+
+    original = sampler_module.compute_topk_scores
+
+    def shifted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        return type(out)(*(torch.roll(t, 1, dims=0) if isinstance(t, torch.Tensor) else t for t in out))
+
+    monkeypatch.setattr(sampler_module, "compute_topk_scores", shifted)
+    problems = replay_problems(TraceHeader(config=CONFIG), logprob_steps(), api=vllm_api)
+    assert any("output.logprobs" in p for p in problems), problems
+
+
+def test_a_history_whose_length_is_never_written_is_found(vllm_api, monkeypatch):
+    """The stored history's length (total_len) left as admission wrote it: penalties and
+    bad words would read a history without the tokens the request was given."""
+    from vllm.v1.worker.gpu import model_runner
+
+    original = model_runner.GPUModelRunner.postprocess_sampled
+
+    def postprocess_sampled(self, *args, **kwargs):
+        before = self.req_states.total_len.gpu.clone()
+        original(self, *args, **kwargs)
+        self.req_states.total_len.gpu.copy_(before)
+
+    monkeypatch.setattr(model_runner.GPUModelRunner, "postprocess_sampled", postprocess_sampled)
+    problems = replay_problems(TraceHeader(config=CONFIG), steps(1), api=vllm_api)
+    assert any("req_states.all_token_ids" in p for p in problems), problems

@@ -14,11 +14,19 @@ without asking the runner. Every other request keeps the one-hot rows of the tok
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import numpy as np
 
 from simrig.sampling.params import SamplingSpec
+
+# SIMRIG_SAMPLER: "parameters" (default): vLLM's Sampler samples each batch holding a request
+# with parameters; "always": every batch; "stand-in": no request is spread and the greedy
+# stand-in samples every batch, as before sampling parameters were driven (a baseline for
+# docs/benchmarks.md). Read on each call, so the harness and both oracles agree.
+SAMPLER_ENV = "SIMRIG_SAMPLER"
+SAMPLER_MODES = ("parameters", "always", "stand-in")
 
 # Standard deviation of a spread row: a softmax of N(0, 2.5^2) over 4,096 tokens puts
 # about half its mass on its top few dozen tokens, so top-k and top-p both cut somewhere
@@ -40,4 +48,11 @@ def spreads(spec: SamplingSpec | None, num_speculative_tokens: int) -> bool:
     a draft is kept or rejected as the trace says, which needs the one-hot rows (a spread
     row would make acceptance the sampler's choice).
     """
-    return spec is not None and not spec.is_default and num_speculative_tokens == 0
+    return (spec is not None and not spec.is_default and num_speculative_tokens == 0
+            and sampler_mode() != "stand-in")
+
+
+def sampler_mode() -> str:
+    """The ``SIMRIG_SAMPLER`` mode (one of ``SAMPLER_MODES``; anything else is the default)."""
+    mode = os.environ.get(SAMPLER_ENV, "parameters")
+    return mode if mode in SAMPLER_MODES else "parameters"

@@ -8,6 +8,8 @@ samples (its last scheduled position, prompt done; the position from the trace):
                           outputs): the same support (but tokens on a cut) and values
     sampled token      inside that support; greedy: the row's largest value
     token handed out   == the token sampled for that row
+    stored history     == prompt + every token given (all_token_ids to total_len; every request)
+    logprobs           (logprobs.py) the sampled token's and the top ones', from the raw row
 
 A row reading another request's parameters or a stale history shows in its processed logits.
 """
@@ -25,6 +27,7 @@ from simrig.observe import POSTPROCESS, StepObs
 from simrig.sampling.logits import spread_logits, spreads
 from simrig.sampling.params import SamplingSpec
 from simrig.sampling.processing import expected_row
+from simrig.sampling_checks.logprobs import check_logprobs
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 ATOL, RTOL = 1e-3, 1e-4  # float32 kernels against the float64 reference
@@ -32,10 +35,11 @@ ATOL, RTOL = 1e-3, 1e-4  # float32 kernels against the float64 reference
 
 @dataclass
 class _Request:
-    spec: SamplingSpec
+    spec: SamplingSpec | None  # None: vLLM's defaults
     prompt: list[int]
-    outputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)  # every token it was given, in order
     prefill_len: int = 0
+    spread: bool = False  # its rows are spread: its tokens are the sampler's
 
 
 class SamplingOracle:
@@ -51,26 +55,46 @@ class SamplingOracle:
         for req_id in (*step.finished, *step.preempted):
             self.reqs.pop(req_id, None)
         for req in step.new_requests:
-            self.reqs.pop(req.req_id, None)
-            if spreads(req.sampling, self.num_speculative_tokens):
-                ids = req.prefill_token_ids()
-                self.reqs[req.req_id] = _Request(req.sampling, ids[: req.prompt_len], ids[req.prompt_len:],
-                                                 len(ids))
+            ids = req.prefill_token_ids()
+            self.reqs[req.req_id] = _Request(req.sampling, ids[: req.prompt_len], ids[req.prompt_len:], len(ids),
+                                             spreads(req.sampling, self.num_speculative_tokens))
         computed = {c.req_id: c.num_computed_tokens for c in step.cached}
         computed.update((r.req_id, r.num_computed_tokens) for r in step.new_requests)
         sampling = {r: computed[r] + n - 1 for r, n in step.num_scheduled_tokens.items()
                     if r in self.reqs and r in computed and computed[r] + n >= self.reqs[r].prefill_len}
-        if not sampling or obs.step_failed():
+        if not sampling or obs.step_failed() or obs.sampled is None:
             return []
         handed = _handed_to_scheduler(obs)
-        out = self._judge(index, obs, sampling, handed)
+        out = self._judge(index, obs, {r: p for r, p in sampling.items() if self.reqs[r].spread}, handed)
+        out += check_logprobs(index, obs.sampled, self.reqs, sampling, handed, self.vocab_size)
         for req_id in sampling:
             self.reqs[req_id].outputs.extend(int(t) for t in handed.get(req_id, ()))
+        out += self._histories(index, obs.sampled.get("history") or {}, sampling)
         return out
+
+    def _histories(self, index: int, stored: dict[str, Any], sampling: dict[str, int]) -> list[Finding]:
+        """A request's stored history (``all_token_ids`` up to ``total_len``) is its prompt, then
+        every token it was given: what penalties, bad words and drafters read, every step."""
+        bad = []
+        for req_id in sampling:
+            got = stored.get(req_id)
+            req = self.reqs[req_id]
+            if got is not None and list(got) != req.prompt + req.outputs:
+                bad.append((req_id, req.prompt + req.outputs, list(got)))
+        if not bad:
+            return []
+        req_id, want, got = bad[0]
+        at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        return [Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="sampling",
+                        req_ids=tuple(r for r, _, _ in bad), field="req_states.all_token_ids",
+                        expected=f"{len(want)} tokens, [{at}] = {want[at] if at < len(want) else None}",
+                        actual=f"{len(got)} tokens, [{at}] = {got[at] if at < len(got) else None}",
+                        message="a request's stored history (all_token_ids up to total_len) is its prompt "
+                                "and every token it was given")]
 
     def _judge(self, index: int, obs: StepObs, sampling: dict[str, int], handed: dict[str, list]) -> list[Finding]:
         seen = obs.sampled
-        if seen is None or not seen["calls"]:
+        if not sampling or not seen["calls"]:
             return []
         call = seen["calls"][-1]
         out: list[Finding] = []
@@ -79,6 +103,8 @@ class SamplingOracle:
             if pos is None or row >= len(call.sampled):
                 continue
             req = self.reqs[req_id]
+            if not req.spread:
+                continue
             want = expected_row(req.spec, spread_logits(req_id, pos, self.vocab_size), req.prompt, req.outputs)
             got = call.processed[row].astype(np.float64)
             problem = _row_problem(want, got)
