@@ -21,6 +21,7 @@ from typing import Any
 
 from simrig.coverage.session import add_coverage_flags
 from simrig.errors import UsageError
+from simrig.sources.workloads import SAMPLING_MIXES
 
 
 def add_output_flags(p: argparse.ArgumentParser, kind: str, *, out_default: str | None = None) -> None:
@@ -162,6 +163,9 @@ def add_scheduler_options(p: argparse.ArgumentParser, *, max_model_len: int, max
     g.add_argument("--max-loras", type=int, default=0,
                    help="LoRA on, at most N adapters per batch: each request runs the base model or "
                         "one of 2N adapters, drawn with --seed (default 0 = off)")
+    g.add_argument("--sampling-mix", choices=tuple(SAMPLING_MIXES), default="none",
+                   help="each request's sampling parameters, from a fixed mix by its id (docs/recording.md): "
+                        "chat (production-like), greedy, or none (vLLM's defaults; the default)")
 
 
 def recorder_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,5 +196,5 @@ def recorder_options(args: argparse.Namespace) -> dict[str, Any]:
         max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
         prefix_caching=args.prefix_caching, num_speculative_tokens=args.num_speculative_tokens,
         pcp_size=args.pcp_size, max_loras=args.max_loras)
-    return dict(setup=setup, seed=args.seed, acceptance_rate=args.acceptance_rate,
-                eos_prob=args.eos_prob, max_steps=args.steps, time_scale=args.time_scale)
+    return dict(setup=setup, seed=args.seed, acceptance_rate=args.acceptance_rate, eos_prob=args.eos_prob,
+                max_steps=args.steps, time_scale=args.time_scale, sampling_mix=args.sampling_mix)

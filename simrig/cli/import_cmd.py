@@ -1,6 +1,5 @@
-"""``simrig import``: replay a public production workload through vLLM's real
-scheduler and write the resulting trace (``simrig.sources.workloads`` reads the file,
-``simrig.sources.record`` records it)."""
+"""``simrig import``: replay a public production workload through vLLM's real scheduler and write the
+trace (``simrig.sources.workloads`` reads the file, ``simrig.sources.record`` records it)."""
 
 from __future__ import annotations
 
@@ -11,10 +10,10 @@ from simrig.errors import UsageError
 from simrig.sources import workloads
 from simrig.sources.record import record_and_print
 
-DESCRIPTION = """Feed a production workload's arrivals and lengths through vLLM's real
-    scheduler on a simulated clock (each step lasts 12 ms + 0.06 ms per scheduled
-    token) and write the trace. Mooncake hash_ids become shared 512-token prefixes
-    that hit vLLM's prefix cache. Requests are clamped to --max-model-len."""
+DESCRIPTION = """Feed a production workload's arrivals and lengths through vLLM's real scheduler on
+    a simulated clock (each step lasts 12 ms + 0.06 ms per scheduled token) and write the trace. Mooncake
+    hash_ids become shared 512-token prefixes that hit vLLM's prefix cache. Requests are clamped to
+    --max-model-len; --sampling-mix gives them production-like sampling parameters."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,8 +1,5 @@
-"""``simrig record``: drive vLLM's real scheduler with a workload, write a trace.
-
-The recording itself is ``simrig.sources.record``'s; the options are the ones
-``simrig import`` shares (``simrig.cli.flags.add_scheduler_options``).
-"""
+"""``simrig record``: drive vLLM's real scheduler with a workload, write a trace (the recording is
+``simrig.sources.record``'s, the options ``simrig.cli.flags.add_scheduler_options``, as for import)."""
 
 from __future__ import annotations
 

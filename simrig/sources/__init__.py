@@ -5,7 +5,8 @@ The recorder that drives vLLM's real scheduler with a workload
 recorder (``live.py``, a vLLM general plugin) and the synthetic sampler that
 closes the loop around the scheduler (``sampler.py``); they write trace files
 through ``simrig.trace_io``. Modules here may import the core step model,
-``trace_io`` and ``simrig.vllm_parts.scheduler`` (lazily, only the recorder
-and the live recorder); they never import ``vllm`` themselves, nor
+``sampling``, ``trace_io``, ``simrig.vllm_parts.scheduler`` and the sampling
+mappings of ``simrig.vllm_sampling`` (only the recorder and the live recorder;
+none imports vLLM before it runs); they never import ``vllm`` themselves, nor
 ``checks``, ``report``, ``campaign`` or ``selftest``.
 """

@@ -3,14 +3,16 @@
 vLLM loads ``register`` through its ``vllm.general_plugins`` entry point; with SIMRIG_RECORD
 unset it does nothing, otherwise it wraps ``Scheduler.schedule`` and
 ``Scheduler.update_from_output`` and writes rotating, self-contained trace files
-(``LiveRecorder``'s docstring has the settings and the file layout). A recorder error
-disables recording and never reaches the scheduler. See docs/recording.md, 'Live recording
+(``LiveRecorder``'s docstring has the settings and the file layout), each new request with
+its ``SamplingParams`` as its ``sampling`` object (``simrig.vllm_sampling.from_vllm``). A recorder
+error disables recording and never reaches the scheduler. See docs/recording.md, 'Live recording
 in your deployment'.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import json
 import logging
@@ -19,7 +21,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from simrig.step import NewRequest, RunnerConfig, Step, block_groups, step_block_ids
+from simrig.step import SYNTH_VOCAB_SIZE, NewRequest, RunnerConfig, Step, block_groups, step_block_ids
 from simrig.trace_io.trace import TraceHeader, TraceWriter, step_to_json
 from simrig.vllm_parts.scheduler import (
     rejected_from_output,
@@ -28,17 +30,20 @@ from simrig.vllm_parts.scheduler import (
     step_from_output,
     vllm_version,
 )
+from simrig.vllm_sampling.from_vllm import recorded_spec
 
 log = logging.getLogger("simrig.sources.live")
 ENV_DIR, ENV_MAX_MB, ENV_MAX_FILES = "SIMRIG_RECORD", "SIMRIG_RECORD_MAX_MB", "SIMRIG_RECORD_MAX_FILES"
 _instances = itertools.count()
+# a deployment's token ids outside the synthetic vocabulary leave their field out
+_LIVE_SPEC = functools.partial(recorded_spec, vocab_size=SYNTH_VOCAB_SIZE)
 
 
 class RunnerMirror:
     """What the runner holds after each step, kept from the Steps alone."""
 
     def __init__(self) -> None:
-        # req_id -> [prompt_len, prefill_len, computed, max_tokens, block ids per group]
+        # req_id -> [prompt_len, prefill_len, computed, max_tokens, block ids per group, sampling]
         self.held: dict[str, list[Any]] = {}
 
     def apply(self, step: Step) -> None:
@@ -46,7 +51,7 @@ class RunnerMirror:
             self.held.pop(req_id, None)
         for r in step.new_requests:
             self.held[r.req_id] = [r.prompt_len, r.num_prefill_tokens, r.num_computed_tokens,
-                                   r.max_tokens, block_groups(r.block_ids)]
+                                   r.max_tokens, block_groups(r.block_ids), r.sampling]
         for c in step.cached:
             state = self.held.get(c.req_id)
             if state is not None:
@@ -64,13 +69,13 @@ class RunnerMirror:
     def resync_step(self) -> Step:
         """Every held request as a new request, nothing scheduled."""
         new = []
-        for req_id, (prompt_len, prefill_len, computed, max_tokens, blocks) in self.held.items():
+        for req_id, (prompt_len, prefill_len, computed, max_tokens, blocks, sampling) in self.held.items():
             # A request past its prefill holds one more token: the last one sampled.
             known = max(prefill_len, computed + 1) if computed >= prefill_len else prefill_len
             new.append(NewRequest(req_id=req_id, prompt_len=prompt_len, num_computed_tokens=computed,
                                   max_tokens=max_tokens,
                                   prefill_len=known if known != prompt_len else None,
-                                  block_ids=step_block_ids(blocks)))
+                                  block_ids=step_block_ids(blocks), sampling=sampling))
         return Step(new_requests=new)
 
 
@@ -149,7 +154,9 @@ class LiveRecorder:
     point, re-sent as a new request with its num_computed_tokens and blocks and no
     scheduled tokens, so each file replays on its own (header source
     ``"resync_step": 0``). Prompt token ids are never written: traces carry
-    lengths only, and replay synthesises ids. A recorder error disables
+    lengths only, and replay synthesises ids. Each new request carries its
+    SamplingParams as its ``sampling`` object, less what a trace of the synthetic
+    vocabulary cannot hold (``recorded_spec``). A recorder error disables
     recording and never reaches the scheduler.
     """
 
@@ -159,7 +166,8 @@ class LiveRecorder:
         self.live: set[str] = set()  # ids the runner holds: a new request among them is a streaming update
 
     def on_schedule(self, so: Any) -> None:
-        self.pending[id(so)] = step_from_output(so, keep_token_ids=False, live=self.live)
+        self.pending[id(so)] = step_from_output(so, keep_token_ids=False, live=self.live,
+                                                spec_of=_LIVE_SPEC)
 
     def on_output(self, so: Any, rejected: dict[str, int]) -> None:
         """``rejected``: drafts rejected per request, counted from the

@@ -3,22 +3,25 @@
 ``record`` runs one loop on a simulated clock: admit the requests that have arrived, the real
 ``schedule()``, a synthetic sampler, the real ``update_from_output``, one Step to the trace,
 then the clock advances by a modelled step time (``StepTimeModel``). The loop is drawn in
-``record``'s docstring; the scheduler-side plumbing is ``simrig.vllm_parts.scheduler``.
-See docs/recording.md.
+``record``'s docstring; the scheduler-side plumbing is ``simrig.vllm_parts.scheduler``, built
+by ``real_scheduler`` with the sampling mappings of ``simrig.vllm_sampling``. See docs/recording.md.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from simrig.sources.sampler import SyntheticSampler
-from simrig.sources.workloads import WorkloadRequest
-from simrig.step import Step
+from simrig.sources.workloads import WorkloadRequest, assign_sampling
+from simrig.step import SYNTH_VOCAB_SIZE, Step
 from simrig.trace_io.trace import TraceHeader, TraceWriter
 from simrig.vllm_parts import scheduler as vs
+from simrig.vllm_sampling.from_vllm import recorded_spec
+from simrig.vllm_sampling.sampling_params import sampling_params
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ def record(scheduler: Any, workload: list[WorkloadRequest], sampler: SyntheticSa
             clock = max(clock, pending[next_i].arrival_s * time_scale)
         while next_i < len(pending) and pending[next_i].arrival_s * time_scale <= clock:
             r = pending[next_i]
-            scheduler.add(r.req_id, r.token_ids(), r.max_tokens, r.arrival_s * time_scale, r.lora_id)
+            scheduler.add(r.req_id, r.token_ids(), r.max_tokens, r.arrival_s * time_scale, r.lora_id,
+                          sampling=r.sampling)
             next_i += 1
         t0 = time.perf_counter()
         step, so = scheduler.schedule()
@@ -169,15 +173,25 @@ def record(scheduler: Any, workload: list[WorkloadRequest], sampler: SyntheticSa
                         simulated_s=clock, wall_s=time.perf_counter() - start, scheduler_s=sched_s)
 
 
+def real_scheduler(setup: vs.SchedulerSetup) -> vs.RealScheduler:
+    """vLLM's real Scheduler for ``setup``: a request's spec becomes its SamplingParams, and
+    each new request's SamplingParams its Step's spec, less the recorder's own stop id (the
+    synthetic sampler's way of ending a request, no parameter of the request)."""
+    return vs.RealScheduler(setup, params_of=sampling_params, spec_of=functools.partial(
+        recorded_spec, vocab_size=SYNTH_VOCAB_SIZE, drop_stop_ids=(vs.STOP_TOKEN_ID,)))
+
+
 def record_to_file(path: str, setup: Any, workload: list[WorkloadRequest], *, spec: str,
                    seed: int, acceptance_rate: float, eos_prob: float,
                    max_steps: int | None = None, time_scale: float = 1.0,
                    source_kind: str = "recorded", tool: str = "simrig record",
-                   extra_source: dict | None = None) -> RecordResult:
+                   extra_source: dict | None = None, sampling_mix: str = "none") -> RecordResult:
     """Build a real scheduler for ``setup`` and stream the trace to ``path``
-    (written atomically: an error leaves no file behind)."""
+    (written atomically: an error leaves no file behind). ``sampling_mix``: each request's
+    sampling parameters from that mix (``workloads.SAMPLING_MIXES``; "none" keeps theirs)."""
+    assign_sampling(workload, sampling_mix)
     t0 = time.perf_counter()
-    scheduler = vs.RealScheduler(setup)
+    scheduler = real_scheduler(setup)
     setup_s = time.perf_counter() - t0
     sampler = SyntheticSampler(seed=seed, acceptance_rate=acceptance_rate, eos_prob=eos_prob,
                                stop_token_id=vs.STOP_TOKEN_ID,
@@ -192,6 +206,8 @@ def record_to_file(path: str, setup: Any, workload: list[WorkloadRequest], *, sp
 
         assign_adapters(workload, 2 * setup.max_loras, seed)
         source["lora_adapters"] = 2 * setup.max_loras
+    if sampling_mix != "none":  # absent: a trace recorded before mixes reads the same
+        source["sampling_mix"] = sampling_mix
     source.update(extra_source or {})
     header = TraceHeader(config=setup.runner_config(), source=source)
     with TraceWriter(path, header) as writer:

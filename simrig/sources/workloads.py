@@ -4,7 +4,8 @@ A workload is a list of ``WorkloadRequest`` sorted by arrival time, vLLM-agnosti
 ``simrig.sources.record`` feeds it to the real scheduler. ``parse_spec`` reads
 ``simrig record --workload SPEC`` (synthetic, or an Azure, BurstGPT or Mooncake file);
 shared-prefix tokens (``prefix_token``) are identical across the requests that share
-them, so vLLM's prefix cache hits; ``clamp`` cuts requests to the model length.
+them, so vLLM's prefix cache hits; ``clamp`` cuts requests to the model length;
+``assign_sampling`` gives each request the sampling parameters of a fixed mix.
 
 See docs/recording.md, 'Importing public workloads'.
 """
@@ -12,6 +13,7 @@ See docs/recording.md, 'Importing public workloads'.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from simrig.errors import UsageError
+from simrig.sampling.params import SamplingSpec
 from simrig.step import synth_token
 
 FILE_FORMATS = ("azure", "burstgpt", "mooncake")
@@ -35,6 +38,8 @@ class WorkloadRequest:
     prompt_token_ids: list[int] | None = None
     # Its LoRA adapter (an id >= 1); None: the base model.
     lora_id: int | None = None
+    # Its sampling parameters; None: vLLM's defaults.
+    sampling: SamplingSpec | None = None
 
     def token_ids(self) -> list[int]:
         if self.prompt_token_ids is not None:
@@ -296,3 +301,37 @@ def assign_adapters(reqs: list[WorkloadRequest], num_adapters: int, seed: int) -
     for r in reqs:
         pick = rng.randint(0, num_adapters)
         r.lora_id = pick or None
+
+
+# -------------------------------------------------------------- sampling mixes
+_SAMPLED = SamplingSpec(temperature=0.7, top_p=0.95)
+_GREEDY = SamplingSpec(temperature=0.0)
+# mix -> (percent of requests, spec), the percents summing to 100; docs/recording.md shows them
+SAMPLING_MIXES: dict[str, tuple[tuple[int, SamplingSpec | None], ...]] = {
+    "none": ((100, None),),
+    "chat": ((60, _SAMPLED), (20, _GREEDY),
+             (10, SamplingSpec(temperature=0.7, top_p=0.95, repetition_penalty=1.1)),
+             (10, SamplingSpec(temperature=0.7, top_p=0.95, logprobs=5))),
+    "greedy": ((100, _GREEDY),),
+}
+
+
+def sampling_of(mix: str, req_id: str) -> SamplingSpec | None:
+    """The spec ``mix`` gives ``req_id``: the request id's hash picks one of 100 buckets, so
+    a request gets the same spec in every run, whatever else the workload holds."""
+    bucket = int.from_bytes(hashlib.sha256(f"sampling:{req_id}".encode()).digest()[:8], "big") % 100
+    for percent, spec in SAMPLING_MIXES[mix]:
+        if bucket < percent:
+            return spec
+        bucket -= percent
+    raise AssertionError(f"the percents of mix {mix!r} sum to less than 100")
+
+
+def assign_sampling(reqs: list[WorkloadRequest], mix: str) -> None:
+    """Give each request its spec from ``mix`` (``SAMPLING_MIXES``) in place; "none" leaves
+    every request as it is."""
+    if mix not in SAMPLING_MIXES:
+        raise UsageError(f"--sampling-mix: unknown mix {mix!r} (choose {', '.join(SAMPLING_MIXES)})")
+    if mix != "none":
+        for r in reqs:
+            r.sampling = sampling_of(mix, r.req_id)

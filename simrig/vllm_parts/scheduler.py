@@ -4,7 +4,8 @@ One of the rooms that may import vllm (see ``simrig.vllm_parts``); everything ar
 (workloads, the synthetic sampler, the record loop, the live recorder) speaks simrig's own
 types. ``RealScheduler`` drives the real Scheduler step by step (its docstring maps each of
 its methods to vLLM's); ``step_from_output`` converts a SchedulerOutput into a Step right
-after ``schedule()``. See docs/recording.md.
+after ``schedule()``. Sampling parameters cross through two mappings handed in from above
+(``simrig.vllm_sampling`` stands on this room's floor). See docs/recording.md.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import version
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from simrig.sampling.params import SamplingSpec
 from simrig.step import SYNTH_VOCAB_SIZE, CachedUpdate, NewRequest, RunnerConfig, Step, synth_token
 from simrig.vllm_parts.lora import lora_request
 from simrig.vllm_runtime import platform
@@ -143,11 +146,17 @@ class RealScheduler:
     ``step_from_output`` converts a SchedulerOutput into a Step right after
     ``schedule()``: NewRequestData.prefill_token_ids is the request's live token
     list, which grows once outputs are appended.
+
+    ``params_of(SamplingParams, spec, max_tokens)`` makes a request's SamplingParams from
+    its spec and ``spec_of(params)`` reads one back for its Step (``simrig.vllm_sampling``'s
+    mappings); without them every request runs under vLLM's defaults and no Step carries one.
     """
 
-    def __init__(self, setup: SchedulerSetup):
+    def __init__(self, setup: SchedulerSetup, *, params_of: Callable[..., Any] | None = None,
+                 spec_of: Callable[[Any], SamplingSpec | None] | None = None):
         v = self._v = _vllm()
         self.setup = setup
+        self._params_of, self._spec_of = params_of, spec_of
         self._live: set[str] = set()  # ids the runner holds (streaming updates re-send one)
         config = copy.deepcopy(engine_config(setup))  # the scheduler mutates cache_config
         torch = v["torch"]
@@ -181,11 +190,20 @@ class RealScheduler:
 
     # ------------------------------------------------------------------ driving
     def add(self, req_id: str, prompt_token_ids: list[int], max_tokens: int,
-            arrival_s: float = 0.0, lora_id: int | None = None, resumable: bool = False) -> None:
+            arrival_s: float = 0.0, lora_id: int | None = None, resumable: bool = False,
+            sampling: SamplingSpec | None = None) -> None:
         """A request; ``resumable``: a streaming-input session (adding the same id again
-        sends its next input, vLLM's ``Scheduler.add_request`` with a live id)."""
-        params = self._v["SamplingParams"](max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN_ID],
-                                           ignore_eos=True)
+        sends its next input, vLLM's ``Scheduler.add_request`` with a live id); ``sampling``:
+        its parameters (needs ``params_of``), the recorder's stop id added to its stop ids."""
+        if sampling is not None:
+            if self._params_of is None:
+                raise ValueError(f"{req_id}: sampling parameters need a RealScheduler built with params_of")
+            sampling = replace(sampling, stop_token_ids=(*sampling.stop_token_ids, STOP_TOKEN_ID))
+            params = self._params_of(self._v["SamplingParams"], sampling, max_tokens)
+            params.ignore_eos = True
+        else:
+            params = self._v["SamplingParams"](max_tokens=max_tokens, stop_token_ids=[STOP_TOKEN_ID],
+                                               ignore_eos=True)
         extra = {"resumable": True} if resumable else {}
         self.scheduler.add_request(self._v["Request"](
             request_id=req_id, prompt_token_ids=list(prompt_token_ids), sampling_params=params,
@@ -194,7 +212,7 @@ class RealScheduler:
 
     def schedule(self) -> tuple[Step, Any]:
         so = self.scheduler.schedule()
-        return step_from_output(so, live=self._live), so
+        return step_from_output(so, live=self._live, spec_of=self._spec_of), so
 
     def progress(self, req_id: str) -> tuple[int, int] | None:
         """(num_computed_tokens, num_tokens) of a live request, else None."""
@@ -229,7 +247,8 @@ def _group0(block_ids: Any) -> list[int]:
     return list(block_ids[0])
 
 
-def step_from_output(so: Any, *, keep_token_ids: bool = True, live: set[str] | None = None) -> Step:
+def step_from_output(so: Any, *, keep_token_ids: bool = True, live: set[str] | None = None,
+                     spec_of: Callable[[Any], SamplingSpec | None] | None = None) -> Step:
     """A vLLM SchedulerOutput as a simrig Step (lengths, ids, blocks, drafts).
 
     ``live``: the ids the runner holds before this output, updated in place; a
@@ -239,7 +258,8 @@ def step_from_output(so: Any, *, keep_token_ids: bool = True, live: set[str] | N
 
     Prompt token ids are kept only where they differ from synth_token (shared
     prefixes), so a replay reproduces them; ``keep_token_ids=False`` never
-    writes them (the live recorder keeps user prompts out of traces).
+    writes them (the live recorder keeps user prompts out of traces). ``spec_of`` reads each
+    new request's SamplingParams into its ``sampling`` (without it: none).
     """
     new = []
     if live is not None:
@@ -258,7 +278,8 @@ def step_from_output(so: Any, *, keep_token_ids: bool = True, live: set[str] | N
             prompt_token_ids=explicit, block_ids=_group0(r.block_ids),
             # the request's adapter (LoRARequest.lora_int_id); None: the base model
             lora_id=r.lora_request.lora_int_id if getattr(r, "lora_request", None) else None,
-            streaming=live is not None and r.req_id in live))
+            streaming=live is not None and r.req_id in live,
+            sampling=spec_of(r.sampling_params) if spec_of is not None else None))
     if live is not None:
         live.update(r.req_id for r in so.scheduled_new_reqs)
     c = so.scheduled_cached_reqs
