@@ -8,6 +8,7 @@ applies (it is then re-targeted, not silently dropped).
 
 from __future__ import annotations
 
+from simrig.selftest.catalogue_sampling import SAMPLING
 from simrig.vllm_runtime.mutate import Mutant
 
 _MR = "vllm.v1.worker.gpu.model_runner"
@@ -381,6 +382,6 @@ LORA: tuple[Mutant, ...] = (
            "request's adapter: its prompt and token LoRA mappings carry the stale id"),
 )
 
-CATALOGUE = CATALOGUE + WIRING + STREAMING + SPEC_OUTCOMES + PIPELINE + CRASHES + LORA
+CATALOGUE = CATALOGUE + WIRING + STREAMING + SPEC_OUTCOMES + PIPELINE + CRASHES + LORA + SAMPLING
 
 BY_NAME = {m.name: m for m in CATALOGUE}

@@ -1,0 +1,40 @@
+"""Seeded faults in vLLM's sampler state (``vllm/v1/worker/gpu/sample/``), one per kind.
+
+Each is found by the sampling oracle (``simrig/sampling_checks/oracle.py``) on a row of a
+request with parameters: by a replay of a bundled ``traces/samples/sampling_*.jsonl`` and
+by the valid campaign alone (``simrig selftest --fuzz-only``); docs/selftest.md has the
+times. Appended to ``simrig.selftest.catalogue.CATALOGUE``.
+"""
+
+from __future__ import annotations
+
+from simrig.vllm_runtime.mutate import Mutant
+
+_SAMPLE = "vllm.v1.worker.gpu.sample"
+
+SAMPLING: tuple[Mutant, ...] = (
+    # routing: a parameter read through the wrong index
+    Mutant("sampling-top-k-by-batch-row", f"{_SAMPLE}.states", "SamplingStates.get_top_k_top_p",
+           "top_k = self.top_k.gpu[expanded_idx_mapping] if do_top_k else None",
+           "top_k = self.top_k.gpu[: expanded_idx_mapping.shape[0]] if do_top_k else None",
+           "the top-k gather indexes the slot table by batch row instead of through the "
+           "batch->slot mapping: a row is cut with another slot's k"),
+    # slot reuse: a per-request count not reset when a slot is handed to a new request
+    Mutant("sampling-bad-words-kept-on-slot-reuse", f"{_SAMPLE}.bad_words", "BadWordsState.add_request",
+           "self.num_bad_words.np[req_idx] = 0",
+           "pass",
+           "a request without bad words keeps the bad-word count of its slot's last request: "
+           "that request's words stay masked in the new request's rows"),
+    # penalties history: the output counts of a newly admitted request not cleared
+    Mutant("penalties-counts-not-cleared-on-admission", f"{_SAMPLE}.penalties", "bincount",
+           "output_bin_counts.index_fill_(0, idx_long, 0)",
+           "pass",
+           "a request with penalties is admitted over the output counts its slot's earlier "
+           "requests left: frequency, presence and repetition penalties hit tokens it never made"),
+    # min-tokens: the length stop tokens are masked up to, counted from the wrong start
+    Mutant("min-tokens-len-ignores-prompt", f"{_SAMPLE}.logit_bias", "LogitBiasState.add_request",
+           "min_len = prompt_len + min_tokens",
+           "min_len = min_tokens",
+           "min_tokens counted as a sequence length instead of past the prompt: once the prompt "
+           "is longer than min_tokens the stop tokens are never masked"),
+)
