@@ -23,7 +23,11 @@ import numpy as np
 from simrig.sampling.params import SamplingSpec
 
 MIN_TEMPERATURE = 0.01  # SamplingParams raises a temperature in (0, 0.01) to this
-BOUNDARY_TOL = 1e-4  # probability mass or log-ratio within which float order decides a cut
+BOUNDARY_TOL = 1e-4  # log-ratio within which float order decides a min-p or top-k cut
+# Top-p is judged to 0.1 % of the row's mass: a kernel may find its cut by a bounded search
+# over probabilities (vLLM's Triton top-k/top-p kernel stops bisecting after 18 steps), so
+# a token whose mass above sits within 1e-3 of top_p may fall either side
+TOP_P_TOL = 1e-3
 
 
 @dataclass
@@ -75,7 +79,7 @@ def expected_row(spec: SamplingSpec | None, logits: np.ndarray, prompt: Sequence
         order = np.argsort(-x, kind="stable")
         above = np.empty_like(probs)
         above[order] = np.cumsum(probs[order]) - probs[order]
-        uncertain |= np.isfinite(x) & (np.abs(above - spec.top_p) < BOUNDARY_TOL)
+        uncertain |= np.isfinite(x) & (np.abs(above - spec.top_p) < TOP_P_TOL)
         x[above >= spec.top_p] = -np.inf
     return ExpectedRow(x, uncertain, False)
 

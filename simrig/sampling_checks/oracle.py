@@ -6,7 +6,7 @@ samples (its last scheduled position, prompt done; the position from the trace):
 
     processed logits   == processing.expected_row(spec, spread_logits(req, pos), prompt,
                           outputs): the same support (but tokens on a cut) and values
-    sampled token      inside that support; greedy: the row's largest value
+    sampled token      inside the processed row it was drawn from; greedy: its largest value
     token handed out   == the token sampled for that row
     stored history     == prompt + every token given (all_token_ids to total_len; every request)
     logprobs           (logprobs.py) the sampled token's and the top ones', from the raw row
@@ -16,7 +16,7 @@ A row reading another request's parameters or a stale history shows in its proce
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from simrig.sampling_checks.logprobs import check_logprobs
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 ATOL, RTOL = 1e-3, 1e-4  # float32 kernels against the float64 reference
+TOP_P_CUT, NO_TOP_P_CUT = "the top-p cut", "none: the row before top-p kept whole"
 
 
 @dataclass
@@ -108,14 +109,23 @@ class SamplingOracle:
             want = expected_row(req.spec, spread_logits(req_id, pos, self.vocab_size), req.prompt, req.outputs)
             got = call.processed[row].astype(np.float64)
             problem = _row_problem(want, got)
-            if problem:
+            if problem and req.spec.top_p < 1.0 and not _row_problem(
+                    expected_row(replace(req.spec, top_p=1.0), spread_logits(req_id, pos, self.vocab_size),
+                                 req.prompt, req.outputs), got):
+                # every stage but top-p holds: the cut itself is missing (one class, whatever the row)
+                out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="sampling",
+                                   req_ids=(req_id,), field="sampler.processed_logits", expected=TOP_P_CUT,
+                                   actual=NO_TOP_P_CUT, message=f"the row sampled after position {pos}: top-p "
+                                   f"{req.spec.top_p:.4g} cut nothing ({problem})"))
+            elif problem:
                 out.append(_finding(index, req_id, "sampler.processed_logits", problem,
                                     f"the row sampled after position {pos} under {_families(req.spec)}"))
             token = int(call.sampled[row])
-            allowed = np.isfinite(want.values) | want.uncertain
-            best = np.max(want.values)
+            # judged against the row it was drawn from (processing above is judged on its own)
+            allowed = np.isfinite(got)
+            best = np.max(got)
             if not (0 <= token < len(allowed)) or not allowed[token] or (
-                    want.greedy and want.values[token] < best - ATOL - RTOL * abs(best)):
+                    want.greedy and got[token] < best - ATOL - RTOL * abs(best)):
                 out.append(_finding(index, req_id, "sampler.sampled_token",
                                     f"expected a token of the row's support ({int(allowed.sum())} tokens"
                                     f"{', its argmax' if want.greedy else ''}), got {token}",
