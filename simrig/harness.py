@@ -13,8 +13,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-
 from simrig import observe as obs
 from simrig.vllm_runtime import platform
 from simrig.adapters import pp_peer, sampling
@@ -23,12 +21,13 @@ from simrig.adapters.reuse import RunnerState
 from simrig.adapters.runner import VllmApi, load
 from simrig.dummy_paths import DummyRuns
 from simrig.findings.findings import Finding, rig_error
-from simrig.sampling.logits import sampler_mode, spread_logits, spreads
+from simrig.sampling.logits import sampler_mode
 from simrig.stage_probes import Probes, StopStep, observe_dcp_local_seq_lens, record_unclaimed
 from simrig.step import RunnerConfig, Step
 from simrig.step_context import StepContext
 from simrig.trace_gate import vllm_calls
 from simrig.vllm_parts import ubatch
+from simrig.vllm_sampling.feed import SpreadFeed, histories
 
 
 class Harness:
@@ -92,7 +91,7 @@ class Harness:
         # and the runner pool never resets such a runner for another example
         self.raised_at: int | None = None
         self.ctx = StepContext()
-        self.spread_ids: set[str] = set()  # requests whose logit rows are spread (_learn_spread)
+        self.feed = SpreadFeed(config.num_speculative_tokens)  # the requests with sampling parameters
         self.probes = Probes(self.ctx, self.api, self.runner, stages, len(self.pcp_managers))
         self.dummies = DummyRuns(self.ctx, self.runner, stages)
         # reuse (simrig.runners): the state after start-up, kept when asked for
@@ -117,12 +116,12 @@ class Harness:
     def _run_step(self, step: Step) -> obs.StepObs:
         result = obs.StepObs(index=self.num_steps)
         self.num_steps += 1
+        self.feed.learn(step)  # before the SchedulerOutput: a resumed request re-sends its tokens
         so = self.api.scheduler_output(step, self.config.num_kv_groups)
         if self.pp_rank is not None and hasattr(so, "num_spec_tokens_to_schedule"):
             # the drafts the last rank proposes are what the other PP ranks embed: K, as
             # vLLM's Scheduler sets it ("num_spec_tokens_to_schedule = self.num_spec_tokens")
             so.num_spec_tokens_to_schedule = self.config.num_speculative_tokens
-        self._learn_spread(step)
         ctx = self.ctx
         ctx.begin(step, result)
         start = time.perf_counter()
@@ -201,7 +200,7 @@ class Harness:
         if not dirty:
             self.num_steps = 0
             self.raised_at = None
-            self.spread_ids.clear()
+            self.feed.clear()
             self.ctx.begin(None, None)
             self._report_startup = True
         return dirty
@@ -252,9 +251,8 @@ class Harness:
         scheduler are observed."""
         record = self.ctx.open(obs.POSTPROCESS)
         self.runner.model.target_tokens = sampling.target_tokens(batch)
-        rows = self._spread_rows(batch)
-        self.runner.model.spread_rows = {row: spread_logits(req_id, pos, self.runner.vocab_size)
-                                         for row, (req_id, pos) in rows.items()}
+        rows = self.feed.rows(batch)
+        self.runner.model.spread_rows = self.feed.logits(rows, self.runner.vocab_size)
         switch = self.runner.sampler
         if hasattr(switch, "use_real"):  # vllm_sampling.switch.SamplerSwitch
             switch.use_real = bool(rows) or sampler_mode() == "always"
@@ -273,51 +271,15 @@ class Harness:
             self.runner.model.target_tokens = self.runner.model.spread_rows = None
         if hasattr(switch, "take_rows"):  # what vLLM's sampler made, and each request's stored history
             result.sampled = {"rows": [(row, req_id, pos) for row, (req_id, pos) in rows.items()],
-                              "calls": switch.take_rows(), "history": self._histories(batch),
+                              "calls": switch.take_rows(), "history": histories(self.runner, batch),
                               "logprobs": getattr(output, "logprobs", None)}
         if output is not None and getattr(output, "sampled_token_ids", None) is not None:
+            self.feed.handed(output.req_ids, output.sampled_token_ids)
             record.fields["output.req_ids"] = obs.observe_value(list(output.req_ids))
             record.fields["output.num_sampled_tokens"] = obs.observe_value(
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
-
-    def _histories(self, batch: Any) -> dict[str, np.ndarray]:
-        """Each batch request's stored token history after sampling: ``all_token_ids`` of
-        its slot up to ``total_len`` (what penalties, bad words and drafters read)."""
-        states = self.runner.req_states
-        ids, total = getattr(states, "all_token_ids", None), getattr(states, "total_len", None)
-        if ids is None or total is None:  # a release without a stored history
-            return {}
-        lens = total.gpu.cpu().numpy()
-        slots = batch.idx_mapping_np[: batch.num_reqs]
-        return {r: ids.gpu[int(s), : int(lens[int(s)])].cpu().numpy().astype(np.int64)
-                for r, s in zip(batch.req_ids, slots)}
-
-    def _learn_spread(self, step: Step) -> None:
-        """Which held requests state sampling parameters (their rows are spread)."""
-        self.spread_ids.difference_update((*step.finished, *step.preempted))
-        for req in step.new_requests:
-            if spreads(req.sampling, self.config.num_speculative_tokens):
-                self.spread_ids.add(req.req_id)
-            else:
-                self.spread_ids.discard(req.req_id)
-
-    def _spread_rows(self, batch: Any) -> dict[int, Any]:
-        """The logit rows of requests with sampling parameters: row -> (request, position),
-        their logits set by the model stand-in (``simrig.sampling.logits``)."""
-        if not self.spread_ids:
-            return {}
-        n = batch.num_reqs
-        num_logits = np.diff(batch.cu_num_logits_np[: n + 1])
-        seq_lens = batch.seq_lens[:n].cpu().numpy()
-        rows, row = {}, 0
-        for i, req_id in enumerate(batch.req_ids):
-            k = int(num_logits[i])
-            if req_id in self.spread_ids:
-                rows.update({row + j: (req_id, int(seq_lens[i]) - k + j) for j in range(k)})
-            row += k
-        return rows
 
     def _pp_in_step(self) -> bool:
         """The non-last PP rank steps with this one until vLLM raised here: after that

@@ -302,6 +302,9 @@ class NewRequest:
     # The request's sampling parameters; None: vLLM's defaults. A request re-sent (resumed
     # after preemption, or a streaming update) carries them again.
     sampling: SamplingSpec | None = None
+    # The outputs a resumed request re-sends where they are the sampler's (its rows spread):
+    # set by the harness, as a scheduler re-sends what it was given; never in a trace
+    output_token_ids: list[int] | None = None
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -314,7 +317,9 @@ class NewRequest:
             head = list(self.prompt_token_ids)
         else:
             head = [synth_token(self.req_id, p) for p in range(self.prompt_len)]
-        return head + [synth_token(self.req_id, p) for p in range(len(head), n)]
+        given = self.output_token_ids or []
+        return head + [given[p - len(head)] if p - len(head) < len(given) else synth_token(self.req_id, p)
+                       for p in range(len(head), n)]
 
 
 @dataclass
