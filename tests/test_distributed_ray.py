@@ -132,14 +132,14 @@ def test_two_worker_campaign_shares_one_example_database(tmp_path):
 
 
 def test_a_killed_worker_loses_nothing_it_reported(tmp_path):
-    """60 examples a shard (not a budget): s1 is killed right after its first class, while
-    it still shrinks it (a shard runs a few to a dozen examples a second, the kill follows
-    the class's line within a second or two), so examples are left to reassign to s1.1 as a
-    budget's seconds were; s0 and s1.1 then end on the count, not the clock. The worker's
+    """30 examples a shard (not a budget; shrink runs are not counted): s1 is killed right after
+    its first class, while it still shrinks it (a shard runs a few to a dozen examples a second,
+    the kill follows the class's line within a second or two), so examples are left to reassign
+    to s1.1 as a budget's seconds were; s0 and s1.1 then end on the count, not the clock. The worker's
     death is itself a finding: simrig cannot tell a kill from outside from a crash in vLLM's
     code, so the example it died in is a crash class (exit 1)."""
     out = tmp_path / "out"
-    proc = _fuzz(tmp_path, "--max-examples", "60", "--out", str(out), "--database", "none",
+    proc = _fuzz(tmp_path, "--max-examples", "30", "--out", str(out), "--database", "none",
                  "--no-regressions")
     lines = Lines(proc)
     started = lines.wait_for(lambda l: l.startswith("fuzz: shard s1 started on "))
