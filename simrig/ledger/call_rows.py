@@ -51,8 +51,9 @@ def _fixed(attr: str, where: str = _INIT) -> CallRow:
 _SAME_CONFIG = "the config object vLLM builds for the trace (vllm_parts/vllm_config.py), the same every step"
 _STANDIN_MODEL = Cite("simrig/adapters/standins.py", "ModelStandIn",
                       "class ModelStandIn:")
-_STANDIN_SAMPLER = Cite("simrig/adapters/sampling.py", "GreedySampler", "class GreedySampler:")
 _STANDIN_VERIFIER = Cite("simrig/adapters/sampling.py", "GreedyVerifier", "class GreedyVerifier:")
+# under speculative decoding no request's rows are spread, parameters or not: every row is one-hot
+_ONE_HOT_UNDER_DRAFTS = Cite("simrig/sampling/logits.py", "spreads", "num_speculative_tokens == 0")
 _NO_DP = because("data parallelism is off in every config simrig draws (one DP rank); the idle DP "
                  "rank's own batch is the idle dummy, driven and judged on its own path",
                  Cite(_MR, "GPUModelRunner.dp_size", "return self.parallel_config.data_parallel_size",
@@ -64,12 +65,13 @@ _NO_EMBEDS = because("text-only models: no multimodal or prompt-embeds inputs, s
 _NO_PP_INPUT = because("intermediate tensors come from the previous pipeline rank: the last rank is driven as "
                        "the first (None), a non-last rank gets the forward stand-in's zeros, which nothing "
                        "reads (docs/standins.md)", Cite(_MR, EXECUTE, '"intermediate_tensors": None,'))
-_NO_GRAMMAR = because("no structured-output requests in any trace: grammar_output is None, so no "
-                      "bitmask and no invalid drafts", Cite(_MR, "GPUModelRunner.sample",
-                                                            "invalid_drafts = None", {"0.30.0": None,
-                                                                                       "0.31.0": None}))
-_LOGITS = because("the stand-in model's logits (docs/standins.md): one row per logits index, "
-                  "whose rows prepare.logits_indices judges", _STANDIN_MODEL)
+_NO_GRAMMAR = because(
+    "not driven: the harness calls sample_tokens(None), so grammar_output is None (no bitmask, no "
+    "invalid drafts); a trace's sampling object has no structured-output field",
+    Cite("simrig/harness.py", "Harness._sample_tokens", "output = self.runner.sample_tokens(None)"),
+    Cite(_MR, "GPUModelRunner.sample", "invalid_drafts = None", {"0.30.0": None, "0.31.0": None}))
+_NO_PROMPT_LOGPROBS = Cite("simrig/vllm_sampling/sampling_params.py", "sampling_params", "prompt_logprob",
+                           absent=True)
 _COMPILED = because("skip_compiled is set only for encoder-decoder models with encoder inputs, which "
                     "no trace has", Cite(_MR, EXECUTE, "if self.is_encoder_decoder and "
                                                        "scheduler_output.scheduled_encoder_inputs:"))
@@ -88,7 +90,7 @@ _DUMMY_ATTN = ("dummy.query_start_loc", "dummy.seq_lens", "dummy.attn.block_tabl
 _CAPTURE_ATTN = ("capture.query_start_loc", "capture.seq_lens", "capture.attn.block_tables.0",
                  "capture.attn.slot_mappings", "capture.dcp_local_seq_lens")
 _SAMPLED = ("postprocess.num_sampled", "postprocess.num_rejected", "postprocess.output.sampled_token_ids",
-            "postprocess.sampled_tokens")
+            "postprocess.sampled_tokens", "postprocess.sampler.sampled_token")
 
 ROWS: dict[tuple[str, str], CallRow] = {
     # -- the model ---------------------------------------------------------------------
@@ -185,20 +187,30 @@ ROWS: dict[tuple[str, str], CallRow] = {
     ("_set_active_loras", "*lora_inputs"): judged("prepare.lora.prompt_mapping", "prepare.lora.token_mapping",
                                                   "prepare.lora.active_ids", "partition.lora.token_mapping"),
     # -- sampling ------------------------------------------------------------------------
-    ("sample", "hidden_states"): _LOGITS,
+    ("sample", "hidden_states"): because(
+        "the stand-in model's output (docs/standins.md): hidden states whose values nothing reads (the "
+        "logits name the trace's tokens); the rows sample takes are prepare.logits_indices", _STANDIN_MODEL),
     ("sample", "input_batch"): judged(*_BATCH, "prepare.cu_num_logits", "prepare.expanded_idx_mapping"),
     ("sample", "grammar_output"): _NO_GRAMMAR,
     ("the logits", "sample_hidden_states"): judged("prepare.logits_indices"),
-    ("the sampler", "logits"): _LOGITS,
-    ("the sampler", "input_batch"): judged("prepare.logits_indices", "prepare.idx_mapping",
-                                           "prepare.cu_num_logits"),
-    ("the rejection sampler", "logits"): _LOGITS,
+    # a row of a request with parameters is spread; the oracle's reference starts from the same row
+    ("the sampler", "logits"): judged("prepare.logits_indices", "prepare.cu_num_logits",
+                                      "postprocess.sampler.processed_logits", "postprocess.output.sampled_token_ids"),
+    ("the sampler", "input_batch"): judged("prepare.logits_indices", "prepare.idx_mapping", "prepare.cu_num_logits",
+                                           "postprocess.sampler.processed_logits"),
+    # one-hot rows (drafts): a draft is kept iff it is its row's token, as spec_outcomes expects
+    ("the rejection sampler", "logits"): judged("prepare.logits_indices", "prepare.cu_num_logits",
+                                                "postprocess.sampled_tokens"),
     ("the rejection sampler", "input_batch"): judged("prepare.logits_indices", "prepare.cu_num_logits",
                                                      "prepare.expanded_idx_mapping",
                                                      "prepare.num_draft_tokens_per_req"),
     ("the rejection sampler", "self.speculator.draft_logits"): because(
-        "the drafter is a stand-in (docs/standins.md) and the verifier greedy: draft logits are "
-        "never read", _STANDIN_VERIFIER),
+        "the drafter is a stand-in (docs/standins.md) without draft probabilities: None, never read by "
+        "the default verifier (a greedy stand-in) and handed as None to vLLM's RejectionSampler (config "
+        "rejection_sampler); sampling parameters change nothing here, since under speculative decoding "
+        "no request's rows are spread",
+        Cite("simrig/adapters/sampling.py", "DrafterStandIn", "draft_logits = None"), _STANDIN_VERIFIER,
+        _ONE_HOT_UNDER_DRAFTS),
     ("the rejection sampler", "invalid_drafts"): _NO_GRAMMAR,
     # -- what the sampled tokens write back, and what the scheduler receives ---------------
     ("the state write-back", "input_batch.idx_mapping"): judged("prepare.idx_mapping"),
@@ -211,15 +223,16 @@ ROWS: dict[tuple[str, str], CallRow] = {
         "postprocess.post.num_computed_tokens", "prepare.num_computed_tokens_np"),
     ("post_update", "self.req_states.last_sampled_tokens"): judged("postprocess.post.last_sampled_tokens",
                                                                     "prepare.input_ids"),
-    ("post_update", "output_bin_counts"): because(
-        "penalty bin counts: the stand-in sampler applies no penalties, so they are never read",
-        _STANDIN_SAMPLER),
+    # the counts frequency, presence and repetition penalties read: the reference counts the outputs
+    ("post_update", "output_bin_counts"): judged("postprocess.sampler.processed_logits"),
     ("post_update", "sampled_tokens"): judged(*_SAMPLED),
     ("post_update", "num_sampled"): judged("postprocess.num_sampled"),
     ("post_update", "num_rejected"): judged("postprocess.num_rejected"),
     ("post_update", "query_start_loc"): judged("prepare.query_start_loc"),
-    ("post_update", "self.req_states.all_token_ids.gpu"): judged("prepare.input_ids"),
-    ("post_update", "self.req_states.total_len.gpu"): judged("prepare.seq_lens", "prepare.positions"),
+    ("post_update", "self.req_states.all_token_ids.gpu"): judged("prepare.input_ids",
+                                                                 "postprocess.req_states.all_token_ids"),
+    ("post_update", "self.req_states.total_len.gpu"): judged("prepare.seq_lens", "prepare.positions",
+                                                             "postprocess.req_states.all_token_ids"),
     ("post_update", "draft_tokens"): judged("prepare.input_ids", "prepare.num_draft_tokens_per_req"),
     ("post_update", "self.req_states.draft_tokens"): judged("prepare.input_ids"),
     ("the scheduler's output", "req_ids"): judged("postprocess.output.req_ids"),
@@ -229,16 +242,18 @@ ROWS: dict[tuple[str, str], CallRow] = {
                                                   "runner.")),
     ("the scheduler's output", "sampled_token_ids"): judged("postprocess.output.sampled_token_ids"),
     ("the scheduler's output", "prompt_logprobs_dict"): because(
-        "no request asks for prompt logprobs (SamplingParams default), so the dict is empty",
-        Cite(_MR, "GPUModelRunner.sample_tokens", "prompt_logprobs_dict = self.prompt_logprobs_worker"
-                                                  ".compute_prompt_logprobs(")),
+        "not driven: simrig does not pass prompt_logprobs to vLLM yet (a trace's value is read, not "
+        "handed on), so no request's prompt logprobs are computed and the dict is empty",
+        _NO_PROMPT_LOGPROBS, Cite(_MR, "GPUModelRunner.sample_tokens", "prompt_logprobs_dict = "
+                                  "self.prompt_logprobs_worker.compute_prompt_logprobs(")),
     ("the scheduler's output", "prompt_token_id_logprobs_dict"): because(
-        "no request asks for prompt-token logprobs, so the dict is empty",
+        "not driven: simrig sets no prompt_logprob_token_ids on a request (a trace has no such field), "
+        "so no request's prompt-token scores are computed and the dict is empty", _NO_PROMPT_LOGPROBS,
         Cite(_MR, "GPUModelRunner.sample_tokens", "self.prompt_logprobs_worker.compute_prompt_token_id_logprobs(",
              {"0.30.0": None})),
     ("the scheduler's output", "cudagraph_stats"): _STATS,
     ("the async output", "model_runner_output"): judged("postprocess.output.req_ids"),
-    ("the async output", "sampler_output"): judged(*_SAMPLED),
+    ("the async output", "sampler_output"): judged(*_SAMPLED, "postprocess.output.logprobs"),
     ("the async output", "num_sampled_tokens"): judged("postprocess.output.num_sampled_tokens"),
     ("the async output", "main_stream"): because("the device's stream: no per-step value",
                                                  Cite(_MR, "GPUModelRunner.main_stream",

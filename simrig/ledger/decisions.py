@@ -80,13 +80,18 @@ _TO_REPLAY = ("num_tokens", "num_tokens_after_padding", "num_reqs", "num_reqs_af
               "cg_mode", "uniform_token_count", "num_active_loras", "capture_sizes",
               "uniform_decode_token_count")
 
+# what the sampling oracle judges (its own observation, StepObs.sampled): where each goes next
+_AFTER_SAMPLING = {"sampler.processed_logits": "the sampler's token draw",
+                   "sampler.sampled_token": "postprocess_sampled and the scheduler",
+                   "req_states.all_token_ids": "the runner's request state (penalties, bad words, drafters)"}
+
 
 def consumer(stage: str, name: str) -> str:
     """Where the value goes next."""
     if stage == "lifecycle":
         return "the runner's request state"
     if stage == "postprocess":
-        return "the scheduler (ModelRunnerOutput)"
+        return _AFTER_SAMPLING.get(name, "the scheduler (ModelRunnerOutput)")
     if stage == "pipeline":
         return "the non-last PP rank's request state (its next steps' inputs)"
     if stage == "ubatch":

@@ -7,6 +7,9 @@ stage and fails when a stage observes a field neither table names, when a
 field is in both, and when the oracle page's table of unchecked fields
 (docs/oracle.md) is not ``readme_table()``. Every field also has its dtype
 checked (contract.py) where the contract declares it; that is not a value check.
+The sampling oracle's values (``sampler.*``, ``req_states.all_token_ids``,
+``output.logprobs``) are observed in ``StepObs.sampled``, not as stage fields; its
+findings name them under the postprocess stage, and so do their rows here.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ _DUMMY = "dummy_batches"
 _OFF = _DUMMY + ": its feature is never enabled, so its documented off value"
 _PP = "pipeline (the non-last PP rank, pp_size > 1)"
 _UB = "ubatch"
+# vLLM's Sampler runs (vllm_sampling/switch.py) on steps without drafts, on releases whose Gumbel
+# kernel Triton's interpreter runs (not 0.30.0); the sampling oracle judges those steps
+_SAMPLING = "sampling (no drafts; not 0.30.0)"
 
 VALUE_CHECKED: dict[tuple[str, str], str] = {
     # -- prepare_attn's outputs and execute_model's DCP lengths (blocks.py) --
@@ -93,7 +99,24 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("postprocess", "output.req_ids"): _FIELDS + ": the batch's requests in batch order",
     ("postprocess", "output.num_sampled_tokens"): _FIELDS + ": exactly the tokens sampled",
     ("postprocess", "output.sampled_token_ids"): _FIELDS + ": the trace's token after each "
-                                                 "accepted position",
+                                                 "accepted position; " + _SAMPLING + ": for a request "
+                                                 "with parameters, the token sampled for its row",
+    # -- what vLLM's Sampler made of each request's parameters (sampling_checks): observed in
+    # StepObs.sampled, not as stage fields; the findings name these fields (stage postprocess)
+    ("postprocess", "sampler.processed_logits"): _SAMPLING + ": the row Sampler.sample returned for a "
+                                                 "request with parameters, against sampling/processing.py "
+                                                 "(logit bias, min_tokens, penalties over the prompt and "
+                                                 "output_bin_counts, bad words over the history, "
+                                                 "temperature, min-p, top-k, top-p): support and values",
+    ("postprocess", "sampler.sampled_token"): _SAMPLING + ": the token drawn for a request with parameters, "
+                                              "inside the support of the row it was drawn from "
+                                              "(temperature 0: the row's largest value)",
+    ("postprocess", "req_states.all_token_ids"): _SAMPLING + ": each request's stored history (to "
+                                                 "total_len) is its prompt and every token it was given, "
+                                                 "each step it samples",
+    ("postprocess", "output.logprobs"): _SAMPLING + " (logprobs.py): present exactly when a request asks, "
+                                        "as wide as the most asked plus the chosen token; the chosen "
+                                        "token, its rank, the top tokens, values from the raw row",
     # -- the global batch (prepare) --
     ("prepare", "req_ids"): _REF, ("prepare", "num_tokens"): _REF,
     ("prepare", "num_tokens_after_padding"): _REF + " (the descriptor's padding)",
