@@ -16,9 +16,9 @@ pytestmark = pytest.mark.vllm
 
 SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples"
 # one trace per axis the runner keeps state for: drafts, PCP ranks, graphs and
-# capture, several KV cache groups, LoRA, preemption
+# capture, several KV cache groups, LoRA, preemption, the sampler's per-slot tables
 TRACES = ("spec_decode.jsonl", "pcp2.jsonl", "graphs_dcp2.jsonl", "two_kv_groups.jsonl",
-          "lora_two_adapters.jsonl", "preempt_resume.jsonl")
+          "lora_two_adapters.jsonl", "preempt_resume.jsonl", "sampling_penalties.jsonl")
 
 
 def _plain(value):

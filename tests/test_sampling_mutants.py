@@ -1,0 +1,84 @@
+"""The selftest's sampling family (``simrig/selftest/catalogue_sampling.py``): one seeded
+fault per kind in vLLM's sampler state, each found by a replay of the bundled sampling
+trace written for it, on the row and step that trace sets up; the unmutated code replays
+those traces clean; one fault is found by the valid campaign alone. (That every mutant of
+the catalogue applies to the installed source is tests/test_selftest.py's.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simrig.selftest.catalogue import BY_NAME, CATALOGUE
+from simrig.selftest.catalogue_sampling import SAMPLING
+
+SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples"
+TRACES = ("sampling_temperature_topk_topp.jsonl", "sampling_penalties.jsonl",
+          "sampling_bias_badwords_mintokens.jsonl")
+SIGNATURE = ["value_mismatch", "postprocess", "sampler.processed_logits"]
+
+# mutant -> (the trace that shows it, the step its first wrong row samples at, that row's request)
+FOUND_BY = {
+    # k (top_k 20) samples at step 0 in batch row 1, where slot 1 holds plain's k (none)
+    "sampling-top-k-by-batch-row": ("sampling_temperature_topk_topp.jsonl", 0, "k"),
+    # x (temperature only) takes the slot w (three single-token bad words) left at step 3
+    "sampling-bad-words-kept-on-slot-reuse": ("sampling_bias_badwords_mintokens.jsonl", 3, "x"),
+    # f (frequency penalty 2) takes, at step 4, the slot plain left after four sampled tokens
+    "penalties-counts-not-cleared-on-admission": ("sampling_penalties.jsonl", 4, "f"),
+    # mt (min_tokens 4 after a 13-token prompt) first samples at step 1: its stop ids stay open
+    "min-tokens-len-ignores-prompt": ("sampling_bias_badwords_mintokens.jsonl", 1, "mt"),
+}
+
+
+def test_the_family_is_in_the_catalogue_one_mutant_per_kind():
+    assert set(FOUND_BY) == {m.name for m in SAMPLING}
+    assert all(BY_NAME[m.name] is m and m in CATALOGUE for m in SAMPLING)
+    assert not any(m.equivalent or m.control for m in SAMPLING)
+    # routing, slot reuse, penalties history, min-tokens: one sampler module each
+    assert sorted(m.module.rsplit(".", 1)[1] for m in SAMPLING) == [
+        "bad_words", "logit_bias", "penalties", "states"]
+    assert {trace for trace, _, _ in FOUND_BY.values()} <= set(TRACES)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("name", TRACES)
+def test_the_unmutated_sampler_replays_each_sampling_trace_clean(vllm_api, name):
+    from simrig.replay import replay_problems
+    from simrig.trace_io.trace import read_trace
+
+    header, steps = read_trace(SAMPLES / name)
+    assert replay_problems(header, steps, api=vllm_api) == []
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # a child process per mutant: vLLM loaded, one trace replayed (~12 s each)
+@pytest.mark.parametrize("name", sorted(FOUND_BY))
+def test_a_replay_of_the_bundled_trace_finds_the_mutant(tmp_path, name):
+    from simrig.selftest.mutant_runs import PHASE_TRACES, run_child
+
+    trace, step, req = FOUND_BY[name]
+    result = run_child(name, budget_s=0, seed=0, baseline=[], traces=[SAMPLES / trace],
+                       out_dir=tmp_path, timeout_s=300)
+    assert result.error == ""
+    assert result.detected and result.phase == PHASE_TRACES, result
+    assert result.signature[:3] == SIGNATURE
+    assert result.shrunk_steps == step + 1, result.message
+    assert f"(requests {req})" in result.message
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # one mutant campaign in a child process, ~10 s
+def test_counts_left_in_a_slot_are_found_by_the_valid_campaign(tmp_path):
+    """The valid campaign alone (no bundled trace, no database, bounded by examples): its
+    first example admits a request with penalties into a slot that held sampled tokens."""
+    from simrig.selftest.mutant_runs import run_child
+
+    result = run_child("penalties-counts-not-cleared-on-admission", budget_s=0, seed=0, baseline=[],
+                       traces=[], out_dir=tmp_path, timeout_s=300, max_examples=2)
+    assert result.error == ""
+    assert result.detected and result.via == "fuzz:valid", result
+    assert result.signature[:3] == SIGNATURE
+    # a penalised value, not a support: the row's penalties read counts it never made
+    assert "frequency_penalty" in result.message and ": value: token " in result.message, result.message
+    assert result.examples_to_detection == 1
