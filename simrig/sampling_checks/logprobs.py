@@ -30,7 +30,10 @@ TOL = 1e-3  # float32 log-softmax against the float64 one
 
 def check_logprobs(index: int, seen: dict[str, Any], reqs: dict[str, Any], sampling: dict[str, int],
                    handed: dict[str, list], vocab_size: int) -> list[Finding]:
-    """Findings about the logprobs of one step's batch (``handed``: batch order)."""
+    """Findings about the logprobs of one step's batch (``handed``: batch order); judged only
+    where vLLM's own sampler sampled it (the stand-in computes none)."""
+    if not seen.get("calls"):
+        return []
     lp = seen.get("logprobs")
     asked = [reqs[r].spec.logprobs for r in handed if r in reqs and reqs[r].spec is not None
              and reqs[r].spec.logprobs is not None]
