@@ -1,16 +1,16 @@
 """``runner.sampler``: vLLM's own ``Sampler`` holding every request's sampling state,
-sampling every batch in which a request states parameters, and observed by wrapping.
+sampling each batch (``SIMRIG_SAMPLER``, simrig.sampling.logits), observed by wrapping.
 
     add_request ────────────► Sampler.add_request (every request: the slot tables are vLLM's)
     apply_staged_writes ────► Sampler.apply_staged_writes
-    __call__(logits, batch) ─► Sampler          when the harness says a row is spread
+    __call__(logits, batch) ─► Sampler          as the harness says (default: every batch)
                             └► the stand-in     otherwise (one-hot rows: the same tokens)
     Sampler.sample ──wrapped──► SampledRows: processed logits and sampled token per row
 
 On one-hot rows any sampler picks the row's token (tests/test_sampling.py), so the stand-in
-takes batches without parameters: the Gumbel kernel costs milliseconds a row in Triton's
-interpreter. vLLM draws an unseeded request's seed from numpy's global generator: under a
-seed fixed by slot and admission count, so a replay samples the same tokens every time.
+may take batches without parameters (SIMRIG_SAMPLER=parameters). vLLM draws an unseeded
+request's seed from numpy's global generator: under a seed fixed by slot and admission
+count, so a replay samples the same tokens every time.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def sampler_runs_here() -> bool:
 
 
 class SamplerSwitch:
-    """vLLM's ``Sampler`` for state and for batches with parameters; ``stand_in`` else."""
+    """vLLM's ``Sampler`` for state and the batches the harness hands it; ``stand_in`` else."""
 
     def __init__(self, real: Any, stand_in: Any) -> None:
         self.real = real
