@@ -24,10 +24,11 @@ from simrig.sampling.params import SamplingSpec
 
 MIN_TEMPERATURE = 0.01  # SamplingParams raises a temperature in (0, 0.01) to this
 BOUNDARY_TOL = 1e-4  # log-ratio within which float order decides a min-p or top-k cut
-# Top-p is judged to 0.1 % of the row's mass: a kernel may find its cut by a bounded search
-# over probabilities (vLLM's Triton top-k/top-p kernel stops bisecting after 18 steps), so
-# a token whose mass above sits within 1e-3 of top_p may fall either side
-TOP_P_TOL = 1e-3
+# Top-p is judged to 1 % of the row's mass: a kernel may find its cut approximately (vLLM's
+# Triton top-k/top-p kernel estimates the row's statistics from a sample of its tokens and
+# stops bisecting after 18 steps; on 40 spread rows it kept 1-12 tokens fewer than the
+# definition on 8), so a token whose mass above sits within 1e-2 of top_p may fall either side
+TOP_P_TOL = 1e-2
 
 
 @dataclass
