@@ -167,3 +167,14 @@ def observe_fields(obj: Any, prefix: str = "") -> dict[str, FieldObs]:
         else:
             out[key] = observe_value(value)
     return out
+
+
+def handed_to_scheduler(obs: StepObs) -> dict[str, list]:
+    """The tokens sample_tokens handed the scheduler, per request (none if it failed)."""
+    post = obs.get(POSTPROCESS)
+    if post is None or post.error is not None:
+        return {}
+    ids, tokens = post.fields.get("output.req_ids"), post.fields.get("output.sampled_token_ids")
+    if ids is None or tokens is None or ids.kind != "list" or tokens.kind != "list":
+        return {}
+    return {str(r): list(t) for r, t in zip(ids.values, tokens.values)}

@@ -20,7 +20,7 @@ from simrig.findings import findings as fk
 from simrig.reference.descriptor import descriptor, padded_counts
 from simrig.reference.comparer import Comparer, short
 from simrig.findings.findings import Finding, guarded
-from simrig.observe import GATHER, POSTPROCESS, PREPARE, StageObs, StepObs
+from simrig.observe import GATHER, PREPARE, StageObs, StepObs, handed_to_scheduler
 from simrig.sampling.logits import spreads
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, draft_token, rejected_from, synth_token
 
@@ -124,7 +124,7 @@ class ReferenceModel:
     def advance(self, step: Step, obs: StepObs | None = None) -> None:
         """After the step: accepted tokens become computed (drafts may be rejected); a
         spread request's sampled token is learnt from the runner's output to the scheduler."""
-        given = _handed_to_scheduler(obs) if obs is not None else {}
+        given = handed_to_scheduler(obs) if obs is not None else {}
         for req_id in step.num_scheduled_tokens:
             req = self.reqs.get(req_id)
             if req is not None:
@@ -299,14 +299,3 @@ class ReferenceModel:
                         f"slot {slot} already held by live request {owner[slot]}")
             model.slot = slot
         return out
-
-
-def _handed_to_scheduler(obs: StepObs) -> dict[str, list]:
-    """The tokens sample_tokens handed the scheduler, per request (none if it failed)."""
-    post = obs.get(POSTPROCESS)
-    if post is None or post.error is not None:
-        return {}
-    ids, tokens = post.fields.get("output.req_ids"), post.fields.get("output.sampled_token_ids")
-    if ids is None or tokens is None or ids.kind != "list" or tokens.kind != "list":
-        return {}
-    return {str(r): list(t) for r, t in zip(ids.values, tokens.values)}

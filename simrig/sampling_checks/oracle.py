@@ -23,7 +23,7 @@ import numpy as np
 
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
-from simrig.observe import POSTPROCESS, StepObs
+from simrig.observe import POSTPROCESS, StepObs, handed_to_scheduler
 from simrig.sampling.logits import spread_logits, spreads
 from simrig.sampling.params import SamplingSpec
 from simrig.sampling.processing import expected_row
@@ -65,7 +65,7 @@ class SamplingOracle:
                     if r in self.reqs and r in computed and computed[r] + n >= self.reqs[r].prefill_len}
         if not sampling or obs.step_failed() or obs.sampled is None:
             return []
-        handed = _handed_to_scheduler(obs)
+        handed = handed_to_scheduler(obs)
         out = self._judge(index, obs, {r: p for r, p in sampling.items() if self.reqs[r].spread}, handed)
         out += check_logprobs(index, obs.sampled, self.reqs, sampling, handed, self.vocab_size)
         for req_id in sampling:
@@ -166,13 +166,3 @@ def _finding(index: int, req_id: str, field_name: str, detail: str, message: str
     return Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="sampling",
                    req_ids=(req_id,), field=field_name, expected=expected, actual=actual,
                    message=f"{message}: {detail}")
-
-
-def _handed_to_scheduler(obs: StepObs) -> dict[str, list]:
-    post = obs.get(POSTPROCESS)
-    if post is None or post.error is not None:
-        return {}
-    ids, tokens = post.fields.get("output.req_ids"), post.fields.get("output.sampled_token_ids")
-    if ids is None or tokens is None or ids.kind != "list" or tokens.kind != "list":
-        return {}
-    return {str(r): list(t) for r, t in zip(ids.values, tokens.values)}
