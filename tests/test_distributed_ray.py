@@ -110,7 +110,15 @@ def _report_classes(out: Path) -> pd.DataFrame:
 
 
 def test_two_worker_campaign_shares_one_example_database(tmp_path):
+    """Each shard saves the failures it shrinks into the driver's database and the next
+    campaign's shards read it first (Hypothesis' reuse phase), each under its own key (its
+    PCP slice). Which shard saves is timing: a shard skips a class another shard already
+    shrank, so a shard whose worker started late (a fresh worker importing vLLM while the
+    other's was warm) may find nothing left to shrink and save nothing. So: the shards
+    together saved, every shard consulted the shared database in the next campaign, and every
+    shard that saved read its entries back."""
     db = tmp_path / "db"
+    saved: dict[str, int] = {}
     for run in (1, 2):
         out = tmp_path / f"run{run}"
         proc = _fuzz(tmp_path, "--budget", "4", "--out", str(out), "--database", str(db),
@@ -124,11 +132,12 @@ def test_two_worker_campaign_shares_one_example_database(tmp_path):
         assert (out / "junit.xml").read_text().count("<testcase") == summary["finding_classes"]
         if run == 1:
             saved = summary["database"]["saved_by_shard"]
-            assert set(saved) == {"s0", "s1"} and min(saved.values()) > 0, saved
+            assert set(saved) <= {"s0", "s1"} and saved and min(saved.values()) > 0, saved
             assert any(db.rglob("*")), "entries land in the persistent database folder"
-        else:  # the next campaign replays what every shard saved, first (Hypothesis reuse phase)
+        else:
             fetched = summary["database"]["fetched_by_shard"]
-            assert min(fetched.get("s0", 0), fetched.get("s1", 0)) > 0, fetched
+            assert set(fetched) == {"s0", "s1"}, fetched  # both read the shared database first
+            assert all(fetched[shard] > 0 for shard in saved), (saved, fetched)
 
 
 def test_a_killed_worker_loses_nothing_it_reported(tmp_path):
