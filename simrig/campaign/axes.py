@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from simrig.sampling.axes import ROWS as SAMPLING_ROWS
+from simrig.sampling.axes import SamplingAxisState
 from simrig.step import RunnerConfig, Step
 
 
@@ -30,6 +32,7 @@ class AxisState:
     preempted: set[str] = field(default_factory=set)  # ids preempted and not sent again yet
     computed: dict[str, int] = field(default_factory=dict)  # live id -> tokens computed
     prefill: dict[str, int] = field(default_factory=dict)  # live id -> tokens of its prefill
+    sampling: SamplingAxisState = field(default_factory=SamplingAxisState)  # simrig/sampling/axes.py
 
     def before(self, step: Step) -> dict[str, int]:
         """Each scheduled request's computed tokens as the step starts (the scheduler's own
@@ -44,6 +47,7 @@ class AxisState:
         return new.num_prefill_tokens if new is not None else self.prefill.get(req_id, 0)
 
     def advance(self, step: Step) -> None:
+        self.sampling.advance(step, _rows(step, self))
         before = self.before(step)
         for req_id in [*step.finished, *step.preempted]:
             if req_id in self.adapters:
@@ -132,6 +136,8 @@ AXES: tuple[Axis, ...] = (
     Axis("streaming update", "a new request with a live id (streaming input)", _streaming_update),
     Axis("sliding window", "a sliding-window KV cache group",
          lambda c, s, st: any(g.kind == "sliding_window" for g in c.kv_groups)),
+    *(Axis(name, what, lambda c, s, st, test=test: test(st.sampling, s, _rows(s, st)))
+      for name, what, test in SAMPLING_ROWS),
 )
 
 
