@@ -28,6 +28,7 @@ from simrig.step_context import StepContext
 from simrig.trace_gate import vllm_calls
 from simrig.vllm_parts import ubatch
 from simrig.vllm_sampling.feed import SpreadFeed, histories
+from simrig.vllm_sampling.bitmask import grammar_output
 
 
 class Harness:
@@ -150,9 +151,9 @@ class Harness:
             if batch is not None and desc is not None and obs.PREPARE in self.stages \
                     and not result.step_failed():
                 self._other_ranks(step, batch, desc, result)
-                self._sample_tokens(step, batch, result)
+                grammar = self._sample_tokens(step, batch, result)
                 if self._pp_in_step():
-                    self._timed_stage(result, self.pp_rank.step, so, self.runner, batch, step)
+                    self._timed_stage(result, self.pp_rank.step, so, self.runner, batch, step, grammar)
             elif self._pp_in_step() and not step.num_scheduled_tokens and not result.step_failed():
                 # a step with no forward still advances the non-last rank's broadcast ring
                 self._timed_stage(result, self.pp_rank.step, so, self.runner, None, step)
@@ -244,10 +245,11 @@ class Harness:
         finally:
             split.duration_s = time.perf_counter() - start
 
-    def _sample_tokens(self, step: Step, batch: Any, result: obs.StepObs) -> None:
+    def _sample_tokens(self, step: Step, batch: Any, result: obs.StepObs) -> Any:
         """The release's own sample_tokens on the state execute_model left: the
         stand-in logits name the trace's tokens for the global batch's logit
-        rows; postprocess_sampled's arguments and the runner's output to the
+        rows, the step's grammar is vLLM's GrammarOutput (returned, for the other
+        PP rank); postprocess_sampled's arguments and the runner's output to the
         scheduler are observed."""
         record = self.ctx.open(obs.POSTPROCESS)
         self.runner.model.target_tokens = sampling.target_tokens(batch)
@@ -256,16 +258,17 @@ class Harness:
         switch = self.runner.sampler
         if hasattr(switch, "use_real"):  # vllm_sampling.switch.SamplerSwitch
             switch.use_real = bool(rows) or sampler_mode() == "always"
+        grammar = grammar_output(step, self.feed.given, self.runner.vocab_size)
         start = time.perf_counter()
         try:
             with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)), \
                     pp_peer.collectives(self.pp_mailbox):
-                output = self.runner.sample_tokens(None)
+                output = self.runner.sample_tokens(grammar)
                 if output is not None and hasattr(output, "get_output"):
                     output = output.get_output()
         except Exception as exc:  # vLLM's exceptions are observations
             record.error = error_obs(exc, step)
-            return
+            return grammar
         finally:
             record.duration_s = time.perf_counter() - start
             self.runner.model.target_tokens = self.runner.model.spread_rows = None
@@ -280,6 +283,7 @@ class Harness:
                 [len(tokens) for tokens in output.sampled_token_ids])
             record.fields["output.sampled_token_ids"] = obs.observe_value(
                 [list(tokens) for tokens in output.sampled_token_ids])
+        return grammar
 
     def _pp_in_step(self) -> bool:
         """The non-last PP rank steps with this one until vLLM raised here: after that

@@ -302,6 +302,10 @@ class NewRequest:
     # The request's sampling parameters; None: vLLM's defaults. A request re-sent (resumed
     # after preemption, or a streaming update) carries them again.
     sampling: SamplingSpec | None = None
+    # A structured-output request (vLLM: SamplingParams.structured_outputs set): its grammar
+    # lives in the scheduler, which states the tokens it allows each step (``Step.grammar``);
+    # its rows sample through vLLM's sampler, as a request with parameters does
+    structured_output: bool = False
     # The outputs a resumed request re-sends where they are the sampler's (its rows spread):
     # set by the harness, as a scheduler re-sends what it was given; never in a trace
     output_token_ids: list[int] | None = None
@@ -351,6 +355,10 @@ class Step:
     # (``_dummy_run``) after this step; the next step's gather then meets the
     # shared tables as this one left them
     idle_dummy: bool = True
+    # The grammar bitmask the scheduler sends (vLLM's GrammarOutput): structured-output request
+    # -> the token ids its grammar allows on its logit row this step (ascending), in the order
+    # the scheduler lists them (GrammarOutput.structured_output_request_ids)
+    grammar: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

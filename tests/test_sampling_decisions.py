@@ -65,6 +65,10 @@ def test_no_reason_rests_on_the_stand_in_sampler_and_what_is_not_handed_on_says_
                 ("the scheduler's output", "prompt_token_id_logprobs_dict")):
         assert ROWS[key].reason.startswith("not driven")
         assert any(c.file == "simrig/vllm_sampling/sampling_params.py" and c.absent for c in ROWS[key].evidence)
-    for key in (("sample", "grammar_output"), ("the rejection sampler", "invalid_drafts")):
-        assert ROWS[key].reason.startswith("not driven")
-        assert any(c.file == "simrig/harness.py" for c in ROWS[key].evidence)
+    # a grammar is driven without drafts (judged by the grammar rule and the reference's mask
+    # stage); under drafts the reader refuses it, so the rejection sampler's invalid drafts are not
+    assert {"postprocess.sampler.grammar_mask", "postprocess.sampler.processed_logits"} <= set(
+        ROWS[("sample", "grammar_output")].judged_by)
+    drafts = ROWS[("the rejection sampler", "invalid_drafts")]
+    assert drafts.reason.startswith("not driven")
+    assert any(c.file == "simrig/trace_io/bounds.py" for c in drafts.evidence)

@@ -156,9 +156,10 @@ class NonLastRank:
         self._received = True
         return value
 
-    def step(self, scheduler_output: Any, last_runner: Any, last_batch: Any, step: Any) -> Any:
-        """This rank's execute_model and sample_tokens; every exception is an
-        observation on the returned stage record."""
+    def step(self, scheduler_output: Any, last_runner: Any, last_batch: Any, step: Any,
+             grammar: Any = None) -> Any:
+        """This rank's execute_model and sample_tokens (handed the last rank's grammar
+        output, as every rank is); every exception is an observation on the returned record."""
         record = obs.StageObs(stage=obs.PIPELINE, rank=0)
         self._batch, self._mask, self._received = None, None, False
         if last_batch is not None:
@@ -168,7 +169,7 @@ class NonLastRank:
             self.runner.execute_model(scheduler_output)
             if last_batch is not None:  # a step with no forward samples nothing
                 with collectives(self.mailbox):
-                    self.runner.sample_tokens(None)
+                    self.runner.sample_tokens(grammar)
         except Exception as exc:  # vLLM's exceptions (and the ranks disagreeing) are observations
             record.error = error_obs(exc, step)
         finally:

@@ -20,7 +20,7 @@ from simrig.adapters import sampling, standins
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
 from simrig.vllm_parts import lora
 from simrig.vllm_runtime import platform
-from simrig.vllm_sampling import switch
+from simrig.vllm_sampling import bitmask, switch
 
 
 def layer_names(group: int) -> list[str]:
@@ -222,7 +222,7 @@ def _equip_sampling(runner: Any, config: RunnerConfig, device: Any) -> None:
         runner.sampler = switch.SamplerSwitch(switch.build_sampler(runner), runner.sampler)
     runner.speculator = sampling.DrafterStandIn(runner) if spec else None
     runner.batch_sharder = None
-    runner.structured_outputs_worker = None
+    runner.structured_outputs_worker = bitmask.structured_outputs_worker(runner, device)
     runner.check_ep_fault = False
     runner._draft_workspace_lane = 0  # vLLM's lane 1 is for DSpark drafters only
     kwargs = {"device": device} if "device" in inspect.signature(PromptLogprobsWorker).parameters else {}

@@ -65,10 +65,12 @@ _NO_EMBEDS = because("text-only models: no multimodal or prompt-embeds inputs, s
 _NO_PP_INPUT = because("intermediate tensors come from the previous pipeline rank: the last rank is driven as "
                        "the first (None), a non-last rank gets the forward stand-in's zeros, which nothing "
                        "reads (docs/standins.md)", Cite(_MR, EXECUTE, '"intermediate_tensors": None,'))
-_NO_GRAMMAR = because(
-    "not driven: the harness calls sample_tokens(None), so grammar_output is None (no bitmask, no "
-    "invalid drafts); a trace's sampling object has no structured-output field",
-    Cite("simrig/harness.py", "Harness._sample_tokens", "output = self.runner.sample_tokens(None)"),
+_NO_GRAMMAR_DRAFTS = because(
+    "not driven: a trace's grammar is refused under speculative decoding (a structured-output "
+    "request's rows must be spread, and under drafts every row is one-hot), so no step with drafts "
+    "has a grammar output and invalid_drafts stays None",
+    Cite("simrig/trace_io/bounds.py", "StepBounds._structured",
+         "raise ln.fail(name, \"structured output is not driven under speculative decoding \""),
     Cite(_MR, "GPUModelRunner.sample", "invalid_drafts = None", {"0.30.0": None, "0.31.0": None}))
 _NO_PROMPT_LOGPROBS = Cite("simrig/vllm_sampling/sampling_params.py", "sampling_params", "prompt_logprob",
                            absent=True)
@@ -191,7 +193,10 @@ ROWS: dict[tuple[str, str], CallRow] = {
         "the stand-in model's output (docs/standins.md): hidden states whose values nothing reads (the "
         "logits name the trace's tokens); the rows sample takes are prepare.logits_indices", _STANDIN_MODEL),
     ("sample", "input_batch"): judged(*_BATCH, "prepare.cu_num_logits", "prepare.expanded_idx_mapping"),
-    ("sample", "grammar_output"): _NO_GRAMMAR,
+    # the step's grammar as vLLM's GrammarOutput (vllm_sampling/bitmask.py); its mask is a stage of
+    # the reference row, and each grammar request's row is -inf outside its own allowed set
+    ("sample", "grammar_output"): judged("postprocess.sampler.grammar_mask", "postprocess.sampler.grammar_token",
+                                         "postprocess.sampler.processed_logits"),
     ("the logits", "sample_hidden_states"): judged("prepare.logits_indices"),
     # a row of a request with parameters is spread; the oracle's reference starts from the same row
     ("the sampler", "logits"): judged("prepare.logits_indices", "prepare.cu_num_logits",
@@ -211,7 +216,7 @@ ROWS: dict[tuple[str, str], CallRow] = {
         "no request's rows are spread",
         Cite("simrig/adapters/sampling.py", "DrafterStandIn", "draft_logits = None"), _STANDIN_VERIFIER,
         _ONE_HOT_UNDER_DRAFTS),
-    ("the rejection sampler", "invalid_drafts"): _NO_GRAMMAR,
+    ("the rejection sampler", "invalid_drafts"): _NO_GRAMMAR_DRAFTS,
     # -- what the sampled tokens write back, and what the scheduler receives ---------------
     ("the state write-back", "input_batch.idx_mapping"): judged("prepare.idx_mapping"),
     ("the state write-back", "sampler_output.sampled_token_ids"): judged(*_SAMPLED),

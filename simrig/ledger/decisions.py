@@ -82,6 +82,8 @@ _TO_REPLAY = ("num_tokens", "num_tokens_after_padding", "num_reqs", "num_reqs_af
 
 # what the sampling oracle judges (its own observation, StepObs.sampled): where each goes next
 _AFTER_SAMPLING = {"sampler.processed_logits": "the sampler's token draw",
+                   "sampler.grammar_mask": "the sampler's token draw",
+                   "sampler.grammar_token": "postprocess_sampled and the scheduler",
                    "sampler.sampled_token": "postprocess_sampled and the scheduler",
                    "req_states.all_token_ids": "the runner's request state (penalties, bad words, drafters)"}
 

@@ -111,6 +111,12 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("postprocess", "sampler.sampled_token"): _SAMPLING + ": the token drawn for a request with parameters, "
                                               "inside the support of the row it was drawn from "
                                               "(temperature 0: the row's largest value)",
+    ("postprocess", "sampler.grammar_mask"): _SAMPLING + " (grammar.py): a structured-output request's row "
+                                             "is -inf at every token outside the set its grammar allows "
+                                             "(its own bitmask row landed on it)",
+    ("postprocess", "sampler.grammar_token"): _SAMPLING + " (grammar.py): the token sampled for a "
+                                              "structured-output request, and handed out, is one its "
+                                              "grammar allows",
     ("postprocess", "req_states.all_token_ids"): _SAMPLING + ": each request's stored history (to "
                                                  "total_len) is its prompt and every token it was given, "
                                                  "each step it samples",

@@ -116,7 +116,8 @@ class ReferenceModel:
             self.reqs.pop(req_id, None)
         for req in step.new_requests:
             self.reqs[req.req_id] = RequestModel(req.prefill_token_ids(), req.num_computed_tokens,
-                                                 spread=spreads(req.sampling, self.config.num_speculative_tokens))
+                                                 spread=spreads(req.sampling, self.config.num_speculative_tokens,
+                                                                req.structured_output))
         for upd in step.cached:
             if upd.req_id in self.reqs:
                 self.reqs[upd.req_id].num_computed = upd.num_computed_tokens

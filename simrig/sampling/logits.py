@@ -42,14 +42,15 @@ def spread_logits(req_id: str, position: int, vocab_size: int) -> np.ndarray:
     return (rng.standard_normal(vocab_size, dtype=np.float32) * np.float32(SPREAD_SCALE))
 
 
-def spreads(spec: SamplingSpec | None, num_speculative_tokens: int) -> bool:
+def spreads(spec: SamplingSpec | None, num_speculative_tokens: int, structured: bool = False) -> bool:
     """Whether a request's rows carry spread logits (and its tokens come from the sampler).
 
-    Only a request whose spec asks for something, and only without speculative decoding:
-    a draft is kept or rejected as the trace says, which needs the one-hot rows (a spread
-    row would make acceptance the sampler's choice).
+    Only a request whose spec asks for something or whose outputs follow a grammar
+    (``structured``: the grammar bitmask masks its rows), and only without speculative
+    decoding: a draft is kept or rejected as the trace says, which needs the one-hot rows
+    (a spread row would make acceptance the sampler's choice).
     """
-    return (spec is not None and not spec.is_default and num_speculative_tokens == 0
+    return ((structured or (spec is not None and not spec.is_default)) and num_speculative_tokens == 0
             and sampler_mode() != "stand-in")
 
 

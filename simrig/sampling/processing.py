@@ -1,8 +1,10 @@
 """What a request's sampling parameters make of one logit row: the reference for vLLM's
 sampler, each stage written from the meaning ``SamplingParams`` documents for its field,
-in the order the sampler's pipeline states ("bias adds, penalties scale"; top-k/p last):
+in the order the sampler's pipeline states ("bias adds, penalties scale"; top-k/p last),
+after the grammar bitmask, which ``GPUModelRunner.sample`` applies to the logits before it
+calls the sampler ("Apply grammar bitmask to the logits in-place"):
 
-    logits ─► + logit_bias ─► stop ids masked while outputs < min_tokens
+    logits ─► grammar: -inf outside the allowed set ─► + logit_bias ─► stop ids masked (min_tokens)
            ─► repetition (prompt and outputs), frequency and presence (outputs) penalties
            ─► bad words: a word's last token masked when the outputs end with its prefix
            ─► / temperature ─► min_p ─► top_k ─► top_p ─► support (-inf outside)
@@ -41,11 +43,16 @@ class ExpectedRow:
 
 
 def expected_row(spec: SamplingSpec | None, logits: np.ndarray, prompt: Sequence[int],
-                 outputs: Sequence[int]) -> ExpectedRow:
-    """The row vLLM's sampler must sample ``outputs``' next token from."""
+                 outputs: Sequence[int], allowed: Sequence[int] | None = None) -> ExpectedRow:
+    """The row vLLM's sampler must sample ``outputs``' next token from; ``allowed``: the
+    tokens a structured-output request's grammar allows there (None: no grammar)."""
     x = logits.astype(np.float64)
     uncertain = np.zeros(x.shape, dtype=bool)
     spec = spec or SamplingSpec()
+    if allowed is not None:  # the grammar bitmask: a token it does not allow can never be sampled
+        outside = np.ones(x.shape, dtype=bool)
+        outside[np.asarray(allowed, dtype=np.int64)] = False
+        x[outside] = -np.inf
     for token, bias in spec.logit_bias:  # "bias added to the logits of the given tokens"
         x[token] += bias
     if len(outputs) < spec.min_tokens and spec.stop_token_ids:

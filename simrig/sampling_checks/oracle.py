@@ -5,9 +5,9 @@ tokens it was given (the runner's output to the scheduler). Per step, for each r
 samples (its last scheduled position, prompt done; the position from the trace):
 
     processed logits   == processing.expected_row(spec, spread_logits(req, pos), prompt,
-                          outputs): the same support (but tokens on a cut) and values
-    sampled token      inside the processed row it was drawn from; greedy: its largest value
-    token handed out   == the token sampled for that row
+                          outputs, grammar): the same support (but cuts) and values
+    grammar            (grammar.py) -inf outside the allowed set; the token inside it
+    sampled token      inside the row it was drawn from (greedy: its largest); handed out as is
     stored history     == prompt + every token given (all_token_ids to total_len; every request)
     logprobs           (logprobs.py) the sampled token's and the top ones', from the raw row
 
@@ -27,6 +27,7 @@ from simrig.observe import POSTPROCESS, StepObs, handed_to_scheduler
 from simrig.sampling.logits import spread_logits, spreads
 from simrig.sampling.params import SamplingSpec
 from simrig.sampling.processing import expected_row
+from simrig.sampling_checks.grammar import check_grammar
 from simrig.sampling_checks.logprobs import check_logprobs
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
@@ -57,8 +58,9 @@ class SamplingOracle:
             self.reqs.pop(req_id, None)
         for req in step.new_requests:
             ids = req.prefill_token_ids()
+            spread = spreads(req.sampling, self.num_speculative_tokens, req.structured_output)
             self.reqs[req.req_id] = _Request(req.sampling, ids[: req.prompt_len], ids[req.prompt_len:], len(ids),
-                                             spreads(req.sampling, self.num_speculative_tokens))
+                                             spread)
         computed = {c.req_id: c.num_computed_tokens for c in step.cached}
         computed.update((r.req_id, r.num_computed_tokens) for r in step.new_requests)
         sampling = {r: computed[r] + n - 1 for r, n in step.num_scheduled_tokens.items()
@@ -66,7 +68,10 @@ class SamplingOracle:
         if not sampling or obs.step_failed() or obs.sampled is None:
             return []
         handed = handed_to_scheduler(obs)
-        out = self._judge(index, obs, {r: p for r, p in sampling.items() if self.reqs[r].spread}, handed)
+        spread = {r: p for r, p in sampling.items() if self.reqs[r].spread}
+        out, flagged = check_grammar(index, step, obs.sampled, spread, handed)
+        out += self._judge(index, obs, {r: p for r, p in spread.items() if r not in flagged}, handed,
+                           step.grammar)
         out += check_logprobs(index, obs.sampled, self.reqs, sampling, handed, self.vocab_size)
         for req_id in sampling:
             self.reqs[req_id].outputs.extend(int(t) for t in handed.get(req_id, ()))
@@ -93,7 +98,8 @@ class SamplingOracle:
                         message="a request's stored history (all_token_ids up to total_len) is its prompt "
                                 "and every token it was given")]
 
-    def _judge(self, index: int, obs: StepObs, sampling: dict[str, int], handed: dict[str, list]) -> list[Finding]:
+    def _judge(self, index: int, obs: StepObs, sampling: dict[str, int], handed: dict[str, list],
+               grammar: dict[str, tuple[int, ...]]) -> list[Finding]:
         seen = obs.sampled
         if not sampling or not seen["calls"]:
             return []
@@ -106,28 +112,31 @@ class SamplingOracle:
             req = self.reqs[req_id]
             if not req.spread:
                 continue
-            want = expected_row(req.spec, spread_logits(req_id, pos, self.vocab_size), req.prompt, req.outputs)
+            spec, allowed = req.spec or SamplingSpec(), grammar.get(req_id)
+            logits = spread_logits(req_id, pos, self.vocab_size)
+            want = expected_row(spec, logits, req.prompt, req.outputs, allowed)
             got = call.processed[row].astype(np.float64)
             problem = _row_problem(want, got)
-            if problem and req.spec.top_p < 1.0 and not _row_problem(
-                    expected_row(replace(req.spec, top_p=1.0), spread_logits(req_id, pos, self.vocab_size),
-                                 req.prompt, req.outputs), got):
+            if problem and spec.top_p < 1.0 and not _row_problem(
+                    expected_row(replace(spec, top_p=1.0), logits, req.prompt, req.outputs, allowed), got):
                 # every stage but top-p holds: the cut itself is missing (one class, whatever the row)
                 out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="sampling",
                                    req_ids=(req_id,), field="sampler.processed_logits", expected=TOP_P_CUT,
                                    actual=NO_TOP_P_CUT, message=f"the row sampled after position {pos}: top-p "
-                                   f"{req.spec.top_p:.4g} cut nothing ({problem})"))
+                                   f"{spec.top_p:.4g} cut nothing ({problem})"))
             elif problem:
                 out.append(_finding(index, req_id, "sampler.processed_logits", problem,
-                                    f"the row sampled after position {pos} under {_families(req.spec)}"))
+                                    f"the row sampled after position {pos} under {_families(spec, allowed)}"))
             token = int(call.sampled[row])
             # judged against the row it was drawn from (processing above is judged on its own)
-            allowed = np.isfinite(got)
+            support = np.isfinite(got)
             best = np.max(got)
-            if not (0 <= token < len(allowed)) or not allowed[token] or (
+            if not np.isfinite(want.values).any():
+                continue  # nothing may be sampled (a grammar allowing only masked tokens): no right token
+            if not (0 <= token < len(support)) or not support[token] or (
                     want.greedy and got[token] < best - ATOL - RTOL * abs(best)):
                 out.append(_finding(index, req_id, "sampler.sampled_token",
-                                    f"expected a token of the row's support ({int(allowed.sum())} tokens"
+                                    f"expected a token of the row's support ({int(support.sum())} tokens"
                                     f"{', its argmax' if want.greedy else ''}), got {token}",
                                     "the sampled token lies inside its row's support"))
             elif req_id in handed and list(handed[req_id])[:1] != [token]:
@@ -153,11 +162,12 @@ def _row_problem(want: Any, got: np.ndarray) -> str:
     return ""
 
 
-def _families(spec: SamplingSpec) -> str:
+def _families(spec: SamplingSpec, allowed: tuple[int, ...] | None = None) -> str:
     default = SamplingSpec()
     names = [f for f in ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                          "repetition_penalty", "logit_bias", "bad_words", "min_tokens")
              if getattr(spec, f) != getattr(default, f)]
+    names += ["a grammar"] if allowed is not None else []
     return ", ".join(names) or "its parameters"
 
 

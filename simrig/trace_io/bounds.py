@@ -38,10 +38,11 @@ _FIXED_PARALLEL = 48 << 20  # the modules PP or PCP load on first use (265 of th
 def max_line_bytes(config: RunnerConfig) -> int:
     """The longest step line a trace of ``config`` may hold: every request slot
     sent as new at once, each with max_model_len explicit token ids and a full
-    block-table row (12 bytes a number, ``2147483647,`` and a space), plus room
-    for ids, maps and the requests' ``sampling`` objects (their lists are held to the
-    MRV2 sampler's own limits, a few tens of KB at most, by ``simrig.sampling.params``)."""
-    per_request = (config.max_model_len + _row_blocks(config)) * 12 + (4 << 10)
+    block-table row (12 bytes a number, ``2147483647,`` and a space) and a ``grammar``
+    list of every token of the vocabulary, plus room for ids, maps and the requests'
+    ``sampling`` objects (their lists are held to the MRV2 sampler's own limits, a few tens
+    of KB at most, by ``simrig.sampling.params``)."""
+    per_request = (config.max_model_len + _row_blocks(config)) * 12 + SYNTH_VOCAB_SIZE * 6 + (4 << 10)
     return (1 << 20) + config.max_num_reqs * per_request
 
 
@@ -210,6 +211,9 @@ class StepBounds:
         block ids                    < config.num_kv_blocks; a request's row <= blocks_per_request
         token_ids, lora_id,          fit int32 (the runner's token table, max_seq_len, LoRA ids)
           prompt_len + max_tokens
+        grammar                      names a held request admitted with structured_output; neither
+                                     under speculative decoding (the rig drives a grammar on spread
+                                     rows only, and under drafts every row is one-hot)
         a line's length              <= max_line_bytes(config) (HEADER_LINE_BYTES for line 1)
 
     These hold for adversarial traces too: they break request *identity* on purpose
@@ -222,15 +226,18 @@ class StepBounds:
         self.num_blocks = config.num_kv_blocks
         self.computed: dict[str, int] = {}  # held request id -> computed tokens before its next step
         self.rows: dict[str, list[int]] = {}  # held request id -> blocks in its row, per group
+        self.structured: set[str] = set()  # held requests admitted with structured_output
 
     def apply(self, step: Step, ln: _Line) -> None:
         cfg = self.config
         for gone in (*step.finished, *step.preempted):
             self.computed.pop(gone, None)
             self.rows.pop(gone, None)
+            self.structured.discard(gone)
         now: dict[str, int] = {}  # the computed tokens this step states
         for i, req in enumerate(step.new_requests):
             self._new_request(f"new_requests[{i}]", req, ln)
+            self._structured(f"new_requests[{i}].structured_output", req, ln)
             self.rows[req.req_id] = self._blocks(f"new_requests[{i}].block_ids", req.req_id, req.block_ids,
                                                  [0] * len(self.widths), ln)
             now[req.req_id] = self.computed[req.req_id] = req.num_computed_tokens
@@ -249,6 +256,19 @@ class StepBounds:
                 self.rows[upd.req_id] = row
                 now[upd.req_id] = self.computed[upd.req_id] = upd.num_computed_tokens
         self._batch(step, now, ln)
+        for req_id in step.grammar:
+            if req_id not in self.structured:
+                raise ln.fail(f"grammar.{req_id}", f"request {req_id!r} is not a held structured-output "
+                              "request (admit it with \"structured_output\": true)")
+
+    def _structured(self, name: str, req: NewRequest, ln: _Line) -> None:
+        self.structured.discard(req.req_id)
+        if not req.structured_output:
+            return
+        if self.config.num_speculative_tokens:
+            raise ln.fail(name, "structured output is not driven under speculative decoding "
+                          f"(config.num_speculative_tokens is {self.config.num_speculative_tokens})")
+        self.structured.add(req.req_id)
 
     def _new_request(self, name: str, req: NewRequest, ln: _Line) -> None:
         limit = self.config.max_model_len

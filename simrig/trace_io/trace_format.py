@@ -16,6 +16,7 @@ from typing import Any
 from simrig.sampling.params import SamplingSpec, SamplingSpecError
 from simrig.step import (KV_GROUP_KINDS, SYNTH_VOCAB_SIZE, BlockIds, CachedUpdate, KvGroup, NewRequest,
                          RunnerConfig, Step)
+from simrig.trace_io.grammar_field import parse_grammar, parse_structured
 
 FORMAT_NAME = "simrig-trace"
 FORMAT_VERSION = 1
@@ -222,7 +223,7 @@ class _Line:
 
 
 _STEP_KEYS = {"step", "new_requests", "cached_requests", "num_scheduled_tokens",
-              "spec_tokens", "rejected", "finished", "preempted", "idle_dummy"}
+              "spec_tokens", "rejected", "finished", "preempted", "idle_dummy", "grammar"}
 
 
 # Graph fields are written only when set, so eager traces read as before.
@@ -360,7 +361,7 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
             block_ids=ln.block_ids(raw.get("block_ids", []), f"{name}.block_ids"),
             # LoRARequest: "id must be > 0"
             lora_id=ln.int_(raw, "lora_id", f"{name}.lora_id", default=None, minimum=1),
-            streaming=streaming, sampling=sampling))
+            streaming=streaming, sampling=sampling, structured_output=parse_structured(raw, name, ln)))
     cached = []
     for i, raw in enumerate(ln.list_(obj, "cached_requests", "cached_requests")):
         name = f"cached_requests[{i}]"
@@ -393,4 +394,5 @@ def parse_step(obj: Any, path: str, line: int) -> Step:
     return Step(new_requests=new, cached=cached, num_scheduled_tokens=scheduled,
                 spec_tokens={k: v for k, v in spec.items() if v}, rejected=rejected,
                 finished=ln.id_list(obj, "finished", "finished"),
-                preempted=ln.id_list(obj, "preempted", "preempted"), idle_dummy=idle_dummy)
+                preempted=ln.id_list(obj, "preempted", "preempted"), idle_dummy=idle_dummy,
+                grammar=parse_grammar(obj, ln, scheduled))

@@ -52,6 +52,8 @@ def step_to_json(step: Step, index: int) -> dict[str, Any]:
                 d["streaming"] = True
             if r.sampling is not None:  # written even when default: {} reads back as asked
                 d["sampling"] = r.sampling.to_json()
+            if r.structured_output:
+                d["structured_output"] = True
             reqs.append(d)
         out["new_requests"] = reqs
     if step.cached:
@@ -71,6 +73,8 @@ def step_to_json(step: Step, index: int) -> dict[str, Any]:
         out["rejected"] = {k: v for k, v in step.rejected.items() if v}
     if not step.idle_dummy:
         out["idle_dummy"] = False
+    if step.grammar:  # in the scheduler's order: JSON objects keep theirs
+        out["grammar"] = {req_id: list(ids) for req_id, ids in step.grammar.items()}
     return out
 
 

@@ -33,7 +33,7 @@ class SpreadFeed:
         for req_id in step.finished:
             self.given.pop(req_id, None)
         for req in step.new_requests:
-            if not spreads(req.sampling, self.num_speculative_tokens):
+            if not spreads(req.sampling, self.num_speculative_tokens, req.structured_output):
                 self.given.pop(req.req_id, None)
                 continue
             resent = req.num_prefill_tokens - req.prompt_len
