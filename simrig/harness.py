@@ -275,7 +275,8 @@ class Harness:
         if hasattr(switch, "take_rows"):  # what vLLM's sampler made, and each request's stored history
             result.sampled = {"rows": [(row, req_id, pos) for row, (req_id, pos) in rows.items()],
                               "calls": switch.take_rows(), "history": histories(self.runner, batch),
-                              "logprobs": getattr(output, "logprobs", None)}
+                              "logprobs": getattr(output, "logprobs", None),
+                              "prompt_logprobs": getattr(output, "prompt_logprobs_dict", None)}
         if output is not None and getattr(output, "sampled_token_ids", None) is not None:
             self.feed.handed(output.req_ids, output.sampled_token_ids)
             record.fields["output.req_ids"] = obs.observe_value(list(output.req_ids))

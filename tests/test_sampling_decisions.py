@@ -4,6 +4,8 @@ on the stand-in sampler (it samples only batches in which no request states para
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ from simrig.vllm_sampling.switch import SampledRows
 
 VOCAB = 16
 SAMPLING_FIELDS = {"sampler.processed_logits", "sampler.sampled_token", "output.sampled_token_ids",
-                   "req_states.all_token_ids", "output.logprobs"}
+                   "req_states.all_token_ids", "output.logprobs", "output.prompt_logprobs"}
 
 
 def _listed(values: list) -> FieldObs:
@@ -30,6 +32,7 @@ def test_every_field_a_sampling_finding_names_is_a_decision_judged_by_it(monkeyp
     # two requests with parameters, one step, every fault the oracle names: "a" asks for
     # logprobs (none come), its row is all zeros (not its spread row / 0.5), its handed token is
     # not the one sampled and its stored history is short; "b" draws a token outside its row
+    # and gets prompt logprobs it never asked for
     step = Step(new_requests=[NewRequest("a", 4, sampling=SamplingSpec(temperature=0.5, logprobs=2)),
                               NewRequest("b", 4, sampling=SamplingSpec(temperature=0.5))],
                 num_scheduled_tokens={"a": 4, "b": 4})
@@ -38,8 +41,10 @@ def test_every_field_a_sampling_finding_names_is_a_decision_judged_by_it(monkeyp
     calls = [SampledRows(np.stack([np.zeros(VOCAB, dtype=np.float32), row_b]), np.array([0, 3]), np.array([0, 1]))]
     obs = StepObs(0, stages=[StageObs(POSTPROCESS, fields={"output.req_ids": _listed(["a", "b"]),
                                                            "output.sampled_token_ids": _listed([[1], [3]])})])
+    unasked = SimpleNamespace(logprob_token_ids=np.zeros((3, 1)), logprobs=np.zeros((3, 1)),
+                              selected_token_ranks=np.ones(3))
     obs.sampled = {"rows": [(0, "a", 3), (1, "b", 3)], "calls": calls, "history": {"a": np.array([9])},
-                   "logprobs": None}
+                   "logprobs": None, "prompt_logprobs": {"b": unasked}}
     found = SamplingOracle(RunnerConfig(), vocab_size=VOCAB).check(0, step, obs)
     assert {f.field for f in found} == SAMPLING_FIELDS
     assert {f.check for f in found} == {"sampling"} and {f.stage for f in found} == {POSTPROCESS}
@@ -61,10 +66,11 @@ def test_what_feeds_the_sampler_is_judged_through_the_sampling_decisions(row, th
 
 def test_no_reason_rests_on_the_stand_in_sampler_and_what_is_not_handed_on_says_so():
     assert [key for key, row in ROWS.items() if any(c.function == "GreedySampler" for c in row.evidence)] == []
-    for key in (("the scheduler's output", "prompt_logprobs_dict"),
-                ("the scheduler's output", "prompt_token_id_logprobs_dict")):
-        assert ROWS[key].reason.startswith("not driven")
-        assert any(c.file == "simrig/vllm_sampling/sampling_params.py" and c.absent for c in ROWS[key].evidence)
+    assert ROWS[("the scheduler's output", "prompt_logprobs_dict")].judged_by == (
+        "postprocess.output.prompt_logprobs",)
+    scores = ROWS[("the scheduler's output", "prompt_token_id_logprobs_dict")]
+    assert scores.reason.startswith("not driven")
+    assert any(c.file == "simrig/vllm_sampling/sampling_params.py" and c.absent for c in scores.evidence)
     # a grammar is driven without drafts (judged by the grammar rule and the reference's mask
     # stage); under drafts the reader refuses it, so the rejection sampler's invalid drafts are not
     assert {"postprocess.sampler.grammar_mask", "postprocess.sampler.processed_logits"} <= set(

@@ -60,10 +60,7 @@ def params_class():
 
 
 def _params(params_class, spec: SamplingSpec):
-    params = sampling_params(params_class, spec, 16)
-    if spec.prompt_logprobs is not None:  # sampling_params does not pass it on yet (docs/sampling.md)
-        params = params_class(max_tokens=16, prompt_logprobs=spec.prompt_logprobs)
-    return params
+    return sampling_params(params_class, spec, 16)
 
 
 # ------------------------------------------------------------ the mapping

@@ -211,6 +211,7 @@ class VllmApi:
         dispatcher = self.build_dispatcher(config)
         runner = self.build_runner(config, dispatcher, pcp_managers[0] if pcp_managers else None,
                                    block_tables)
+        runner.model.names.peers = pcp_managers[1:]  # each PCP rank's own share in the all-gather
         peer, mailbox = self.build_pp_peer(config, runner) if config.pp_size > 1 else (None, None)
         return RunnerParts(runner, pcp_managers, dcp_peers, dispatcher, self.dummy_buffers(config),
                            peer, mailbox)

@@ -1,10 +1,9 @@
 """The sampling stand-ins: logits that name the trace's tokens, greedy samplers, a drafter.
 
-``GPUModelRunner.sample_tokens`` runs for real; ``trace_logits`` (the model's
-``compute_logits``), ``GreedySampler``, ``GreedyVerifier`` (the rejection sampler) and
-``DrafterStandIn`` (the speculator) stand in for what needs a model or costs a GPU
-kernel per vocabulary block. The logits name the trace's tokens (``synth_token`` and
-``draft_token`` in ``simrig/step.py``).
+``GPUModelRunner.sample_tokens`` runs for real; ``GreedySampler``, ``GreedyVerifier`` (the
+rejection sampler) and ``DrafterStandIn`` (the speculator) stand in for what needs a model or
+costs a GPU kernel per vocabulary block. The logits (``simrig/vllm_sampling/token_names.py``)
+name the trace's tokens (``synth_token`` and ``draft_token`` in ``simrig/step.py``).
 
 See docs/standins.md, 'Sampling stand-ins and the token rule'.
 """
@@ -17,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from simrig.step import Step, draft_token, rejected_from, synth_token
+from simrig.step import Step, draft_token, rejected_from
 from simrig.vllm_sampling.switch import build_sampler
+from simrig.vllm_sampling.token_names import target_tokens  # noqa: F401 -- the harness names the logit rows here
 
 
 def write_drafts(api: Any, runner: Any, step: Step) -> None:
@@ -38,37 +38,6 @@ def write_drafts(api: Any, runner: Any, step: Step) -> None:
         first_rejected = rejected_from(step, req_id)
         ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
         states.draft_tokens[idx, :k] = api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
-
-
-def target_tokens(batch: Any) -> np.ndarray:
-    """The trace's token for every logit row of ``batch`` (the global batch:
-    sampling runs on it, PCP restores it first), in logits order. # [num_logits]"""
-    n = batch.num_reqs
-    num_logits = np.diff(batch.cu_num_logits_np[: n + 1])
-    seq_lens = batch.seq_lens[:n].cpu().numpy()
-    tokens: list[int] = []
-    for i, req_id in enumerate(batch.req_ids):
-        first = int(seq_lens[i]) - int(num_logits[i]) + 1
-        tokens.extend(synth_token(req_id, first + j) for j in range(int(num_logits[i])))
-    return np.asarray(tokens, dtype=np.int64)
-
-
-def trace_logits(torch: Any, tokens: np.ndarray | None, vocab_size: int, num_rows: int,
-                 device: Any, spread: dict[int, np.ndarray] | None = None) -> Any:
-    """Logits whose only finite entry in row j is ``tokens[j]`` (0 there), but for the
-    rows of ``spread`` (``simrig.sampling.logits``); with no tokens (a dummy or profile
-    run's sampler warm-up), all zeros."""
-    if tokens is None:
-        return torch.zeros((num_rows, vocab_size), device=device)
-    if num_rows != len(tokens):
-        raise RuntimeError(f"compute_logits: {num_rows} rows asked for, the batch has "
-                           f"{len(tokens)} logit indices")
-    logits = torch.full((num_rows, vocab_size), float("-inf"), device=device)
-    if num_rows:
-        logits[torch.arange(num_rows), torch.from_numpy(tokens).to(device)] = 0.0
-    for row, values in (spread or {}).items():
-        logits[row] = torch.from_numpy(values).to(device)
-    return logits
 
 
 class GreedySampler:

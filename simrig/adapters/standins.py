@@ -15,19 +15,24 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
-HIDDEN_SIZE = 8  # the stand-in model's hidden size: any positive width works
+from simrig.vllm_sampling.token_names import TokenNames
+
+HIDDEN_SIZE = 8  # the stand-in model's hidden size: at least token_names' 3 columns
+_NO_NAMES = SimpleNamespace(on_inputs=lambda *args: None)  # a model without names (the repro's)
 
 
 class ModelStandIn:
-    """The model forward: records what it was called with, returns zeros
-    of shape [num_tokens, HIDDEN_SIZE] (num_tokens = the padded batch)."""
+    """The model forward: records what it was called with, returns hidden states of shape
+    [num_tokens, HIDDEN_SIZE] (the padded batch) that name each token (``TokenNames``)."""
 
-    def __init__(self, torch: Any, device: Any, vocab_size: int = 0) -> None:
+    def __init__(self, torch: Any, device: Any, vocab_size: int = 0, runner: Any = None) -> None:
         self._torch = torch
         self._device = device
         self.vocab_size = vocab_size
+        self.names = TokenNames(torch, device, HIDDEN_SIZE, runner)  # hidden states name their tokens
         self.last_inputs: dict[str, Any] | None = None
         # the trace's token for each logit row of the batch being sampled
         # (set by the harness before sample_tokens) # [num_logits]
@@ -48,16 +53,11 @@ class ModelStandIn:
     def __call__(self, input_ids: Any = None, positions: Any = None, **kwargs: Any) -> Any:
         self.last_inputs = {"input_ids": input_ids, "positions": positions}
         num_tokens = positions.shape[-1] if positions is not None else input_ids.shape[0]
-        return self._torch.zeros(num_tokens, HIDDEN_SIZE, device=self._device)
-
+        return self.names.hidden_states(num_tokens)
 
     def compute_logits(self, hidden_states: Any) -> Any:
-        """Logits that name the trace's tokens (``sampling.trace_logits``)."""
-        # lazy: adapters.sampling brings numpy, needed only here
-        from simrig.adapters.sampling import trace_logits
-
-        return trace_logits(self._torch, self.target_tokens, self.vocab_size,
-                            hidden_states.shape[0], self._device, self.spread_rows)
+        """Logits that name the trace's tokens, for any rows (``vllm_sampling.token_names``)."""
+        return self.names.logits(hidden_states, self.target_tokens, self.vocab_size, self.spread_rows)
 
 
 class FullGraphReplay:
@@ -82,8 +82,9 @@ class ModelStateStandIn:
     num_new_sampled_tokens_per_step = 1
     supports_mm_inputs = False
 
-    def __init__(self, max_model_len: int = 0) -> None:
+    def __init__(self, max_model_len: int = 0, runner: Any = None) -> None:
         self.max_model_len = max_model_len  # DCP capture context reads it
+        self.runner = runner  # its model names each forward's tokens
         # called with (input_batch, cg_mode, block_tables, slot_mappings, ...)
         self.observer: Any = None
         # called with (input_batch,) from prepare_inputs: every forward's batch,
@@ -112,6 +113,7 @@ class ModelStateStandIn:
         return {}
 
     def prepare_inputs(self, input_batch: Any, req_states: Any) -> dict[str, Any]:
+        getattr(getattr(self.runner, "model", None), "names", _NO_NAMES).on_inputs(input_batch, req_states)
         if self.inputs_observer is not None:
             self.inputs_observer(input_batch)
         return {}

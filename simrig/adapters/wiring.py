@@ -191,8 +191,8 @@ def equip(runner: Any, config: RunnerConfig, device: Any, dispatcher: Any,
     runner.kv_cache_config = kv_cache_config(config)
     runner.block_tables = tables if tables is not None else block_tables(config, device)
     runner.attn_groups = [[] for _ in range(config.num_kv_groups)]
-    runner.model = standins.ModelStandIn(torch, device, SYNTH_VOCAB_SIZE)
-    runner.model_state = standins.ModelStateStandIn(config.max_model_len)
+    runner.model = standins.ModelStandIn(torch, device, SYNTH_VOCAB_SIZE, runner)
+    runner.model_state = standins.ModelStateStandIn(config.max_model_len, runner)
     runner.lora_state = lora.lora_state(config)
     runner.lora_manager = standins.LoraManagerStandIn() if runner.lora_config is not None else None
     _equip_sampling(runner, config, device)

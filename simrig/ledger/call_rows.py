@@ -72,8 +72,8 @@ _NO_GRAMMAR_DRAFTS = because(
     Cite("simrig/trace_io/bounds.py", "StepBounds._structured",
          "raise ln.fail(name, \"structured output is not driven under speculative decoding \""),
     Cite(_MR, "GPUModelRunner.sample", "invalid_drafts = None", {"0.30.0": None, "0.31.0": None}))
-_NO_PROMPT_LOGPROBS = Cite("simrig/vllm_sampling/sampling_params.py", "sampling_params", "prompt_logprob",
-                           absent=True)
+_NO_PROMPT_LOGPROBS = Cite("simrig/vllm_sampling/sampling_params.py", "sampling_params",
+                           "prompt_logprob_token_ids", absent=True)
 _COMPILED = because("skip_compiled is set only for encoder-decoder models with encoder inputs, which "
                     "no trace has", Cite(_MR, EXECUTE, "if self.is_encoder_decoder and "
                                                        "scheduler_output.scheduled_encoder_inputs:"))
@@ -246,11 +246,8 @@ ROWS: dict[tuple[str, str], CallRow] = {
         Cite(_MR, "GPUModelRunner.sample_tokens", "# NOTE(woosuk): req_id_to_index is unused in this model "
                                                   "runner.")),
     ("the scheduler's output", "sampled_token_ids"): judged("postprocess.output.sampled_token_ids"),
-    ("the scheduler's output", "prompt_logprobs_dict"): because(
-        "not driven: simrig does not pass prompt_logprobs to vLLM yet (a trace's value is read, not "
-        "handed on), so no request's prompt logprobs are computed and the dict is empty",
-        _NO_PROMPT_LOGPROBS, Cite(_MR, "GPUModelRunner.sample_tokens", "prompt_logprobs_dict = "
-                                  "self.prompt_logprobs_worker.compute_prompt_logprobs(")),
+    # rows of every prompt position: the stand-in model's hidden states name their tokens
+    ("the scheduler's output", "prompt_logprobs_dict"): judged("postprocess.output.prompt_logprobs"),
     ("the scheduler's output", "prompt_token_id_logprobs_dict"): because(
         "not driven: simrig sets no prompt_logprob_token_ids on a request (a trace has no such field), "
         "so no request's prompt-token scores are computed and the dict is empty", _NO_PROMPT_LOGPROBS,

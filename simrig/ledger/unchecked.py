@@ -8,7 +8,7 @@ field is in both, and when the oracle page's table of unchecked fields
 (docs/oracle.md) is not ``readme_table()``. Every field also has its dtype
 checked (contract.py) where the contract declares it; that is not a value check.
 The sampling oracle's values (``sampler.*``, ``req_states.all_token_ids``,
-``output.logprobs``) are observed in ``StepObs.sampled``, not as stage fields; its
+``output.logprobs``, ``output.prompt_logprobs``) are observed in ``StepObs.sampled``, not as stage fields; its
 findings name them under the postprocess stage, and so do their rows here.
 """
 
@@ -123,6 +123,10 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
     ("postprocess", "output.logprobs"): _SAMPLING + " (logprobs.py): present exactly when a request asks, "
                                         "as wide as the most asked plus the chosen token; the chosen "
                                         "token, its rank, the top tokens, values from the raw row",
+    ("postprocess", "output.prompt_logprobs"): "sampling (prompt_logprobs.py; drafts too): for a request that "
+                                               "asks, one row per prompt position but the last, across "
+                                               "chunks, once per admission; prompt token, rank, top "
+                                               "tokens, values from the raw row; none for the others",
     # -- the global batch (prepare) --
     ("prepare", "req_ids"): _REF, ("prepare", "num_tokens"): _REF,
     ("prepare", "num_tokens_after_padding"): _REF + " (the descriptor's padding)",

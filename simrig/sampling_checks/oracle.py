@@ -29,6 +29,7 @@ from simrig.sampling.params import SamplingSpec
 from simrig.sampling.processing import expected_row
 from simrig.sampling_checks.grammar import check_grammar
 from simrig.sampling_checks.logprobs import check_logprobs
+from simrig.sampling_checks.prompt_logprobs import PromptLogprobsCheck
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
 
 ATOL, RTOL = 1e-3, 1e-4  # float32 kernels against the float64 reference
@@ -51,9 +52,11 @@ class SamplingOracle:
         self.num_speculative_tokens = config.num_speculative_tokens
         self.vocab_size = vocab_size
         self.reqs: dict[str, _Request] = {}
+        self.prompt_rows = PromptLogprobsCheck(config.num_speculative_tokens, vocab_size)
 
     def check(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
         """This step's findings; then what the requests were given is learnt."""
+        prompt_rows = self.prompt_rows.check(index, step, obs)  # prompt logprobs come with any chunk
         for req_id in (*step.finished, *step.preempted):
             self.reqs.pop(req_id, None)
         for req in step.new_requests:
@@ -66,7 +69,7 @@ class SamplingOracle:
         sampling = {r: computed[r] + n - 1 for r, n in step.num_scheduled_tokens.items()
                     if r in self.reqs and r in computed and computed[r] + n >= self.reqs[r].prefill_len}
         if not sampling or obs.step_failed() or obs.sampled is None:
-            return []
+            return prompt_rows
         handed = handed_to_scheduler(obs)
         spread = {r: p for r, p in sampling.items() if self.reqs[r].spread}
         out, flagged = check_grammar(index, step, obs.sampled, spread, handed)
@@ -76,7 +79,7 @@ class SamplingOracle:
         for req_id in sampling:
             self.reqs[req_id].outputs.extend(int(t) for t in handed.get(req_id, ()))
         out += self._histories(index, obs.sampled.get("history") or {}, sampling)
-        return out
+        return out + prompt_rows
 
     def _histories(self, index: int, stored: dict[str, Any], sampling: dict[str, int]) -> list[Finding]:
         """A request's stored history (``all_token_ids`` up to ``total_len``) is its prompt, then

@@ -249,9 +249,9 @@ def streams_without_cuda() -> Iterator[None]:
 
 class OneProcessGroup:
     """A process group of ``world_size`` ranks run in this one process: an
-    all-gather stacks this rank's tensor once per rank. The rig runs only PCP
-    rank 0's forward, and the stand-in forward's hidden states carry no
-    values, so every rank's share has the same (padded) shape and content."""
+    all-gather stacks each rank's share. The rig runs only PCP rank 0's forward:
+    the stand-in model's hidden states carry every rank's share (``rank_shares``,
+    each named from that rank's local batch); any other tensor is stacked once per rank."""
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
@@ -259,7 +259,8 @@ class OneProcessGroup:
     def all_gather(self, tensor: Any, dim: int = 0) -> Any:
         import torch  # lazy: torch loads only when this runs
 
-        return torch.cat([tensor] * self.world_size, dim=dim)
+        shares = getattr(tensor, "rank_shares", None)
+        return torch.cat(shares() if shares is not None else [tensor] * self.world_size, dim=dim)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import numpy as np
 
 from simrig.sampling.logits import spread_logits, spreads
 from simrig.step import Step
+from simrig.vllm_sampling.token_names import SpreadRows
 
 
 class SpreadFeed:
@@ -57,8 +58,9 @@ class SpreadFeed:
         return rows
 
     @staticmethod
-    def logits(rows: dict[int, tuple[str, int]], vocab_size: int) -> dict[int, np.ndarray]:
-        return {row: spread_logits(req_id, pos, vocab_size) for row, (req_id, pos) in rows.items()}
+    def logits(rows: dict[int, tuple[str, int]], vocab_size: int) -> SpreadRows:
+        return SpreadRows({row: spread_logits(req_id, pos, vocab_size) for row, (req_id, pos) in rows.items()},
+                          {req_id for req_id, _ in rows.values()})
 
     def handed(self, req_ids: Sequence[str], tokens: Sequence[Sequence[int]]) -> None:
         """What the runner handed the scheduler: a spread request's tokens, kept."""
