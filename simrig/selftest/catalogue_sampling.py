@@ -1,4 +1,5 @@
-"""Seeded faults in vLLM's sampler state (``vllm/v1/worker/gpu/sample/``), one per kind.
+"""Seeded faults in vLLM's sampler state (``vllm/v1/worker/gpu/sample/``) and its grammar
+bitmask (``structured_outputs.py``), one per kind.
 
 Each is found by the sampling oracle (``simrig/sampling_checks/oracle.py``) on a row of a
 request with parameters: by a replay of a bundled ``traces/samples/sampling_*.jsonl`` and
@@ -37,4 +38,12 @@ SAMPLING: tuple[Mutant, ...] = (
            "min_len = min_tokens",
            "min_tokens counted as a sequence length instead of past the prompt: once the prompt "
            "is longer than min_tokens the stop tokens are never masked"),
+    # structured output: a grammar bitmask row mapped onto the wrong request's logit row
+    Mutant("grammar-mask-by-scheduler-position", "vllm.v1.worker.gpu.structured_outputs",
+           "StructuredOutputsWorker.apply_grammar_bitmask",
+           "req_id_to_idx[req_id] * self.mask_stride + position",
+           "grammar_req_ids.index(req_id) * self.mask_stride + position",
+           "a bitmask row is mapped to the logit row at the request's position in the scheduler's "
+           "list instead of its batch row: where the batch order differs, a grammar masks a "
+           "neighbour's row and leaves its own request unconstrained"),
 )
