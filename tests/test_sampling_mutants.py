@@ -15,10 +15,13 @@ from simrig.selftest.catalogue_sampling import SAMPLING
 
 SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples"
 TRACES = ("sampling_temperature_topk_topp.jsonl", "sampling_penalties.jsonl",
-          "sampling_bias_badwords_mintokens.jsonl", "sampling_grammar.jsonl")
+          "sampling_bias_badwords_mintokens.jsonl", "sampling_grammar.jsonl",
+          "sampling_prompt_logprobs.jsonl")
 SIGNATURE = ["value_mismatch", "postprocess", "sampler.processed_logits"]
 # a mutant whose first wrong row shows in another field than the processed logits
-SIGNATURES = {"grammar-mask-by-scheduler-position": ["value_mismatch", "postprocess", "sampler.grammar_mask"]}
+SIGNATURES = {"grammar-mask-by-scheduler-position": ["value_mismatch", "postprocess", "sampler.grammar_mask"],
+              "prompt-logprobs-chunk-loses-its-last-row": ["value_mismatch", "postprocess",
+                                                           "output.prompt_logprobs"]}
 
 # mutant -> (the trace that shows it, the step its first wrong row samples at, that row's request)
 FOUND_BY = {
@@ -33,6 +36,8 @@ FOUND_BY = {
     # g1's bitmask row (listed first) lands on batch row 0, g2 (the shorter prefill): g2's row
     # keeps g1's few tokens, odd ones among them, outside g2's even-token grammar
     "grammar-mask-by-scheduler-position": ("sampling_grammar.jsonl", 0, "g2"),
+    # p's prompt (40 tokens) completes at step 1 after a chunk of 24: its row of position 23 is lost
+    "prompt-logprobs-chunk-loses-its-last-row": ("sampling_prompt_logprobs.jsonl", 1, "p"),
 }
 
 
@@ -40,15 +45,15 @@ def test_the_family_is_in_the_catalogue_one_mutant_per_kind():
     assert set(FOUND_BY) == {m.name for m in SAMPLING}
     assert all(BY_NAME[m.name] is m and m in CATALOGUE for m in SAMPLING)
     assert not any(m.equivalent or m.control for m in SAMPLING)
-    # routing, slot reuse, penalties history, min-tokens, grammar bitmask: one module each
+    # routing, slot reuse, penalties history, min-tokens, grammar bitmask, prompt logprobs: one module each
     assert sorted(m.module.rsplit(".", 1)[1] for m in SAMPLING) == [
-        "bad_words", "logit_bias", "penalties", "states", "structured_outputs"]
+        "bad_words", "logit_bias", "penalties", "prompt_logprob", "states", "structured_outputs"]
     assert {trace for trace, _, _ in FOUND_BY.values()} <= set(TRACES)
 
 
 @pytest.mark.vllm
 def test_the_unmutated_sampler_replays_the_sampling_traces_clean(tmp_path):
-    """All four through ``simrig replay`` in a process of its own (memcheck on, as by
+    """All five through ``simrig replay`` in a process of its own (memcheck on, as by
     default): exit 0, no class the oracle or the checker would call new."""
     import subprocess
     import sys

@@ -38,6 +38,13 @@ SAMPLING: tuple[Mutant, ...] = (
            "min_len = min_tokens",
            "min_tokens counted as a sequence length instead of past the prompt: once the prompt "
            "is longer than min_tokens the stop tokens are never masked"),
+    # prompt logprobs: a chunk boundary's row lost
+    Mutant("prompt-logprobs-chunk-loses-its-last-row", f"{_SAMPLE}.prompt_logprob",
+           "PromptLogprobsWorker.compute_prompt_logprobs",
+           "if not req_is_prompt_chunked:",
+           "if True:",
+           "every chunk of a prompt drops its last row, as the final one drops the row that "
+           "predicts the first output: each later row of a chunked prompt is one position off"),
     # structured output: a grammar bitmask row mapped onto the wrong request's logit row
     Mutant("grammar-mask-by-scheduler-position", "vllm.v1.worker.gpu.structured_outputs",
            "StructuredOutputsWorker.apply_grammar_bitmask",
