@@ -52,6 +52,7 @@ from simrig.step import CachedUpdate, RunnerConfig, Step
 from strategies._validate import check_choice, check_strategy
 from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
+from strategies.grammar import grammar_sizes
 from strategies.model import Plan, Row, SchedulerModel
 from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
 from strategies.sampling import request_sampling, within_max_tokens
@@ -168,7 +169,8 @@ class SchedulerContractMachine(RuleBasedStateMachine):
         max_tokens = data.draw(st.integers(1, self.machine_settings.max_new_tokens), label="max_tokens")
         lora_id = data.draw(lora_ids(cfg.max_loras), label="lora_id") if cfg.max_loras else None
         spec = data.draw(self.machine_settings.sampling, label="sampling")
-        self.model.arrive(prompt_len, max_tokens, hit, lora_id, within_max_tokens(spec, max_tokens))
+        grammar = data.draw(grammar_sizes(cfg), label="grammar")  # a structured-output request's set size
+        self.model.arrive(prompt_len, max_tokens, hit, lora_id, within_max_tokens(spec, max_tokens), grammar)
 
     @precondition(lambda self: self.model is not None and self.model.held())
     @rule(data=st.data())

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from simrig.sampling.params import SamplingSpec
 from simrig.step import SYNTH_VOCAB_SIZE, CachedUpdate, NewRequest, RunnerConfig, Step, block_groups, synth_token
 from strategies.blocks import BlockPool
+from strategies.grammar import allowed_tokens
 
 WAITING = "waiting"  # not held by the runner; sent as new when scheduled
 RUNNING = "running"  # held by the runner
@@ -83,6 +84,7 @@ class Request:
     turn: int = 0  # streaming inputs received
     sampled_at: int | None = None  # the step index at which it last sampled (PP's interval)
     sampling: SamplingSpec | None = None  # its sampling parameters (sent with every new request)
+    grammar: int = 0  # structured output: how many tokens its grammar allows (0: not structured)
 
     @property
     def prefilling(self) -> bool:
@@ -124,16 +126,18 @@ class SchedulerModel:
 
     # ------------------------------------------------------------ events
     def arrive(self, prompt_len: int, max_tokens: int, prefix_hit: int = 0,
-               lora_id: int | None = None, sampling: SamplingSpec | None = None) -> str:
+               lora_id: int | None = None, sampling: SamplingSpec | None = None, grammar: int = 0) -> str:
         if not 1 <= prompt_len < self.config.max_model_len:  # room for one output token
             raise ValueError(f"prompt_len {prompt_len} outside 1..{self.config.max_model_len - 1}")
         if not 0 <= prefix_hit < prompt_len:
             raise ValueError(f"prefix_hit {prefix_hit} must leave a token to compute")
         self._check_min_tokens(sampling, max_tokens)
+        if grammar and self.config.num_speculative_tokens:  # the trace reader refuses it
+            raise ValueError("structured output is not driven under speculative decoding")
         req_id = f"{self.id_prefix}{self._next_id}"
         self._next_id += 1
         self.reqs[req_id] = Request(req_id, prompt_len, max_tokens, num_tokens=prompt_len,
-                                    prefix_hit=prefix_hit, lora_id=lora_id, sampling=sampling)
+                                    prefix_hit=prefix_hit, lora_id=lora_id, sampling=sampling, grammar=grammar)
         return req_id
 
     @staticmethod
@@ -313,7 +317,7 @@ class SchedulerModel:
                     max_tokens=req.max_tokens,
                     prefill_len=req.num_tokens if req.num_tokens > req.prompt_len else None,
                     block_ids=block_ids, lora_id=req.lora_id, prompt_token_ids=req.token_ids,
-                    sampling=req.sampling))
+                    sampling=req.sampling, structured_output=req.grammar > 0))
             elif req.state == STREAMED:  # a streaming update: its live id, every block it holds
                 req.state = RUNNING
                 self.pool.grow(req.req_id, req.num_computed + row.num_tokens, req.num_computed)
@@ -321,7 +325,7 @@ class SchedulerModel:
                     req_id=req.req_id, prompt_len=req.prompt_len, num_computed_tokens=req.num_computed,
                     max_tokens=req.max_tokens, prompt_token_ids=list(req.token_ids or []) or None,
                     block_ids=self.pool.blocks_of(req.req_id), lora_id=req.lora_id, streaming=True,
-                    sampling=req.sampling))
+                    sampling=req.sampling, structured_output=req.grammar > 0))
             else:
                 assert req.state == RUNNING, f"{row.req_id} is {req.state}"
                 new_blocks = self.pool.grow(req.req_id, req.num_computed + row.num_tokens,
@@ -348,6 +352,9 @@ class SchedulerModel:
             req = self.reqs[row.req_id]
             req.num_computed += step.num_accepted(row.req_id)
             if req.num_computed >= req.prefill_len:  # prefill done: one token (+accepted drafts)
+                if req.grammar:  # the scheduler lists it (not a prefill chunk), in its own order
+                    step.grammar[row.req_id] = allowed_tokens(row.req_id, req.num_computed - 1, req.grammar,
+                                                              req.sampling, SYNTH_VOCAB_SIZE)
                 req.num_tokens = req.num_computed + 1
                 req.sampled_at = len(self.steps)
                 if req.num_tokens < cfg.max_model_len and req.resumable and req.num_outputs >= req.max_tokens:

@@ -28,6 +28,7 @@ from simrig.step import RunnerConfig, Step
 from strategies._validate import check_int
 from strategies.blocks import tokens_per_block
 from strategies.configs import runner_configs
+from strategies.grammar import grammar_sizes
 from strategies.model import PAUSED, WAITING, Plan, Row, SchedulerModel
 from strategies.requests import lora_ids, prefix_cache_hits, prompt_lengths
 from strategies.sampling import request_sampling, within_max_tokens
@@ -124,7 +125,8 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int,
                sampling: st.SearchStrategy[Any] | None = None) -> None:
     """Between steps: maybe an arrival, abort, preemption, resume or streaming input. An
     arrival carries a draw of ``sampling`` (default ``request_sampling()``), which every
-    later resend of the request (resume, streaming update) carries again."""
+    later resend of the request (resume, streaming update) carries again, and is
+    structured output now and then (``strategies.grammar``)."""
     cfg = model.config
     kind = draw(st.sampled_from(("none", "arrive", "abort", "preempt", "resume", "stream")))
     if kind == "arrive" or not model.reqs:
@@ -135,7 +137,8 @@ def draw_event(draw: Draw, model: SchedulerModel, max_new_tokens: int,
         max_tokens = draw(st.integers(1, max_new_tokens))
         lora_id = draw(lora_ids(cfg.max_loras)) if cfg.max_loras else None
         spec = draw(request_sampling() if sampling is None else sampling)
-        model.arrive(prompt_len, max_tokens, hit, lora_id, within_max_tokens(spec, max_tokens))
+        model.arrive(prompt_len, max_tokens, hit, lora_id, within_max_tokens(spec, max_tokens),
+                     draw(grammar_sizes(cfg)))
     elif kind == "abort" and model.held():
         model.abort(draw(st.sampled_from([r.req_id for r in model.held()])))
     elif kind == "preempt" and model.preemptable():

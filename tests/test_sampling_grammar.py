@@ -212,3 +212,70 @@ def test_every_grammar_request_samples_inside_its_set_on_the_real_sampler(monkey
     # a single allowed token is the one sampled (g1 at step 1, g3 at step 4)
     assert handed["g1"][1] == 77 and handed["g3"][3] == 4095
     assert set(handed) == {"g1", "g2", "g3", "g4"}
+
+
+# ------------------------------------------------------------------ the strategies
+def test_an_allowed_set_keeps_a_token_the_requests_own_masks_leave_open():
+    from strategies.grammar import allowed_tokens
+
+    spec = SamplingSpec(bad_words=((5,), (1, 6)), stop_token_ids=(7,), min_tokens=1)
+    for position in range(50):
+        one = allowed_tokens("r0", position, 1, spec, 8)
+        assert len(one) == 1 and one[0] not in (5, 6, 7)
+    assert allowed_tokens("r0", 3, 8, None, 8) == tuple(range(8))
+    assert allowed_tokens("r0", 3, 4, None) == allowed_tokens("r0", 3, 4, None)  # fixed: shrinking keeps it
+
+
+def _drawn_grammar_is_valid(config, steps, tmp_path: Path) -> None:
+    structured = set()
+    for step in steps:
+        structured |= {r.req_id for r in step.new_requests if r.structured_output}
+        # listed in the scheduler's order, only requests scheduled (and structured) this step
+        assert list(step.grammar) == [r for r in step.num_scheduled_tokens if r in step.grammar]
+        assert set(step.grammar) <= structured
+        assert all(ids and list(ids) == sorted(set(ids)) for ids in step.grammar.values())
+    path = tmp_path / "drawn.jsonl"
+    write_trace(path, TraceHeader(config=config), steps)
+    assert read_trace(path)[1] == steps  # the reader's bounds take every drawn grammar
+
+
+def _runs():
+    from hypothesis import strategies as st
+
+    from strategies.configs import runner_configs
+    from strategies.steps import scheduled_runs
+
+    return scheduled_runs(config=runner_configs(max_num_reqs=st.just(4), max_model_len=st.just(64),
+                                                num_speculative_tokens=st.just(0)), min_steps=4, max_steps=8)
+
+
+def test_drawn_grammars_are_valid(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(_runs())
+    def valid(run):
+        _drawn_grammar_is_valid(*run, tmp_path)
+
+    valid()
+
+
+@pytest.mark.slow  # Hypothesis searches up to a few hundred runs for each (~20 s)
+def test_drawn_grammars_come_out_of_batch_order_with_single_and_large_sets():
+    from hypothesis import HealthCheck, find, settings
+
+    def out_of_batch_order(run) -> bool:
+        # a request with several tokens listed before a one-token one: the runner's batch puts
+        # one-token rows first, so its bitmask rows come in another order than its logit rows
+        for step in run[1]:
+            counts = [step.num_scheduled_tokens[r] for r in step.grammar]
+            if any(a > 1 and b == 1 for i, a in enumerate(counts) for b in counts[i + 1:]):
+                return True
+        return False
+
+    def sized(low: int, high: int):
+        return lambda run: any(low <= len(ids) <= high for step in run[1] for ids in step.grammar.values())
+
+    quick = settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck))
+    for predicate in (out_of_batch_order, sized(1, 1), sized(2048, 4095)):
+        assert predicate(find(_runs(), predicate, settings=quick))
