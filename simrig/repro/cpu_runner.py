@@ -1,15 +1,12 @@
 '''The helper section of a standalone reproducer: vLLM's GPUModelRunner on CPU, without a model.
 
-Text, never executed here. The section builds the runner as ``simrig.adapters``
-does (``wiring.equip``, ``cudagraph.dispatcher_for``, ``vllm_config``,
-``platform``), restated with vLLM's own classes only so that the file stands
-alone: ``GPUModelRunner.__new__`` plus the attributes ``execute_model``,
-``_dummy_run``, ``profile_run`` and ``capture_model`` read; vLLM's VllmConfig,
-BlockTables, RequestState, InputBuffers, PCPManager, LoRA state and
-ModelCudaGraphManager; stand-ins only for the model, the model state's
-attention builders, the sampler and CUDA's streams and graphs. A Recorder class
-(in ``RUNNER``) keeps what the runner hands the forward (the batch, its cudagraph descriptor,
-the block tables), observing only.
+Text, never executed here. It builds the runner as ``simrig.adapters`` does (``wiring.equip``,
+``cudagraph.dispatcher_for``, ``vllm_config``, ``platform``) with vLLM's own classes only, so the
+file stands alone: ``GPUModelRunner.__new__`` plus the attributes ``execute_model``, ``_dummy_run``,
+``profile_run`` and ``capture_model`` read; vLLM's VllmConfig, BlockTables, RequestState, InputBuffers,
+PCPManager, LoRA state and ModelCudaGraphManager; stand-ins only for the model, the model state's
+attention builders, the sampler and CUDA's streams and graphs. A Recorder (in ``RUNNER``) keeps what
+the runner hands the forward (the batch, its cudagraph descriptor, the block tables), observing only.
 '''
 
 RUNNER = r'''

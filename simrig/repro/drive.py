@@ -1,10 +1,9 @@
 """The drive section of a standalone reproducer: the schedule through the runner, as a worker runs it.
 
-Text, never executed here (see ``cpu_runner``): one step as the release's
-SchedulerOutput, ``execute_model`` and the sampler's hand-back through vLLM's
-own ``postprocess_sampled``; the worker's start-up ``profile_run`` and
-``capture_model``; an idle data-parallel rank's ``_dummy_run``; a tap on the
-cudagraph manager's ``dispatch`` that records each descriptor it returns.
+Text, never executed here (see ``cpu_runner``): one step as the release's SchedulerOutput,
+``execute_model`` and the sampler's hand-back through vLLM's own ``postprocess_sampled``; the
+worker's start-up ``profile_run`` and ``capture_model``; an idle data-parallel rank's
+``_dummy_run``; a tap on the cudagraph manager's ``dispatch`` recording each descriptor it returns.
 """
 
 DRIVE = r'''

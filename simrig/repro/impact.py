@@ -1,12 +1,9 @@
 """What a vLLM user sees of each upstream finding, and the title tag it earns.
 
-An ``ISSUE.md`` written by ``simrig repro --upstream`` has an Impact section whose first
-line (``FIRST_LINE``) says whether a user sees anything; ``tag`` turns that into the
-title's ``[Bug]`` or ``[Misc]``. Each class's ``Impact`` is written here, next to its
-entry in ``simrig/repro/upstream.py``; ``tests/test_upstream_impact.py`` holds every
-folder to it.
-
-See docs/bisect.md, 'From finding to fix'.
+An ``ISSUE.md`` written by ``simrig repro --upstream`` has an Impact section whose first line
+(``FIRST_LINE``) says whether a user sees anything; ``tag`` turns that into the title's ``[Bug]`` or
+``[Misc]``. Each class's ``Impact`` is written here, next to its entry in ``simrig/repro/upstream.py``;
+``tests/test_upstream_impact.py`` holds every folder to it. See docs/bisect.md, 'From finding to fix'.
 """
 
 from __future__ import annotations
@@ -130,4 +127,10 @@ IMPACT: dict[str, Impact] = {
         "(stale) block ids, which may point at blocks since freed and reallocated\"): freed "
         "block ids left in a persistent forward-pass buffer reach a kernel as soon as one reads "
         "past its own rows."),
+    "value_mismatch:postprocess:sampler.processed_logits": Impact(
+        True, "a low-temperature request with top-p samples tokens outside its top-p set",
+        "The reproducer shows it: `apply_top_k_top_p` keeps all 4,096 tokens of the row where `apply_top_k_top_p_"
+        "pytorch` keeps 1, and the sampler draws from that row (`vllm/v1/worker/gpu/sample/sampler.py:347-351`, "
+        "`Sampler._sample_random`: `processed_logits = apply_top_k_top_p(...) ... sampled = gumbel_sample(processed_logits,`). "
+        "On CUDA: top-p-only rows of batches over 64 rows; on other devices every top-p-only row."),
 }

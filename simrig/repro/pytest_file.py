@@ -25,7 +25,9 @@ from simrig.bisect.search import ClassKey
 from simrig.errors import UsageError
 from simrig.findings.classes import standalone_property
 from simrig.reference.contract import CONTRACT
+from simrig.repro import top_p_file
 from simrig.repro.template import assemble
+from simrig.step import SYNTH_VOCAB_SIZE
 from simrig.trace_io.trace import TraceError, read_trace
 
 # Each property in the words of the vLLM code that gives it its meaning.
@@ -173,6 +175,8 @@ def render(trace: Path, key: ClassKey) -> str:
         header, steps = read_trace(trace)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
+    if key.text == top_p_file.CLASS:  # a sampling class: vLLM's top-k/top-p on the row, no runner
+        return top_p_file.render(trace.name, steps, test_name(key), SYNTH_VOCAB_SIZE)
     if header.adversarial and key.kind not in ("key_error", "exception", "silent_acceptance") \
             and not key.field.startswith("attn.block_tables."):
         raise UsageError(f"{trace}: an adversarial trace reproduces only key_error/exception classes "
@@ -181,13 +185,11 @@ def render(trace: Path, key: ClassKey) -> str:
     c = header.config
     if c.dcp_size > 1:
         raise UsageError(f"{trace}: the standalone runner drives no DCP (dcp_size {c.dcp_size})")
-    config = {"max_num_reqs": c.max_num_reqs, "max_num_batched_tokens": c.max_num_batched_tokens,
-              "max_model_len": c.max_model_len, "block_size": c.block_size,
-              "num_speculative_tokens": c.num_speculative_tokens,
-              "kv_groups": [{"kind": g.kind, "window": g.window} for g in c.kv_groups],
-              "pcp_size": c.pcp_size, "shard_decode_requests": c.shard_decode_requests,
-              "cudagraph_mode": c.cudagraph_mode, "capture_sizes": list(c.capture_sizes),
-              "max_loras": c.max_loras, "cudagraph_specialize_lora": c.cudagraph_specialize_lora}
+    config = {k: getattr(c, k) for k in ("max_num_reqs", "max_num_batched_tokens", "max_model_len", "block_size",
+              "num_speculative_tokens", "kv_groups", "pcp_size", "shard_decode_requests", "cudagraph_mode",
+              "capture_sizes", "max_loras", "cudagraph_specialize_lora")}
+    config.update(kv_groups=[{"kind": g.kind, "window": g.window} for g in c.kv_groups],
+                  capture_sizes=list(c.capture_sizes))
     lines = ["CONFIG = " + pprint.pformat(config, width=100, sort_dicts=False),
              "CLASS = " + pprint.pformat(cls, width=100, sort_dicts=False),
              "# The scheduler's steps, one per line: new requests (prompt and prefill lengths, block",
@@ -231,7 +233,8 @@ def write_and_check(out: Path, trace: Path, key: ClassKey, text: str, python: st
         raise UsageError(f"--check: pytest could not run the file on {where} (exit {status}): "
                          f"{tail.splitlines()[-1] if tail else ''}")
     # a loud rejection shows when its file passes; a silent acceptance when it fails
-    loud = class_literal(key, read_trace(trace)[0])["property"] == "raises" and key.kind != "silent_acceptance"
+    loud = key.text != top_p_file.CLASS and key.kind != "silent_acceptance" and class_literal(
+        key, read_trace(trace)[0])["property"] == "raises"
     shows = (status == 1) != loud  # a loud rejection shows when its test passes
     verb = "passes" if status == 0 else "FAILS"
     what = (f"it reproduces {key.text}" if shows and not loud else

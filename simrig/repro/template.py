@@ -1,14 +1,13 @@
 '''The standalone pytest file ``simrig repro`` writes: three sections, as text.
 
     @@DOC@@     the module docstring (class, property, where, how to run)
-    RUNNER      a CPU runner: vLLM's GPUModelRunner without a model (cpu_runner.py),
-                and the drive helpers: a step through execute_model and the dummy paths (drive.py)
+    RUNNER      a CPU runner (cpu_runner.py) and the drive helpers: a step through execute_model
+                and the dummy paths (drive.py)
     @@DATA@@    CONFIG, CLASS and STEPS as Python literals: the minimal schedule
-    PROPERTY    the drive (execute_model per step; profile_run, capture_model,
-                _dummy_run where the class lives) and the assertion
-
-The file imports only vLLM, torch, numpy, pytest and the standard library (no
-simrig); it adapts to the installed release by looking at signatures.
+    PROPERTY    the drive (execute_model per step; profile_run, capture_model, _dummy_run where
+                the class lives) and the assertion
+The file imports only vLLM, torch, numpy, pytest and the standard library (no simrig); it adapts
+to the installed release by looking at signatures. (A top-p class: top_p_file.py instead.)
 '''
 
 from simrig.repro.cpu_runner import RUNNER

@@ -36,6 +36,7 @@ class Upstream:
     where: str  # file:line on 0.33.0
     evidence: str  # the vLLM line or comment that gives the meaning
     fix: str
+    reproducer: str = ""  # how its file runs, where not the runner through execute_model
 
 
 _IB = "vllm/v1/worker/gpu/input_batch.py"
@@ -121,6 +122,18 @@ FINDINGS: dict[str, Upstream] = {
         "track dirty rows for the `out=` tables too (e.g. per output buffer in `gather_block_tables`), "
         "and have `PCPManager.get_dummy_block_tables` zero up to the larger of its request count and "
         "the rows last gathered"),
+    "value_mismatch:postprocess:sampler.processed_logits": Upstream(
+        "Triton top-p keeps the whole vocabulary of a low-temperature row", (70,),
+        "vllm/v1/sample/ops/topk_topp_triton.py:645 (`_topk_topp_kernel`, top-p-only rows: `max_sample = avg_logit "
+        "+ std_logit * 10.0`), from `Sampler.sample` (vllm/v1/worker/gpu/sample/sampler.py:347, `apply_top_k_top_p`)",
+        "vllm/sampling_params.py:316, `SamplingParams.top_p`: \"Controls the cumulative probability of the top "
+        "tokens to consider\". The kernel normalises by exp(logit - max_sample), max_sample an estimate of the "
+        "row's largest logit: on a peaked row (temperature 0.0758) every exp underflows in float32, the "
+        "probabilities are 0/0, no pivot is found and nothing is masked, where `apply_top_k_top_p_pytorch` keeps "
+        "the top-p set (1 token). On CUDA: top-p-only rows of batches over 64 rows (`_SPLIT_MAX_BATCH`).",
+        "shift by the row's true maximum (online softmax, as the split pipeline's `_topp_sb_stats_kernel` does)",
+        "hands the request's logit row, as the trace names it, to `apply_top_k_top_p`, which `Sampler.sample` "
+        "calls (65 copies on CUDA, past the split pipeline's 64 rows; on CPU in Triton's interpreter):"),
 }
 
 
@@ -175,7 +188,8 @@ def issue_text(info: Upstream, key: ClassKey, trace: Path, test: Path) -> str:
     rows = ["| step | new requests (prompt) | cached requests (computed) | scheduled tokens |"
             + (" idle dummy after |" if idle else ""), "|---|---|---|---|" + ("---|" if idle else "")]
     for i, s in enumerate(steps):
-        new = ", ".join(f"{r.req_id} ({r.prompt_len})" for r in s.new_requests) or "-"
+        new = ", ".join(f"{r.req_id} ({r.prompt_len}" + ("; " + ", ".join(f"{k} {v}" for k, v in r.sampling
+                        .to_json().items()) if r.sampling else "") + ")" for r in s.new_requests) or "-"
         cached = ", ".join(f"{c.req_id} ({c.num_computed_tokens})" for c in s.cached) or "-"
         nst = ", ".join(f"{k}: {v}" for k, v in s.num_scheduled_tokens.items()) or "-"
         rows.append(f"| {i} | {new} | {cached} | {nst} |"
@@ -183,10 +197,10 @@ def issue_text(info: Upstream, key: ClassKey, trace: Path, test: Path) -> str:
     c = header.config
     config = ", ".join(f"{k}={v}" for k, v in (
         ("max_num_seqs", c.max_num_reqs), ("max_num_batched_tokens", c.max_num_batched_tokens),
-        ("max_model_len", c.max_model_len), ("block_size", c.block_size),
-        ("cudagraph_mode", c.cudagraph_mode), ("capture_sizes", list(c.capture_sizes)),
-        ("prefill_context_parallel_size", c.pcp_size), ("shard_decode_requests", c.shard_decode_requests),
-        ("max_loras", c.max_loras), ("cudagraph_specialize_lora", c.cudagraph_specialize_lora),
+        ("max_model_len", c.max_model_len), ("block_size", c.block_size), ("cudagraph_mode", c.cudagraph_mode),
+        ("capture_sizes", list(c.capture_sizes)), ("prefill_context_parallel_size", c.pcp_size),
+        ("shard_decode_requests", c.shard_decode_requests), ("max_loras", c.max_loras),
+        ("cudagraph_specialize_lora", c.cudagraph_specialize_lora),
         ("kv_groups", [g.kind + (f"(window={g.window})" if g.window else "") for g in c.kv_groups])))
     expected = expected_verdicts(info.known)
     impact = IMPACT[key.text]
@@ -199,10 +213,10 @@ def issue_text(info: Upstream, key: ClassKey, trace: Path, test: Path) -> str:
         *section(impact), "",
         "## Minimal schedule", "", f"Config: {config}.", "", *rows, "",
         "## Reproducer", "",
-        f"`{test.name}` (next to this file) imports only vllm, torch, numpy and pytest. It builds "
-        "GPUModelRunner on CPU without a model (MRV2's Triton kernels in Triton's interpreter) and "
-        "runs the schedule through `execute_model` (and `profile_run` / `capture_model` / "
-        "`_dummy_run` where the class lives):", "",
+        f"`{test.name}` (next to this file) imports only vllm, torch, numpy and pytest. It " + (
+            info.reproducer or "builds GPUModelRunner on CPU without a model (MRV2's Triton kernels in "
+            "Triton's interpreter) and runs the schedule through `execute_model` (and `profile_run` / "
+            "`capture_model` / `_dummy_run` where the class lives):"), "",
         f"    pytest -q {test.name}", "",
         "Expected per release: " + ", ".join(f"{r} {v}" for r, v in expected.items()) + ".", "",
         "## Suggested fix", "", info.fix, ""])
@@ -217,9 +231,8 @@ def read_verdict(folder: Path) -> dict[str, Any]:
         raise UsageError(f"--check {folder}: no verdict.json there (write it with --upstream)") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not readable JSON ({exc})") from None
-    for key in ("test", "expected"):
-        if key not in verdict:
-            raise UsageError(f"{path}: field {key!r} missing")
+    for key in [k for k in ("test", "expected") if k not in verdict][:1]:
+        raise UsageError(f"{path}: field {key!r} missing")
     if not (folder / str(verdict["test"])).is_file():
         raise UsageError(f"{path}: field 'test': no file {verdict['test']} in {folder}")
     return verdict
@@ -228,10 +241,8 @@ def read_verdict(folder: Path) -> dict[str, Any]:
 def check_folder(folder: Path, pythons: dict[str, str], run: Any) -> tuple[dict[str, str], bool]:
     """Run the folder's test under each release's interpreter (``pythons``); record what
     was measured in verdict.json. Returns (verdict per release, all as expected)."""
-    verdict_path = folder / "verdict.json"
     verdict = read_verdict(folder)
-    test = folder / verdict["test"]
-    measured: dict[str, str] = {}
+    test, measured = folder / verdict["test"], {}
     for release, python in pythons.items():
         status, tail = run(python, test.resolve())
         first = tail.splitlines()[0] if tail else ""
@@ -240,7 +251,7 @@ def check_folder(folder: Path, pythons: dict[str, str], run: Any) -> tuple[dict[
                              and first.lstrip("E ").startswith("AssertionError") else
                              f"error (pytest exit {status}: {first.lstrip('E ')[:120]})")
     verdict["measured"] = {**verdict.get("measured", {}), **measured}
-    verdict_path.write_text(json.dumps(verdict, indent=1) + "\n")
+    (folder / "verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
     ok = all(measured[r] == verdict["expected"].get(r) for r in measured)
     return measured, ok
 
@@ -263,10 +274,8 @@ def verdict_table(root: Path = KNOWN.parents[1] / "upstream") -> str:
     rows = ["| folder | class | " + " | ".join(RELEASES) + " |", "|---|---|" + "---|" * len(RELEASES)]
     for folder in sorted(p for p in root.iterdir() if (p / "verdict.json").is_file()):
         verdict = json.loads((folder / "verdict.json").read_text())
-        cells = []
-        for release in RELEASES:
-            want, got = verdict["expected"][release], verdict.get("measured", {}).get(release)
-            cells.append(f"expected {want}, not measured" if got is None else
-                         got if got == want else f"**{got}** (expected {want})")
+        pairs = [(verdict["expected"][r], verdict.get("measured", {}).get(r)) for r in RELEASES]
+        cells = [f"expected {want}, not measured" if got is None else got if got == want else
+                 f"**{got}** (expected {want})" for want, got in pairs]
         rows.append(f"| `{folder.name}` | `{verdict['class']}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)
