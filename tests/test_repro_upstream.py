@@ -1,7 +1,7 @@
 """simrig repro's standalone files for every class kind, and the folders ready for vLLM.
 
 The slow test writes one file per class kind (dtype, missing field, value mismatch, dispatch,
-capture, exception) from a small schedule and runs them all with pytest in one child process on
+capture, exception, top-p) from a small schedule and runs them all with pytest in one child process on
 the installed vLLM (0.33.0): each file of a class that vLLM 0.33.0 shows must fail with its
 reviewer's message, each control (the same property where 0.33.0 keeps it) must pass. The
 expected outcomes are vLLM's facts (docs/known-findings.md), not taken from a run.
@@ -55,6 +55,17 @@ DUPLICATE = [{"new_requests": [{"id": "r0", "prompt_len": 4, "max_tokens": 4, "b
              {"new_requests": [{"id": "r0", "prompt_len": 4, "max_tokens": 4, "block_ids": [2]}],
               "num_scheduled_tokens": {"r0": 4}}]
 
+TOP_P = "value_mismatch:postprocess:sampler.processed_logits"
+
+
+def _sampled(sampling: dict) -> list[dict]:
+    return [{"new_requests": [{"id": "r0", "prompt_len": 4, "max_tokens": 1, "sampling": sampling}],
+             "num_scheduled_tokens": {"r0": 4}}]
+
+
+# known-findings.json#70: at temperature 0.0758 the row is peaked, the Triton top-p kernel keeps it whole
+PEAKED, SPREAD = _sampled({"temperature": 0.0758, "top_p": 0.0888, "seed": 3}), _sampled({"top_p": 0.5})
+
 # (file name, class, config, steps, adversarial, outcome on 0.33.0, message it fails with)
 CASES = [
     ("dtype", "dtype_drift:dummy:logits_indices", SMALL, PREFILL, False, "failed",
@@ -79,6 +90,10 @@ CASES = [
      "the runner accepted the schedule silently"),
     ("exception_control", "key_error:gather:unknown_scheduled_id:KeyError", SMALL,
      [{"num_scheduled_tokens": {"ghost": 1}}], True, "passed", ""),
+    ("top_p", TOP_P, SMALL, PEAKED, False, "failed",
+     "keeps 4096 tokens holding 1.0000 of the mass, 1.0000 without its least likely one; "
+     "vLLM's apply_top_k_top_p_pytorch keeps 1"),
+    ("top_p_control", TOP_P, SMALL, SPREAD, False, "passed", ""),  # a row that is not peaked
 ]
 
 
@@ -120,6 +135,32 @@ def test_the_generated_file_imports_no_simrig_and_drives_execute_model(tmp_path)
     assert "simrig" not in roots and {"vllm", "torch", "numpy", "pytest"} <= roots
     assert "runner.execute_model(scheduler_output(step))" in text
     assert text.index("= a CPU runner") < text.index("STEPS = [") < text.index("= the property")
+
+
+def test_the_top_p_file_imports_no_simrig_and_calls_vllms_top_k_top_p(tmp_path):
+    out = tmp_path / "test_p.py"
+    assert main(["repro", str(_trace(tmp_path / "p.jsonl", SMALL, PEAKED)), "--class", TOP_P,
+                 "--pytest", str(out)]) == 0
+    text = out.read_text()
+    tree = ast.parse(text)
+    roots = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert roots == {"os", "zlib", "numpy", "torch", "vllm", "triton"}
+    assert "REQUEST = {'id': 'r0', 'position': 3, 'temperature': 0.0758, 'top_p': 0.0888}" in text
+    assert "out = apply_top_k_top_p(logits.clone(), None, p)" in text
+
+
+@pytest.mark.parametrize("steps, says", [
+    (_sampled({"top_p": 0.5, "top_k": 5}), "restates a temperature (not 0: greedy) and top_p only"),
+    (_sampled({"top_p": 0.5, "temperature": 0.0}), "restates a temperature (not 0: greedy) and top_p only"),
+    (_sampled({"temperature": 0.5}), "samples no row of a request with top_p < 1"),
+    ([{**PEAKED[0], "num_scheduled_tokens": {"r0": 3}}], "samples no row of a request with top_p < 1"),
+])
+def test_a_top_p_class_it_cannot_state_is_one_line_and_exit_2(tmp_path, capsys, steps, says):
+    trace = _trace(tmp_path / "p.jsonl", SMALL, steps)
+    assert main(["repro", str(trace), "--class", TOP_P, "--pytest", str(tmp_path / "test_p.py")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
 
 
 # ------------------------------------------------------------------ reports/upstream
