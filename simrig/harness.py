@@ -21,7 +21,7 @@ from simrig.adapters.reuse import RunnerState
 from simrig.adapters.runner import VllmApi, load
 from simrig.dummy_paths import DummyRuns
 from simrig.findings.findings import Finding, rig_error
-from simrig.sampling.logits import sampler_mode
+from simrig.sampling.logits import drafting, sampler_mode
 from simrig.stage_probes import Probes, StopStep, observe_dcp_local_seq_lens, record_unclaimed
 from simrig.step import RunnerConfig, Step
 from simrig.step_context import StepContext
@@ -29,6 +29,7 @@ from simrig.trace_gate import vllm_calls
 from simrig.vllm_parts import ubatch
 from simrig.vllm_sampling.feed import SpreadFeed, histories
 from simrig.vllm_sampling.bitmask import grammar_output
+from simrig.vllm_sampling.spec_decode import SpreadDrafts
 
 
 class Harness:
@@ -92,7 +93,10 @@ class Harness:
         # and the runner pool never resets such a runner for another example
         self.raised_at: int | None = None
         self.ctx = StepContext()
-        self.feed = SpreadFeed(config.num_speculative_tokens)  # the requests with sampling parameters
+        self.feed = SpreadFeed(drafting(config))  # the requests with sampling parameters
+        self.spread_drafts = SpreadDrafts(self.feed, self.runner.vocab_size)  # their drafts, if spread
+        if getattr(self.runner, "speculator", None) is not None:
+            self.runner.speculator.spread_drafts = self.spread_drafts  # read by adapters' write_drafts
         self.probes = Probes(self.ctx, self.api, self.runner, stages, len(self.pcp_managers))
         self.dummies = DummyRuns(self.ctx, self.runner, stages)
         # reuse (simrig.runners): the state after start-up, kept when asked for
@@ -118,6 +122,7 @@ class Harness:
         result = obs.StepObs(index=self.num_steps)
         self.num_steps += 1
         self.feed.learn(step)  # before the SchedulerOutput: a resumed request re-sends its tokens
+        self.spread_drafts.learn(step)
         so = self.api.scheduler_output(step, self.config.num_kv_groups)
         if self.pp_rank is not None and hasattr(so, "num_spec_tokens_to_schedule"):
             # the drafts the last rank proposes are what the other PP ranks embed: K, as

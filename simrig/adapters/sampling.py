@@ -10,25 +10,24 @@ See docs/standins.md, 'Sampling stand-ins and the token rule'.
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from simrig.step import Step, draft_token, rejected_from
-from simrig.vllm_sampling.switch import build_sampler
+from simrig.vllm_sampling.spec_decode import vllm_samplers  # noqa: F401 -- wiring builds vLLM's samplers here
 from simrig.vllm_sampling.token_names import target_tokens  # noqa: F401 -- the harness names the logit rows here
 
 
 def write_drafts(api: Any, runner: Any, step: Step) -> None:
     """The drafter's output as the scheduler schedules it: draft j of a request
     at position n proposes position n+1+j; drafts the trace says the sampler
-    rejects propose a wrong token (``simrig.step.draft_token``), so acceptance
-    shows in input_ids."""
+    rejects propose a wrong token (``simrig.step.draft_token``; a spread request's:
+    ``simrig.sampling.drafts``), so acceptance shows in input_ids."""
     if not step.spec_tokens:
         return
-    states = runner.req_states
+    states, spread = runner.req_states, getattr(runner.speculator, "spread_drafts", None)
     for req_id, k in step.spec_tokens.items():
         idx = states.req_id_to_index.get(req_id)
         if idx is None or k <= 0:
@@ -36,7 +35,8 @@ def write_drafts(api: Any, runner: Any, step: Step) -> None:
         # drafts fill the last k positions of the request's query
         first = int(states.num_computed_tokens_np[idx]) + step.num_scheduled_tokens.get(req_id, 0) - k
         first_rejected = rejected_from(step, req_id)
-        ids = [draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
+        ids = (spread and spread(req_id, first, k, first_rejected)) or [
+            draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
         states.draft_tokens[idx, :k] = api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
 
 
@@ -111,22 +111,6 @@ class GreedyVerifier:
             torch.from_numpy(counts).to(device), input_batch.seq_lens, input_batch.cu_num_logits,
             input_batch.idx_mapping, self._runner.req_states.prefill_len.gpu)
         return _sampler_output(torch.from_numpy(sampled).to(device), num_sampled, num_rejected)
-
-
-def vllm_samplers(runner: Any, method: str) -> tuple[Any, Any]:
-    """vLLM's own Sampler and RejectionSampler, built as the runner builds them
-    (``load_model``) under ``rejection_sample_method`` = ``method``. On the
-    stand-in logits (one finite entry per row) every method's outcome is the
-    trace's: a draft is kept iff it is the row's token, and any token sampled
-    from a row is that row's token, at any temperature."""
-    # lazy: vllm loads after platform.configure() sets its env
-    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
-
-    sampler = build_sampler(runner)
-    # the VllmConfig is shared between runners (vllm_parts.vllm_config): the method is set on a copy
-    spec_config = copy.copy(runner.vllm_config.speculative_config)
-    spec_config.rejection_sample_method = method
-    return sampler, RejectionSampler(sampler, spec_config, runner.device)
 
 
 class DrafterStandIn:

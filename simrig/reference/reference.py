@@ -21,7 +21,9 @@ from simrig.reference.descriptor import descriptor, padded_counts
 from simrig.reference.comparer import Comparer, short
 from simrig.findings.findings import Finding, guarded
 from simrig.observe import GATHER, PREPARE, StageObs, StepObs, handed_to_scheduler
-from simrig.sampling.logits import spreads
+from simrig.sampling.drafts import spread_drafts
+from simrig.sampling.logits import drafting, spreads
+from simrig.sampling.params import SamplingSpec
 from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, draft_token, rejected_from, synth_token
 
 @dataclass
@@ -33,6 +35,8 @@ class RequestModel:
     # sampler's, learnt from what the runner handed the scheduler (position -> token)
     spread: bool = False
     given: dict[int, int] = field(default_factory=dict)
+    spec: SamplingSpec | None = None  # a spread request's SamplingSpec: under drafts, its drafts follow its rows
+    prompt_len: int = 0
 
 
 @dataclass
@@ -116,8 +120,9 @@ class ReferenceModel:
             self.reqs.pop(req_id, None)
         for req in step.new_requests:
             self.reqs[req.req_id] = RequestModel(req.prefill_token_ids(), req.num_computed_tokens,
-                                                 spread=spreads(req.sampling, self.config.num_speculative_tokens,
-                                                                req.structured_output))
+                                                 spread=spreads(req.sampling, drafting(self.config),
+                                                                req.structured_output),
+                                                 spec=req.sampling, prompt_len=req.prompt_len)
         for upd in step.cached:
             if upd.req_id in self.reqs:
                 self.reqs[upd.req_id].num_computed = upd.num_computed_tokens
@@ -129,8 +134,8 @@ class ReferenceModel:
         for req_id in step.num_scheduled_tokens:
             req = self.reqs.get(req_id)
             if req is not None:
-                if req.spread:  # the token sampled after its last scheduled position
-                    first = req.num_computed + step.num_scheduled_tokens[req_id]
+                if req.spread:  # the tokens sampled after its last position before the drafts
+                    first = req.num_computed + step.num_scheduled_tokens[req_id] - step.spec_tokens.get(req_id, 0)
                     req.given.update((first + j, int(t)) for j, t in enumerate(given.get(req_id, ())))
                 req.num_computed += step.num_accepted(req_id)
 
@@ -151,10 +156,12 @@ class ReferenceModel:
         for i, req_id in enumerate(order):
             ids = self.reqs[req_id].prefill_ids
             first_draft, first_rejected = int(nc[i] + q[i] - k[i]), rejected_from(step, req_id)
+            spread = self._spread_drafts(req_id, first_draft, int(k[i]), first_rejected)
             for p in range(int(nc[i]), int(nc[i] + q[i])):
                 positions.append(p)
                 if p >= first_draft:
-                    input_ids.append(draft_token(req_id, p, p - first_draft >= first_rejected))
+                    input_ids.append(spread[p - first_draft] if spread else
+                                     draft_token(req_id, p, p - first_draft >= first_rejected))
                 else:
                     input_ids.append(ids[p] if p < len(ids) else
                                      self.reqs[req_id].given.get(p, synth_token(req_id, p)))
@@ -167,6 +174,17 @@ class ReferenceModel:
             cu_num_logits=np.concatenate([[0], np.cumsum(1 + k)]),
             logits_indices=np.array(logits, dtype=np.int64), token_req=token_req,
             spread=frozenset(r for r in order if self.reqs[r].spread))
+
+    def _spread_drafts(self, req_id: str, first: int, k: int, first_rejected: int) -> list[int]:
+        """A spread request's drafts (simrig.sampling.drafts): from its prompt and the tokens it
+        was given up to ``first``; [] for any other request (the token rule's drafts)."""
+        req = self.reqs[req_id]
+        if not k or not req.spread:
+            return []
+        ids = [*req.prefill_ids, *(req.given.get(p, synth_token(req_id, p))
+                                   for p in range(len(req.prefill_ids), first))]
+        return spread_drafts(req_id, req.spec, ids[: req.prompt_len], ids[req.prompt_len: first], first, k,
+                             first_rejected, SYNTH_VOCAB_SIZE)
 
     # ----------------------------------------------------------- comparison
     def global_batch(self, step: Step, order: list[str] | None) -> GlobalBatch | None:

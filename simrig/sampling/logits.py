@@ -6,7 +6,9 @@ row fixed by the request id and the row's position, so that temperature, top-k, 
 min-p, penalties, logit bias, bad words and min-tokens each change what vLLM's sampler
 computes, and the reference (``simrig.sampling.processing``) can compute the same row
 without asking the runner. Every other request keeps the one-hot rows of the token rule
-(``simrig.step.synth_token``), so traces without ``sampling`` objects replay unchanged.
+(``simrig.step.synth_token``), so traces without ``sampling`` objects replay unchanged;
+under speculative decoding only greedy requests verified by vLLM's sampler are spread
+(``spreads``; their drafts: ``simrig.sampling.drafts``).
 
     row of request r ending at position p:   spread_logits(r, p)   # [vocab_size]
     values: SPREAD_SCALE * N(0, 1), seeded by crc32("r:p")
@@ -42,16 +44,43 @@ def spread_logits(req_id: str, position: int, vocab_size: int) -> np.ndarray:
     return (rng.standard_normal(vocab_size, dtype=np.float32) * np.float32(SPREAD_SCALE))
 
 
+class Drafting(int):
+    """``num_speculative_tokens`` that also names the verifier judging the drafts
+    (``RunnerConfig.rejection_sampler``: "" the greedy stand-in, else vLLM's
+    ``RejectionSampler``). A plain int means the stand-in, as before."""
+
+    rejection_sampler: str = ""
+
+    def __new__(cls, num_speculative_tokens: int, rejection_sampler: str = "") -> "Drafting":
+        self = super().__new__(cls, num_speculative_tokens)
+        self.rejection_sampler = rejection_sampler
+        return self
+
+
+def drafting(config: object) -> Drafting:
+    """A runner config's drafts and verifier, as ``spreads`` reads them."""
+    return Drafting(getattr(config, "num_speculative_tokens", 0), getattr(config, "rejection_sampler", ""))
+
+
 def spreads(spec: SamplingSpec | None, num_speculative_tokens: int, structured: bool = False) -> bool:
     """Whether a request's rows carry spread logits (and its tokens come from the sampler).
 
-    Only a request whose spec asks for something or whose outputs follow a grammar
-    (``structured``: the grammar bitmask masks its rows), and only without speculative
-    decoding: a draft is kept or rejected as the trace says, which needs the one-hot rows
-    (a spread row would make acceptance the sampler's choice).
+    Without drafts: a request whose spec asks for something or whose outputs follow a
+    grammar (``structured``: the grammar bitmask masks its rows). Under speculative
+    decoding (``num_speculative_tokens`` > 0) only a greedy request with parameters
+    (temperature 0, no grammar) verified by vLLM's own ``RejectionSampler``
+    (``Drafting.rejection_sampler`` set): its kept drafts are its processed rows' argmax
+    (``simrig.sampling.drafts``), so strict verification keeps exactly the trace's drafts.
+    Any other request keeps the one-hot rows there: at temperature > 0 acceptance would be
+    the sampler's choice, and the trace says which drafts are kept.
     """
-    return ((structured or (spec is not None and not spec.is_default)) and num_speculative_tokens == 0
-            and sampler_mode() != "stand-in")
+    if sampler_mode() == "stand-in":
+        return False
+    asks = spec is not None and not spec.is_default
+    if num_speculative_tokens == 0:
+        return structured or asks
+    return (asks and not structured and spec.temperature == 0.0
+            and getattr(num_speculative_tokens, "rejection_sampler", "") != "")
 
 
 def sampler_mode() -> str:

@@ -1,17 +1,17 @@
 """``SamplingOracle``: every sampled row of a request with sampling parameters, judged.
 
 It follows each such request (``simrig.sampling.logits.spreads``): spec, prompt and the
-tokens it was given (the runner's output to the scheduler). Per step, for each row that
-samples (its last scheduled position, prompt done; the position from the trace):
+tokens it was given (the runner's output to the scheduler). Per step, each row that samples
+(its last scheduled position, prompt done; under drafts each of its rows, whose history
+counts the step's earlier drafts, ``simrig.sampling.drafts``):
 
     processed logits   == processing.expected_row(spec, spread_logits(req, pos), prompt,
                           outputs, grammar): the same support (but cuts) and values
     grammar            (grammar.py) -inf outside the allowed set; the token inside it
-    sampled token      inside the row it was drawn from (greedy: its largest); handed out as is
+    sampled token      inside its row (greedy: its largest); handed out as is; under drafts
+                       exactly the trace's kept drafts, then one token (``_kept``)
     stored history     == prompt + every token given (all_token_ids to total_len; every request)
     logprobs           (logprobs.py) the sampled token's and the top ones', from the raw row
-
-A row reading another request's parameters or a stale history shows in its processed logits.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import numpy as np
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.observe import POSTPROCESS, StepObs, handed_to_scheduler
-from simrig.sampling.logits import spread_logits, spreads
+from simrig.sampling.drafts import spread_drafts
+from simrig.sampling.logits import drafting, spread_logits, spreads
 from simrig.sampling.params import SamplingSpec
 from simrig.sampling.processing import expected_row
 from simrig.sampling_checks.grammar import check_grammar
 from simrig.sampling_checks.logprobs import check_logprobs
 from simrig.sampling_checks.prompt_logprobs import PromptLogprobsCheck
-from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step
+from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, rejected_from
 
 ATOL, RTOL = 1e-3, 1e-4  # float32 kernels against the float64 reference
 TOP_P_CUT, NO_TOP_P_CUT = "the top-p cut", "none: the row before top-p kept whole"
@@ -49,10 +50,10 @@ class SamplingOracle:
     """What vLLM's sampler computed for requests with parameters, step by step."""
 
     def __init__(self, config: RunnerConfig, vocab_size: int = SYNTH_VOCAB_SIZE) -> None:
-        self.num_speculative_tokens = config.num_speculative_tokens
+        self.num_speculative_tokens = drafting(config)  # with its verifier: who spreads under drafts
         self.vocab_size = vocab_size
         self.reqs: dict[str, _Request] = {}
-        self.prompt_rows = PromptLogprobsCheck(config.num_speculative_tokens, vocab_size)
+        self.prompt_rows = PromptLogprobsCheck(self.num_speculative_tokens, vocab_size)
 
     def check(self, index: int, step: Step, obs: StepObs) -> list[Finding]:
         """This step's findings; then what the requests were given is learnt."""
@@ -74,7 +75,7 @@ class SamplingOracle:
         spread = {r: p for r, p in sampling.items() if self.reqs[r].spread}
         out, flagged = check_grammar(index, step, obs.sampled, spread, handed)
         out += self._judge(index, obs, {r: p for r, p in spread.items() if r not in flagged}, handed,
-                           step.grammar)
+                           step)
         out += check_logprobs(index, obs.sampled, self.reqs, sampling, handed, self.vocab_size)
         for req_id in sampling:
             self.reqs[req_id].outputs.extend(int(t) for t in handed.get(req_id, ()))
@@ -102,26 +103,28 @@ class SamplingOracle:
                                 "and every token it was given")]
 
     def _judge(self, index: int, obs: StepObs, sampling: dict[str, int], handed: dict[str, list],
-               grammar: dict[str, tuple[int, ...]]) -> list[Finding]:
+               step: Step) -> list[Finding]:
         seen = obs.sampled
         if not sampling or not seen["calls"]:
             return []
         call = seen["calls"][-1]
+        drafts = {r: self._drafts(r, pos, step) for r, pos in sampling.items()}
         out: list[Finding] = []
-        for row, req_id, _ in seen["rows"]:
-            pos = sampling.get(req_id)
-            if pos is None or row >= len(call.sampled):
+        for row, req_id, pos in seen["rows"]:
+            last = sampling.get(req_id)
+            if last is None or row >= len(call.sampled) or not self.reqs[req_id].spread:
                 continue
-            req = self.reqs[req_id]
-            if not req.spread:
-                continue
-            spec, allowed = req.spec or SamplingSpec(), grammar.get(req_id)
+            req, j = self.reqs[req_id], pos - last + len(drafts[req_id])  # j: the row's draft index
+            if j < 0 or pos < req.prefill_len - 1:
+                continue  # a row inside the prompt (a P/D step's placeholder drafts): not judged
+            spec, allowed = req.spec or SamplingSpec(), step.grammar.get(req_id)
             logits = spread_logits(req_id, pos, self.vocab_size)
-            want = expected_row(spec, logits, req.prompt, req.outputs, allowed)
+            history = [*req.outputs, *drafts[req_id][:j]]  # vLLM counts the step's earlier drafts
+            want = expected_row(spec, logits, req.prompt, history, allowed)
             got = call.processed[row].astype(np.float64)
             problem = _row_problem(want, got)
             if problem and spec.top_p < 1.0 and not _row_problem(
-                    expected_row(replace(spec, top_p=1.0), logits, req.prompt, req.outputs, allowed), got):
+                    expected_row(replace(spec, top_p=1.0), logits, req.prompt, history, allowed), got):
                 # every stage but top-p holds: the cut itself is missing (one class, whatever the row)
                 out.append(Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="sampling",
                                    req_ids=(req_id,), field="sampler.processed_logits", expected=TOP_P_CUT,
@@ -131,6 +134,8 @@ class SamplingOracle:
                 out.append(_finding(index, req_id, "sampler.processed_logits", problem,
                                     f"the row sampled after position {pos} under {_families(spec, allowed)}"))
             token = int(call.sampled[row])
+            if token < 0 and j > 0:
+                continue  # a row past the first rejected draft: nothing sampled from it
             # judged against the row it was drawn from (processing above is judged on its own)
             support = np.isfinite(got)
             best = np.max(got)
@@ -142,10 +147,31 @@ class SamplingOracle:
                                     f"expected a token of the row's support ({int(support.sum())} tokens"
                                     f"{', its argmax' if want.greedy else ''}), got {token}",
                                     "the sampled token lies inside its row's support"))
-            elif req_id in handed and list(handed[req_id])[:1] != [token]:
+            elif req_id in handed and list(handed[req_id])[j:j + 1] != [token]:
                 out.append(_finding(index, req_id, "output.sampled_token_ids",
-                                    f"expected [{token}], got {list(handed[req_id])}",
+                                    f"expected [{token}] at [{j}], got {list(handed[req_id])}",
                                     "the token handed to the scheduler is the one sampled for the request"))
+        return out + self._kept(index, sampling, drafts, handed, step)
+
+    def _drafts(self, req_id: str, last: int, step: Step) -> list[int]:
+        """The drafts the drafter stand-in wrote for a spread request (simrig.sampling.drafts)."""
+        k, req = step.spec_tokens.get(req_id, 0), self.reqs[req_id]
+        if not k or not req.spread:
+            return []
+        return spread_drafts(req_id, req.spec or SamplingSpec(), req.prompt, req.outputs, last - k + 1, k,
+                             rejected_from(step, req_id), self.vocab_size)
+
+    def _kept(self, index: int, sampling: dict[str, int], drafts: dict[str, list[int]], handed: dict[str, list],
+              step: Step) -> list[Finding]:
+        """A spread request's drafts mean what the trace says: the kept ones handed out, then one token."""
+        out = []
+        for req_id, ids in drafts.items():
+            kept = rejected_from(step, req_id)
+            got = [int(t) for t in handed.get(req_id, ())]
+            if ids and req_id in handed and (len(got) != kept + 1 or got[:kept] != ids[:kept]):
+                out.append(_finding(index, req_id, "output.sampled_token_ids",
+                                    f"the {kept} kept drafts {ids[:kept]} and one token, got {got}",
+                                    "a greedy request's drafts are kept exactly where they are its rows' argmax"))
         return out
 
 
