@@ -6,10 +6,10 @@ defaults, so it shrinks towards the default spec; each family draws its edges of
     temperature       0 (greedy), 1, 2, or in [0.01, 2]   (vLLM raises (0, 0.01) to 0.01)
     top_k             0, -1 (whole vocabulary), 1, vocab_size, or 1 .. vocab_size
     top_p, min_p      1 / 0, small, or any in their ranges
-    seed              None or any int64 but -1 (vLLM's "no seed")
+    seed              any int64 but -1 (vLLM's "no seed"; the family left out is no seed)
     penalties         presence and frequency in [-2, 2], repetition in (0, 2], defaults often
     logit_bias        1-4 tokens, biases in [-100, 100]
-    bad_words         1-3 words of 1-3 tokens
+    bad_words         1-3 words of 1-3 tokens, one token often
     min_tokens        with 0-3 stop_token_ids
     logprobs, prompt_logprobs   None, -1 (whole vocabulary) or 0 .. 20
 """
@@ -45,16 +45,18 @@ def _families(vocab_size: int) -> dict[str, st.SearchStrategy[dict]]:
         .map(lambda k: {"top_k": k}),
         "top_p": _floats(1e-3, 1.0, 1.0, 0.1).map(lambda p: {"top_p": p}),
         "min_p": _floats(0.0, 1.0, 0.0, 0.05, 1.0).map(lambda p: {"min_p": p}),
-        "seed": st.one_of(st.none(), st.integers(INT64_MIN, INT64_MAX).filter(lambda s: s != -1))
-        .map(lambda s: {"seed": s}),
+        "seed": st.integers(INT64_MIN, INT64_MAX).filter(lambda s: s != -1).map(lambda s: {"seed": s}),
         "penalties": st.fixed_dictionaries({
             "presence_penalty": _floats(-2.0, 2.0, 0.0, -2.0, 2.0),
             "frequency_penalty": _floats(-2.0, 2.0, 0.0, -2.0, 2.0),
             "repetition_penalty": _floats(0.05, 2.0, 1.0, 2.0)}),
         "logit_bias": st.dictionaries(token, _floats(-100.0, 100.0, -100.0, 100.0), min_size=1, max_size=4)
         .map(lambda d: {"logit_bias": tuple(sorted(d.items()))}),
-        "bad_words": st.lists(st.lists(token, min_size=1, max_size=3).map(tuple), min_size=1, max_size=3,
-                              unique=True).map(lambda words: {"bad_words": tuple(words)}),
+        # a one-token word masks its token on every row, whatever came before: a slot that
+        # keeps it shows on the next request's rows (a longer word needs its prefix first)
+        "bad_words": st.lists(st.one_of(token.map(lambda t: (t,)), st.lists(token, min_size=1, max_size=3)
+                                        .map(tuple)), min_size=1, max_size=3, unique=True)
+        .map(lambda words: {"bad_words": tuple(words)}),
         "min_tokens": st.fixed_dictionaries({
             "min_tokens": st.integers(0, 4),
             "stop_token_ids": st.lists(token, max_size=3, unique=True).map(tuple)}),

@@ -103,15 +103,13 @@ class SamplingAxisState:
 
 
 def grammar_out_of_order(step: Any, rows: list[Row]) -> bool:
-    """The step's grammar requests (``step.grammar``: their ids, or an object holding them as
-    ``req_ids``) are listed in an order other than the batch's, as the scheduler lists it."""
-    grammar = getattr(step, "grammar", None)  # absent from steps that carry no grammar field
-    for name in ("req_ids", "structured_output_request_ids"):
-        grammar = getattr(grammar, name, grammar)
-    if not isinstance(grammar, (list, tuple, dict)):
-        return False
-    listed = [r for r in grammar if r in step.num_scheduled_tokens]
-    return listed != [r for r, *_ in rows if r in grammar]
+    """The step's grammar requests (``step.grammar``, in the scheduler's order) are listed in an
+    order other than the runner's batch, which puts fewer scheduled tokens first (decodes, then
+    short extends, then prefills; ties as the step lists them)."""
+    grammar = getattr(step, "grammar", None)  # a Step without the field: no grammar
+    listed = [r for r in grammar or () if r in step.num_scheduled_tokens]
+    order = {r: (n, i) for i, (r, _, _, n) in enumerate(rows)}
+    return listed != sorted(listed, key=order.__getitem__)
 
 
 Test = Callable[[SamplingAxisState, Any, list[Row]], bool]
@@ -125,6 +123,6 @@ ROWS: tuple[tuple[str, str, Test], ...] = (
     ("seeded resumption", "a seeded request preempted and resumed", SamplingAxisState.seed_resumed),
     ("prompt logprobs over chunks", "a request asking prompt logprobs with its prompt chunked",
      SamplingAxisState.prompt_logprobs_chunked),
-    ("grammar out of batch order", "a step listing its grammar requests in another order than the batch",
+    ("grammar out of batch order", "a step listing its grammar requests in another order than the runner's batch",
      lambda st, step, rows: grammar_out_of_order(step, rows)),
 )
