@@ -52,8 +52,8 @@ _SAME_CONFIG = "the config object vLLM builds for the trace (vllm_parts/vllm_con
 _STANDIN_MODEL = Cite("simrig/adapters/standins.py", "ModelStandIn",
                       "class ModelStandIn:")
 _STANDIN_VERIFIER = Cite("simrig/adapters/sampling.py", "GreedyVerifier", "class GreedyVerifier:")
-# under speculative decoding no request's rows are spread, parameters or not: every row is one-hot
-_ONE_HOT_UNDER_DRAFTS = Cite("simrig/sampling/logits.py", "spreads", "num_speculative_tokens == 0")
+# under speculative decoding only greedy requests verified by vLLM's sampler are spread; the others one-hot
+_ONE_HOT_UNDER_DRAFTS = Cite("simrig/sampling/logits.py", "spreads", "spec.temperature == 0.0")
 _NO_DP = because("data parallelism is off in every config simrig draws (one DP rank); the idle DP "
                  "rank's own batch is the idle dummy, driven and judged on its own path",
                  Cite(_MR, "GPUModelRunner.dp_size", "return self.parallel_config.data_parallel_size",
@@ -213,7 +213,7 @@ ROWS: dict[tuple[str, str], CallRow] = {
         "the drafter is a stand-in (docs/standins.md) without draft probabilities: None, never read by "
         "the default verifier (a greedy stand-in) and handed as None to vLLM's RejectionSampler (config "
         "rejection_sampler); sampling parameters change nothing here, since under speculative decoding "
-        "no request's rows are spread",
+        "only greedy requests' rows are spread, and greedy verification reads no draft probabilities",
         Cite("simrig/adapters/sampling.py", "DrafterStandIn", "draft_logits = None"), _STANDIN_VERIFIER,
         _ONE_HOT_UNDER_DRAFTS),
     ("the rejection sampler", "invalid_drafts"): _NO_GRAMMAR_DRAFTS,
