@@ -138,3 +138,18 @@ def test_a_history_whose_length_is_never_written_is_found(vllm_api, monkeypatch)
     monkeypatch.setattr(model_runner.GPUModelRunner, "postprocess_sampled", postprocess_sampled)
     problems = replay_problems(TraceHeader(config=CONFIG), steps(1), api=vllm_api)
     assert any("req_states.all_token_ids" in p for p in problems), problems
+
+
+def test_a_structured_output_requests_logprobs_come_from_its_masked_row(vllm_api):
+    """The shrunk trace of a campaign class the oracle itself made (tests/fixtures, as the
+    shrinker wrote it): a structured-output request asking for logprobs, its grammar allowing
+    about half the vocabulary. The runner masks the logits before the sampler sees them
+    ("Apply grammar bitmask to the logits in-place", GPUModelRunner.sample), so its raw
+    logprobs are those of the masked row; judged against the unmasked one, every row differed."""
+    from pathlib import Path
+
+    from simrig.trace_io.trace import read_trace
+
+    header, trace_steps = read_trace(Path(__file__).parent / "fixtures" / "grammar_request_logprobs.jsonl")
+    assert trace_steps[0].grammar and trace_steps[0].new_requests[0].sampling.logprobs == 1
+    assert replay_problems(header, trace_steps, api=vllm_api) == []

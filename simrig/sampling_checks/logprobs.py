@@ -6,7 +6,9 @@ as well as the chosen tokens" (-1: the whole vocabulary). The runner computes on
 logit row of the batch, as wide as the most any request of the batch asks (plus the chosen
 token); each request's own count is cut downstream. Under the default logprobs mode
 (``raw_logprobs``) the values are the log-softmax of the row's raw logits, which the trace
-names (spread rows, or the one-hot rows of the token rule):
+names (spread rows, or the one-hot rows of the token rule); a structured-output request's
+row is the masked one, since the runner masks the logits it hands the sampler
+(``GPUModelRunner.sample``: "Apply grammar bitmask to the logits in-place"):
 
     column 0        the token handed to the scheduler, its logprob, its rank (1 + tokens above it)
     columns 1..K    K most likely tokens of the row, their logprobs
@@ -29,9 +31,11 @@ TOL = 1e-3  # float32 log-softmax against the float64 one
 
 
 def check_logprobs(index: int, seen: dict[str, Any], reqs: dict[str, Any], sampling: dict[str, int],
-                   handed: dict[str, list], vocab_size: int) -> list[Finding]:
+                   handed: dict[str, list], vocab_size: int,
+                   grammar: dict[str, Any] | None = None) -> list[Finding]:
     """Findings about the logprobs of one step's batch (``handed``: batch order); judged only
-    where vLLM's own sampler sampled it (the stand-in computes none)."""
+    where vLLM's own sampler sampled it (the stand-in computes none). ``grammar``: the step's
+    allowed tokens per structured-output request."""
     if not seen.get("calls"):
         return []
     lp = seen.get("logprobs")
@@ -56,6 +60,9 @@ def check_logprobs(index: int, seen: dict[str, Any], reqs: dict[str, Any], sampl
         if pos is None or req is None or not handed[req_id]:
             continue
         raw = spread_logits(req_id, pos, vocab_size) if req.spread else _one_hot(synth_token(req_id, pos + 1), vocab_size)
+        allowed = (grammar or {}).get(req_id)
+        if allowed is not None:
+            raw = np.where(np.isin(np.arange(vocab_size), list(allowed)), raw, -np.inf)
         logp = raw.astype(np.float64) - _logsumexp(raw.astype(np.float64))
         if _row_problem(logp, int(handed[req_id][0]), ids[i], vals[i], int(lp.sampled_token_ranks[i])):
             bad.append(req_id)

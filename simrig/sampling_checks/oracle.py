@@ -76,7 +76,8 @@ class SamplingOracle:
         out, flagged = check_grammar(index, step, obs.sampled, spread, handed)
         out += self._judge(index, obs, {r: p for r, p in spread.items() if r not in flagged}, handed,
                            step)
-        out += check_logprobs(index, obs.sampled, self.reqs, sampling, handed, self.vocab_size)
+        out += check_logprobs(index, obs.sampled, self.reqs, sampling, handed, self.vocab_size,
+                              step.grammar)
         for req_id in sampling:
             self.reqs[req_id].outputs.extend(int(t) for t in handed.get(req_id, ()))
         out += self._histories(index, obs.sampled.get("history") or {}, sampling)
