@@ -2,13 +2,11 @@
 
 ``SamplingParams.logprobs``: "number of log probabilities to return per output token ...
 the result includes the log probabilities of the specified number of most likely tokens,
-as well as the chosen tokens" (-1: the whole vocabulary). The runner computes one row per
-logit row of the batch, as wide as the most any request of the batch asks (plus the chosen
-token); each request's own count is cut downstream. Under the default logprobs mode
-(``raw_logprobs``) the values are the log-softmax of the row's raw logits, which the trace
-names (spread rows, or the one-hot rows of the token rule); a structured-output request's
-row is the masked one, since the runner masks the logits it hands the sampler
-(``GPUModelRunner.sample``: "Apply grammar bitmask to the logits in-place"):
+as well as the chosen tokens" (-1: the whole vocabulary). One row per logit row, as wide
+as the most any request of the batch asks (plus the chosen token). Under ``raw_logprobs``
+(the default) the values are the log-softmax of the row's raw logits, which the trace names
+(spread or one-hot rows); a structured-output request's row masked, as the runner masks
+the logits before sampling (``GPUModelRunner.sample``: "Apply grammar bitmask ..."):
 
     column 0        the token handed to the scheduler, its logprob, its rank (1 + tokens above it)
     columns 1..K    K most likely tokens of the row, their logprobs
