@@ -16,12 +16,14 @@ from simrig.selftest.catalogue_sampling import SAMPLING
 SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples"
 TRACES = ("sampling_temperature_topk_topp.jsonl", "sampling_penalties.jsonl",
           "sampling_bias_badwords_mintokens.jsonl", "sampling_grammar.jsonl",
-          "sampling_prompt_logprobs.jsonl")
+          "sampling_prompt_logprobs.jsonl", "sampling_logprobs.jsonl")
 SIGNATURE = ["value_mismatch", "postprocess", "sampler.processed_logits"]
 # a mutant whose first wrong row shows in another field than the processed logits
 SIGNATURES = {"grammar-mask-by-scheduler-position": ["value_mismatch", "postprocess", "sampler.grammar_mask"],
               "prompt-logprobs-chunk-loses-its-last-row": ["value_mismatch", "postprocess",
-                                                           "output.prompt_logprobs"]}
+                                                           "output.prompt_logprobs"],
+              "history-length-never-advanced": ["value_mismatch", "postprocess", "req_states.all_token_ids"],
+              "logprobs-from-the-previous-row": ["value_mismatch", "postprocess", "output.logprobs"]}
 
 # mutant -> (the trace that shows it, the step its first wrong row samples at, that row's request)
 FOUND_BY = {
@@ -38,6 +40,12 @@ FOUND_BY = {
     "grammar-mask-by-scheduler-position": ("sampling_grammar.jsonl", 0, "g2"),
     # p's prompt (40 tokens) completes at step 1 after a chunk of 24: its row of position 23 is lost
     "prompt-logprobs-chunk-loses-its-last-row": ("sampling_prompt_logprobs.jsonl", 1, "p"),
+    # every request's prefill samples at step 0: its stored history ends at the prompt, without
+    # the token it was given (r, fp and plain alike: the history of every request is judged)
+    "history-length-never-advanced": ("sampling_penalties.jsonl", 0, "r,fp,plain"),
+    # step 0 samples plain, t and l in one batch: each row's logprobs come from the row before
+    # it (plain's from l's, the last), so all three are wrong
+    "logprobs-from-the-previous-row": ("sampling_logprobs.jsonl", 0, "plain,t,l"),
 }
 
 
@@ -45,15 +53,17 @@ def test_the_family_is_in_the_catalogue_one_mutant_per_kind():
     assert set(FOUND_BY) == {m.name for m in SAMPLING}
     assert all(BY_NAME[m.name] is m and m in CATALOGUE for m in SAMPLING)
     assert not any(m.equivalent or m.control for m in SAMPLING)
-    # routing, slot reuse, penalties history, min-tokens, grammar bitmask, prompt logprobs: one module each
+    # routing, slot reuse, penalties history, min-tokens, grammar bitmask, prompt logprobs,
+    # stored history, logprobs: one module each
     assert sorted(m.module.rsplit(".", 1)[1] for m in SAMPLING) == [
-        "bad_words", "logit_bias", "penalties", "prompt_logprob", "states", "structured_outputs"]
+        "bad_words", "logit_bias", "model_runner", "penalties", "prompt_logprob", "sampler", "states",
+        "structured_outputs"]
     assert {trace for trace, _, _ in FOUND_BY.values()} <= set(TRACES)
 
 
 @pytest.mark.vllm
 def test_the_unmutated_sampler_replays_the_sampling_traces_clean(tmp_path):
-    """All five through ``simrig replay`` in a process of its own (memcheck on, as by
+    """All six through ``simrig replay`` in a process of its own (memcheck on, as by
     default): exit 0, no class the oracle or the checker would call new."""
     import subprocess
     import sys

@@ -1,5 +1,5 @@
-"""Seeded faults in vLLM's sampler state (``vllm/v1/worker/gpu/sample/``) and its grammar
-bitmask (``structured_outputs.py``), one per kind.
+"""Seeded faults in vLLM's sampler state (``vllm/v1/worker/gpu/sample/``), its grammar
+bitmask (``structured_outputs.py``) and the runner's stored token history, one per kind.
 
 Each is found by the sampling oracle (``simrig/sampling_checks/oracle.py``) on a row of a
 request with parameters: by a replay of a bundled ``traces/samples/sampling_*.jsonl`` and
@@ -53,4 +53,18 @@ SAMPLING: tuple[Mutant, ...] = (
            "a bitmask row is mapped to the logit row at the request's position in the scheduler's "
            "list instead of its batch row: where the batch order differs, a grammar masks a "
            "neighbour's row and leaves its own request unconstrained"),
+    # stored history: the length after sampling written to a copy, never to the runner's state
+    Mutant("history-length-never-advanced", "vllm.v1.worker.gpu.model_runner",
+           "GPUModelRunner.postprocess_sampled",
+           "self.req_states.total_len.gpu,",
+           "self.req_states.total_len.gpu.clone(),",
+           "a request's stored history (all_token_ids up to total_len) stays as admission wrote it: "
+           "each sampled token is written over the last one past the prompt, so penalties, bad "
+           "words and drafters read a history without the tokens the request was given"),
+    # logprobs: a row's logprobs computed from another request's logits (the vllm#33391 kind)
+    Mutant("logprobs-from-the-previous-row", f"{_SAMPLE}.sampler", "Sampler.__call__",
+           "compute_topk_scores(\n            logits,\n",
+           "compute_topk_scores(\n            logits.roll(1, 0),\n",
+           "the logprobs are computed over the logit rows shifted by one: each request is handed "
+           "the previous row's top tokens and its own token's logprob and rank in that row"),
 )
