@@ -2,9 +2,9 @@
 bitmask (``structured_outputs.py``) and the runner's stored token history, one per kind.
 
 Each is found by the sampling oracle (``simrig/sampling_checks/oracle.py``) on a row of a
-request with parameters: by a replay of a bundled ``traces/samples/sampling_*.jsonl`` and
-by the valid campaign alone (``simrig selftest --fuzz-only``); docs/selftest.md has the
-times. Appended to ``simrig.selftest.catalogue.CATALOGUE``.
+request with parameters (the stored history: any request's): by a replay of a bundled
+``traces/samples/sampling_*.jsonl`` and by the valid campaign alone (``simrig selftest
+--fuzz-only``); docs/selftest.md has the times. Appended to ``simrig.selftest.catalogue.CATALOGUE``.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ SAMPLING: tuple[Mutant, ...] = (
            "self.req_states.total_len.gpu,",
            "self.req_states.total_len.gpu.clone(),",
            "a request's stored history (all_token_ids up to total_len) stays as admission wrote it: "
-           "each sampled token is written over the last one past the prompt, so penalties, bad "
-           "words and drafters read a history without the tokens the request was given"),
+           "each sampled token is written over the last one past the prompt, so bad words and the "
+           "n-gram drafter read a history without the tokens the request was given"),
     # logprobs: a row's logprobs computed from another request's logits (the vllm#33391 kind)
     Mutant("logprobs-from-the-previous-row", f"{_SAMPLE}.sampler", "Sampler.__call__",
            "compute_topk_scores(\n            logits,\n",
