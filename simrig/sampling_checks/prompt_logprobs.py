@@ -29,6 +29,7 @@ from simrig.sampling_checks.logprobs import TOL
 from simrig.step import Step, synth_token
 
 FIELD = "output.prompt_logprobs"
+ROWS_PAST_PROMPT = "rows_past_prompt"  # rows at or past the prompt's last position
 
 
 @dataclass
@@ -88,7 +89,7 @@ class PromptLogprobsCheck:
             problem = self._rows_problem(req_id, req, rows, min(reach, len(req.prompt) - 1))
             if problem:
                 req.done = True  # one finding per admission: the rows after it would all be off
-                out.append(_finding(index, req_id, *problem))
+                out.append(_finding(index, req_id, *problem[:3], pattern=problem[3] if len(problem) > 3 else ""))
         for req_id, req in self.asked.items():
             reach = computed.get(req_id, 0) + step.num_scheduled_tokens.get(req_id, 0)
             if not req.done and req_id in step.num_scheduled_tokens and reach >= len(req.prompt):
@@ -99,7 +100,7 @@ class PromptLogprobsCheck:
                                         "has its row by the step the prompt completes"))
         return out
 
-    def _rows_problem(self, req_id: str, req: _Asked, rows: Any, reach: int) -> tuple[str, str, str] | None:
+    def _rows_problem(self, req_id: str, req: _Asked, rows: Any, reach: int) -> tuple[str, ...] | None:
         """What is wrong with one request's rows of this step (None when nothing is)."""
         ids = np.asarray(rows.logprob_token_ids, dtype=np.int64)
         vals = np.asarray(rows.logprobs, dtype=np.float64)
@@ -107,7 +108,11 @@ class PromptLogprobsCheck:
         first, last = req.next, req.next + len(ids) - 1
         if req.done or last >= reach:
             due = "none" if req.done else f"positions {first} .. {reach - 1}"
-            return due, f"positions {first} .. {last}", "rows only for prompt positions computed so far, once each"
+            # a row at the prompt's last position or later scores no prompt token (the last row
+            # predicts the first output): its own pattern, apart from a row early or repeated
+            past = ROWS_PAST_PROMPT if not req.done and last >= len(req.prompt) - 1 else ""
+            return due, f"positions {first} .. {last}", "rows only for prompt positions computed so far, once each", \
+                past
         width = (self.vocab_size if req.k == -1 else req.k) + 1
         if ids.shape[1] != width:
             return f"{width} columns", f"{ids.shape[1]} columns", \
@@ -162,6 +167,7 @@ def _logsumexp(x: np.ndarray) -> float:
     return float(m + np.log(np.sum(np.exp(x - m))))
 
 
-def _finding(index: int, req_id: str, expected: str, actual: str, message: str) -> Finding:
+def _finding(index: int, req_id: str, expected: str, actual: str, message: str, pattern: str = "") -> Finding:
     return Finding(kind=fk.VALUE_MISMATCH, step=index, stage=POSTPROCESS, check="sampling", req_ids=(req_id,),
-                   field=FIELD, expected=expected, actual=actual, message=f"{message}: {req_id}")
+                   field=FIELD, expected=expected, actual=actual, message=f"{message}: {req_id}",
+                   extra={"pattern": pattern} if pattern else {})
