@@ -14,6 +14,7 @@ import mmap
 import os
 import signal
 import struct
+import sys
 import time
 from typing import Any, NamedTuple
 
@@ -74,6 +75,17 @@ class Lifeline:
 
 
 _current: Lifeline | None = None
+
+
+def in_forked_child() -> None:
+    """What a forked worker does first: torch's intra-op parallelism off. GNU OpenMP's thread
+    pool does not survive a fork: where the parent ran one parallel region (any large torch op,
+    an earlier test's in the same process), the child blocks for ever in its first one (a
+    ``torch.full`` of the logits). One thread runs every op inline, never entering OpenMP; the
+    rig's tensors are small. A torch imported only after the fork starts its own pool."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def install(lifeline: Lifeline | None) -> None:

@@ -70,6 +70,7 @@ def replays_to_a_crash(path: Path, stages: Sequence[str], key: Sequence[Any] = (
     if pid == 0:
         code = 0
         try:
+            lifeline.in_forked_child()
             lifeline.install(line)
             replay_with_checks(path, (), stages)
         except BaseException:  # noqa: BLE001 -- an exception is not a crash

@@ -68,6 +68,7 @@ def supervise(command: str, out_dir: Path, work: Callable[[Path, bool, float], i
             pid = os.fork()
             if pid == 0:  # the worker never returns into the supervisor's code
                 try:
+                    lifeline_mod.in_forked_child()
                     relay.in_child()
                     _worker(work, state_dir, line, last, time.monotonic() - started)
                 finally:
