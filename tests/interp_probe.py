@@ -30,10 +30,25 @@ def _digest(value: object) -> object:
     return type(value).__name__
 
 
+def _zeroed_allocations() -> None:
+    """Every fresh tensor zero-filled: the lanes a kernel leaves unwritten in an output or a
+    scratch buffer (``new_empty``: the top-k/top-p kernel's BUFFER, the rejection sampler's
+    statistics on bonus rows, the sampled tokens past a request's count) otherwise hold
+    whatever the allocator handed out, which differs between the two processes."""
+    import torch
+
+    def zeroed(allocate):
+        return lambda *args, **kwargs: allocate(*args, **kwargs).zero_()
+
+    torch.empty, torch.empty_like = zeroed(torch.empty), zeroed(torch.empty_like)
+    torch.Tensor.new_empty = zeroed(torch.Tensor.new_empty)
+
+
 def main(paths: list[str]) -> None:
     from simrig.vllm_runtime import platform
 
     platform.configure(force_cpu=True)
+    _zeroed_allocations()
     from simrig.adapters.runner import load
 
     load()
@@ -47,10 +62,7 @@ def main(paths: list[str]) -> None:
 
     def record(self, *args, **kwargs):
         result = inner(self, *args, **kwargs)
-        # _topk_topp_kernel's BUFFER is scratch (apply_top_k_top_p_triton: logits.new_empty):
-        # its lanes the kernel never writes hold whatever the allocator handed out
-        launches.append([self.fn.__name__, _digest(list(args)),
-                         sorted((k, "scratch" if k == "BUFFER" else _digest(v)) for k, v in kwargs.items())])
+        launches.append([self.fn.__name__, _digest(list(args)), sorted((k, _digest(v)) for k, v in kwargs.items())])
         return result
 
     executor.__call__ = record
