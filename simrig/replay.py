@@ -39,6 +39,7 @@ from simrig.report.recorder import (  # noqa: F401 -- re-exported: campaigns and
     sort_rows,
 )
 from simrig.runners import shared_pool
+from simrig.sampling_checks.seeds import SeedsRecord
 from simrig.step import RunnerConfig, Step
 from simrig.trace_io.trace import TraceHeader, TraceReader, trace_files_in
 
@@ -304,6 +305,7 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
     cause: Finding | None = None  # the undeclared input violation later findings follow from
     held: ReplayedStep | None = None  # one step held back: missing expectations join the last
     stopped = False
+    seeds = SeedsRecord(harness.config)  # seeded requests replayed alone once the trace ends
     for line, step in lines_and_steps:
         if stop is not None and stop():
             stopped = True
@@ -321,6 +323,7 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
             return
         found = check_step(checker, extra_checks, index, step, observation,
                            violations.get(index), name)
+        seeds.observe(index, step, observation)
         mark_expected(header.expect, found, met)
         if not header.adversarial and index not in violations:
             cause = attribute_to_input_violation(found, cause)
@@ -331,6 +334,7 @@ def _replay_loop(harness: Any, checker: Any, header: TraceHeader,
         if not stopped:
             held.findings.extend(missing_expectations(header.expect, met, held.observation.index,
                                                       name))
+            held.findings.extend(seeds.check(shared_pool(), harness.stages))
         yield held
 
 

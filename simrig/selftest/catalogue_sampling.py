@@ -2,7 +2,7 @@
 bitmask (``structured_outputs.py``) and the runner's stored token history, one per kind.
 
 Each is found by the sampling oracle (``simrig/sampling_checks/oracle.py``) on a row of a
-request with parameters (the stored history: any request's): by a replay of a bundled
+request with parameters (the stored history: any request's; a seed: ``seeds.py``): by a replay of a bundled
 ``traces/samples/sampling_*.jsonl`` and by the valid campaign alone (``simrig selftest
 --fuzz-only``); docs/selftest.md has the times. Appended to ``simrig.selftest.catalogue.CATALOGUE``.
 """
@@ -67,4 +67,11 @@ SAMPLING: tuple[Mutant, ...] = (
            "compute_topk_scores(\n            logits.roll(1, 0),\n",
            "the logprobs are computed over the logit rows shifted by one: each request is handed "
            "the previous row's top tokens and its own token's logprob and rank in that row"),
+    # seeds: the Gumbel stream keyed by the slot instead of the request's seed
+    Mutant("seed-stream-keyed-by-slot", f"{_SAMPLE}.states", "SamplingStates.add_request",
+           "self.seeds.np[req_idx] = seed",
+           "self.seeds.np[req_idx] = req_idx",
+           "a request's Gumbel noise is keyed by its slot instead of its seed: a seeded request's "
+           "tokens change with the slot it lands in (its neighbours, a preemption), every token still "
+           "inside its row's support; the seeds check (sampling_checks/seeds.py) finds it"),
 )

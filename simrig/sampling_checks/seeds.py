@@ -1,0 +1,143 @@
+"""Seeds: a request with an explicit seed gets the same tokens whatever its schedule.
+
+``SeedsRecord`` follows a run's seeded spread requests (temperature > 0, no grammar, no
+drafts, no streaming update): each life's prompt and the tokens vLLM's sampler gave it,
+across preemptions (a resumed request re-sends them; its positions stay the same). At the
+end of the run each such request replays ALONE on a runner of the same config
+(``solo_steps``: its prompt in budget-sized chunks, then one token per step) and its tokens
+are compared position by position: a metamorphic check that needs no model of vLLM's
+random numbers (vLLM's ``gumbel_noised_argmax``: "``pos`` and ``seed`` place the draw in
+the request's stream"). A difference is one ``value_mismatch`` at postprocess, ``sampler.seeded_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from simrig.findings import findings as fk
+from simrig.findings.findings import Finding
+from simrig.observe import POSTPROCESS, StepObs, handed_to_scheduler
+from simrig.sampling.logits import spreads
+from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step, step_block_ids
+
+FIELD = "sampler.seeded_tokens"
+
+
+@dataclass
+class _Life:
+    first: NewRequest  # its first arrival: prompt, parameters, adapter
+    prefill_len: int  # what the current arrival hands the runner (prompt + outputs when resumed)
+    tokens: list[tuple[int, int]] = field(default_factory=list)  # (step index, token) given, in order
+
+
+class SeedsRecord:
+    """The seeded spread requests of one run and the tokens each was given."""
+
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        self.live: dict[str, _Life] = {}
+        self.done: list[_Life] = []
+        self._preempted: set[str] = set()
+        self.spoilt = False  # a step failed: the run's tokens say nothing about the schedule
+
+    def observe(self, index: int, step: Step, obs: StepObs | None) -> None:
+        """Learn what ``step`` added, preempted and finished, and the tokens it handed out."""
+        if self.spoilt or obs is None or obs.step_failed():
+            self.spoilt = True
+            return
+        for req_id in step.finished:
+            self._end(req_id)
+        self._preempted.update(step.preempted)
+        for req in step.new_requests:
+            life = self.live.get(req.req_id)
+            if req.req_id in self._preempted and life is not None:
+                life.prefill_len = req.num_prefill_tokens  # resumed: the same life goes on
+            else:
+                self._end(req.req_id)
+                if self._seeded(req):
+                    self.live[req.req_id] = _Life(req, req.num_prefill_tokens)
+            self._preempted.discard(req.req_id)
+        computed = {c.req_id: c.num_computed_tokens for c in step.cached}
+        computed.update((r.req_id, r.num_computed_tokens) for r in step.new_requests)
+        handed = handed_to_scheduler(obs)
+        for req_id, n in step.num_scheduled_tokens.items():
+            life = self.live.get(req_id)
+            if life is not None and req_id in computed and computed[req_id] + n >= life.prefill_len:
+                life.tokens += [(index, int(t)) for t in handed.get(req_id, ())]
+
+    def _seeded(self, req: NewRequest) -> bool:
+        spec = req.sampling
+        return (spec is not None and spec.seed is not None and spec.temperature != 0.0 and not req.streaming
+                and not req.structured_output and not self.config.num_speculative_tokens
+                and spreads(spec, 0, False))
+
+    def _end(self, req_id: str) -> None:
+        life = self.live.pop(req_id, None)
+        if life is not None and life.tokens:
+            self.done.append(life)
+
+    def lives(self) -> list[_Life]:
+        """Every seeded spread request that was given a token, finished or not."""
+        if self.spoilt:
+            return []
+        return self.done + [life for life in self.live.values() if life.tokens]
+
+    def check(self, runners: Any, stages: Any) -> list[Finding]:
+        """Each request replayed alone on ``runners.acquire(config, stages)``; its differences."""
+        out = []
+        for life in self.lives():
+            want = [t for _, t in life.tokens]
+            got = solo_tokens(runners, stages, self.config, life.first, len(want))
+            if got is None:
+                continue  # the solo run failed: the checks of its own steps say why
+            at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+            if at is not None:
+                out.append(_finding(life, at, want[at], got[at]))
+        return out
+
+
+def solo_steps(config: RunnerConfig, req: NewRequest, num_tokens: int) -> list[Step]:
+    """``req`` alone from slot 0: its prompt in chunks of the token budget, then one token
+    per step, until it has been given ``num_tokens`` tokens."""
+    groups, start = [], 1  # block 0 is the null block
+    for g in range(config.num_kv_groups):
+        groups.append(list(range(start, start + config.blocks_per_request(g))))
+        start += config.blocks_per_request(g)
+    budget, prompt = config.max_num_batched_tokens, req.prompt_len
+    first = NewRequest(req.req_id, prompt, max_tokens=req.max_tokens, prompt_token_ids=req.prompt_token_ids,
+                       block_ids=step_block_ids(groups), lora_id=req.lora_id, sampling=req.sampling)
+    steps = [Step(new_requests=[first], num_scheduled_tokens={req.req_id: min(budget, prompt)})]
+    for done in range(min(budget, prompt), prompt, budget):
+        steps.append(Step(cached=[CachedUpdate(req.req_id, done)],
+                          num_scheduled_tokens={req.req_id: min(budget, prompt - done)}))
+    for k in range(num_tokens - 1):
+        steps.append(Step(cached=[CachedUpdate(req.req_id, prompt + k)], num_scheduled_tokens={req.req_id: 1}))
+    return steps
+
+
+def solo_tokens(runners: Any, stages: Any, config: RunnerConfig, req: NewRequest, num_tokens: int
+                ) -> list[int] | None:
+    """The tokens ``req`` is given alone (None: a solo step failed)."""
+    harness, got = runners.acquire(config, stages), []
+    try:
+        for step in solo_steps(config, req, num_tokens):
+            obs = harness.run_step(step)
+            if obs.step_failed():
+                return None
+            got += [int(t) for t in handed_to_scheduler(obs).get(req.req_id, ())]
+    finally:
+        runners.release(harness)
+    return got[:num_tokens]
+
+
+def _finding(life: _Life, at: int, want: int, got: int) -> Finding:
+    req = life.first
+    return Finding(kind=fk.VALUE_MISMATCH, step=life.tokens[at][0], stage=POSTPROCESS, check="sampling",
+                   req_ids=(req.req_id,), field=FIELD, expected=f"[{at}] = {want} (as replayed alone)",
+                   actual=f"[{at}] = {got} (in the run)",
+                   message=f"a request with seed {req.sampling.seed} was given another token at output {at} "
+                           "in the run than alone: vLLM's Gumbel-max sampling keys each draw by the "
+                           "request's seed and the token's position (gumbel_noised_argmax: \"pos and "
+                           "seed place the draw in the request's stream\"), never by its slot or its "
+                           "neighbours")
