@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -129,7 +131,13 @@ def test_a_layered_side_venv_installs_only_vllm_and_reads_the_rest_from_the_proj
     monkeypatch.setattr(envs, "_run", run)
     side = envs.SideSpec("0.31.0", "release", tmp_path / "vllm-0.31.0", "vllm==0.31.0")
     envs.create(side, layered=True, log=lambda line: None)
-    assert [c[1] for c in pip_calls] == ["install"] and (side.venv / ".simrig-installed").exists()
+    assert len(pip_calls) == 1 and (side.venv / ".simrig-installed").exists()
+    # uv where the bootstrap put it beside the interpreter, into the side's own python; else its pip
+    uv = Path(sys.executable).with_name("uv")
+    head = ([str(uv), "pip", "install", "--python", str(side.venv / "bin" / "python")] if uv.exists()
+            else [str(side.venv / "bin" / "pip"), "install"])
+    assert pip_calls[0][:len(head)] == head and "vllm==0.31.0" in pip_calls[0], pip_calls
+    assert "--no-deps" in pip_calls[0]
     probe = subprocess.run([side.python, "-c", "import sys, simrig; print(simrig.__file__); print(sys.path)"],
                            capture_output=True, text=True, check=True).stdout.splitlines()
     assert probe[0].startswith(str(envs.PROJECT))  # simrig (editable) comes from the project venv
