@@ -35,6 +35,7 @@ from simrig.progress import Progress
 from simrig.replay import BatchTracker, ReplayRecorder
 from simrig.report.profile import StackSampler
 from simrig.runners import shared_pool
+from simrig.sampling_checks.seeds import SeedsRecord
 from simrig.step import Step
 from simrig.trace_io.trace import TraceError
 from simrig.vllm_runtime.interpreter_patches import memcheck_ran
@@ -95,7 +96,12 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         st.axes.observe(machine.config, step, machine.__dict__.setdefault("_axis_state", AxisState()),
                         elapsed_s=self._elapsed(), example=example)
         self.recorder.record(run, machine.config.pcp_size, index + 2, step, tracker.observe(step), obs, found)
-        where = Where(run, machine.config.pcp_size, elapsed_s=self._elapsed(), example=example)
+        seeds = machine.__dict__.setdefault("_seeds", SeedsRecord(machine.config)).observe(index, step, obs)
+        seeds.where = Where(run, machine.config.pcp_size, elapsed_s=self._elapsed(), example=example)
+        seeds.spoilt |= bool(failing := self._judge(found, seeds.where, machine))  # it ends: no solo replay
+        return failing
+
+    def _judge(self, found: list[Finding], where: Where, machine: Any) -> list[Finding]:
         failing = []
         for f in found:
             self.tally.add(f, where)
@@ -142,6 +148,17 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
                 self.stats.examples += 1
             if self.coverage.collector is not None:
                 self._coverage_example(machine)
+            self._seeds(machine)
+
+    def _seeds(self, machine: Any) -> None:
+        # the example's seeded requests replayed alone on its runner, reset (sampling_checks/seeds.py)
+        seeds, ms = machine.__dict__.get("_seeds"), machine.machine_settings
+        if seeds is not None and seeds.lives() and ms.runners is not None and not self.stopped():
+            ms.runners.release(machine.harness)
+            machine.harness = None
+            if failing := self._judge(seeds.check(ms.runners, ms.stages), seeds.where, machine):
+                from strategies.machine import NewFinding  # lazy: strategies brings hypothesis
+                raise NewFinding(failing, list(machine.steps), dict(machine.violations), machine.config)
 
     def _tick(self) -> None:
         if self._progress is not None:

@@ -7,7 +7,8 @@ end of the run each such request replays ALONE on a runner of the same config
 (``solo_steps``: its prompt in budget-sized chunks, then one token per step) and its tokens
 are compared position by position: a metamorphic check that needs no model of vLLM's
 random numbers (vLLM's ``gumbel_noised_argmax``: "``pos`` and ``seed`` place the draw in
-the request's stream"). A difference is one ``value_mismatch`` at postprocess, ``sampler.seeded_tokens``.
+the request's stream"). A difference is one value_mismatch at postprocess, field
+sampler.seeded_tokens.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ class SeedsRecord:
         self.live: dict[str, _Life] = {}
         self.done: list[_Life] = []
         self._preempted: set[str] = set()
-        self.spoilt = False  # a step failed: the run's tokens say nothing about the schedule
+        self.spoilt = False  # a step failed (or the run ends on a finding): no solo replays
+        self.where: Any = None  # where the run's last step was (a campaign's class tally)
 
-    def observe(self, index: int, step: Step, obs: StepObs | None) -> None:
+    def observe(self, index: int, step: Step, obs: StepObs | None) -> SeedsRecord:
         """Learn what ``step`` added, preempted and finished, and the tokens it handed out."""
         if self.spoilt or obs is None or obs.step_failed():
             self.spoilt = True
-            return
+            return self
         for req_id in step.finished:
             self._end(req_id)
         self._preempted.update(step.preempted)
@@ -65,6 +67,7 @@ class SeedsRecord:
             life = self.live.get(req_id)
             if life is not None and req_id in computed and computed[req_id] + n >= life.prefill_len:
                 life.tokens += [(index, int(t)) for t in handed.get(req_id, ())]
+        return self
 
     def _seeded(self, req: NewRequest) -> bool:
         spec = req.sampling
