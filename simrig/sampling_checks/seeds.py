@@ -18,11 +18,12 @@ from typing import Any
 
 from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
-from simrig.observe import POSTPROCESS, StepObs, handed_to_scheduler
+from simrig.observe import LIFECYCLE, POSTPROCESS, StepObs, handed_to_scheduler
 from simrig.sampling.logits import spreads
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step, step_block_ids
 
 FIELD = "sampler.seeded_tokens"
+PLACEHOLDER = "seeds-placeholder"
 
 
 @dataclass
@@ -30,6 +31,7 @@ class _Life:
     first: NewRequest  # its first arrival: prompt, parameters, adapter
     prefill_len: int  # what the current arrival hands the runner (prompt + outputs when resumed)
     tokens: list[tuple[int, int]] = field(default_factory=list)  # (step index, token) given, in order
+    slots: set[int] = field(default_factory=set)  # the runner's slots it sampled in
 
 
 class SeedsRecord:
@@ -62,11 +64,12 @@ class SeedsRecord:
             self._preempted.discard(req.req_id)
         computed = {c.req_id: c.num_computed_tokens for c in step.cached}
         computed.update((r.req_id, r.num_computed_tokens) for r in step.new_requests)
-        handed = handed_to_scheduler(obs)
+        handed, slots = handed_to_scheduler(obs), _slots(obs)
         for req_id, n in step.num_scheduled_tokens.items():
             life = self.live.get(req_id)
             if life is not None and req_id in computed and computed[req_id] + n >= life.prefill_len:
                 life.tokens += [(index, int(t)) for t in handed.get(req_id, ())]
+                life.slots.add(slots.get(req_id, -1))
         return self
 
     def _seeded(self, req: NewRequest) -> bool:
@@ -90,19 +93,24 @@ class SeedsRecord:
         """Each request replayed alone on ``runners.acquire(config, stages)``; its differences."""
         out = []
         for life in self.lives():
-            want = [t for _, t in life.tokens]
-            got = solo_tokens(runners, stages, self.config, life.first, len(want))
-            if got is None:
+            run = [t for _, t in life.tokens]
+            # a fresh runner hands out its last slot first: where the request sampled only
+            # there, a placeholder neighbour takes it so the solo schedule differs in slot too
+            shift = life.slots == {self.config.max_num_reqs - 1} and self.config.max_num_reqs > 1
+            alone = solo_tokens(runners, stages, self.config, life.first, len(run), shift)
+            if alone is None:
                 continue  # the solo run failed: the checks of its own steps say why
-            at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+            at = next((i for i, (a, b) in enumerate(zip(alone, run)) if a != b), None)
             if at is not None:
-                out.append(_finding(life, at, want[at], got[at]))
+                out.append(_finding(life, at, alone[at], run[at]))
         return out
 
 
-def solo_steps(config: RunnerConfig, req: NewRequest, num_tokens: int) -> list[Step]:
-    """``req`` alone from slot 0: its prompt in chunks of the token budget, then one token
-    per step, until it has been given ``num_tokens`` tokens."""
+def solo_steps(config: RunnerConfig, req: NewRequest, num_tokens: int, shift: bool = False) -> list[Step]:
+    """``req`` alone on a fresh runner: its prompt in chunks of the token budget, then one
+    token per step, until it has been given ``num_tokens`` tokens. ``shift``: a one-token
+    request without parameters (``PLACEHOLDER``) arrives first, in the first step only, and
+    takes the slot the runner hands out first."""
     groups, start = [], 1  # block 0 is the null block
     for g in range(config.num_kv_groups):
         groups.append(list(range(start, start + config.blocks_per_request(g))))
@@ -110,21 +118,28 @@ def solo_steps(config: RunnerConfig, req: NewRequest, num_tokens: int) -> list[S
     budget, prompt = config.max_num_batched_tokens, req.prompt_len
     first = NewRequest(req.req_id, prompt, max_tokens=req.max_tokens, prompt_token_ids=req.prompt_token_ids,
                        block_ids=step_block_ids(groups), lora_id=req.lora_id, sampling=req.sampling)
-    steps = [Step(new_requests=[first], num_scheduled_tokens={req.req_id: min(budget, prompt)})]
-    for done in range(min(budget, prompt), prompt, budget):
+    steps = [Step(new_requests=[first], num_scheduled_tokens={req.req_id: min(budget - shift, prompt)})]
+    if shift:
+        steps[0].new_requests.insert(0, NewRequest(PLACEHOLDER, 1, max_tokens=1, block_ids=step_block_ids(
+            [[start + g] for g in range(config.num_kv_groups)])))
+        steps[0].num_scheduled_tokens = {PLACEHOLDER: 1, **steps[0].num_scheduled_tokens}
+    for done in range(min(budget - shift, prompt), prompt, budget):
         steps.append(Step(cached=[CachedUpdate(req.req_id, done)],
                           num_scheduled_tokens={req.req_id: min(budget, prompt - done)}))
     for k in range(num_tokens - 1):
-        steps.append(Step(cached=[CachedUpdate(req.req_id, prompt + k)], num_scheduled_tokens={req.req_id: 1}))
+        steps.append(Step(cached=[CachedUpdate(req.req_id, prompt + k)],
+                          num_scheduled_tokens={req.req_id: 1}))
+    if shift and len(steps) > 1:
+        steps[1].finished.append(PLACEHOLDER)
     return steps
 
 
-def solo_tokens(runners: Any, stages: Any, config: RunnerConfig, req: NewRequest, num_tokens: int
-                ) -> list[int] | None:
-    """The tokens ``req`` is given alone (None: a solo step failed)."""
+def solo_tokens(runners: Any, stages: Any, config: RunnerConfig, req: NewRequest, num_tokens: int,
+                shift: bool = False) -> list[int] | None:
+    """The tokens ``req`` is given on ``solo_steps`` (None: a solo step failed)."""
     harness, got = runners.acquire(config, stages), []
     try:
-        for step in solo_steps(config, req, num_tokens):
+        for step in solo_steps(config, req, num_tokens, shift):
             obs = harness.run_step(step)
             if obs.step_failed():
                 return None
@@ -134,11 +149,18 @@ def solo_tokens(runners: Any, stages: Any, config: RunnerConfig, req: NewRequest
     return got[:num_tokens]
 
 
-def _finding(life: _Life, at: int, want: int, got: int) -> Finding:
+def _slots(obs: StepObs) -> dict[str, int]:
+    """Each live request's slot after the step's lifecycle (``runner.live_ids``, ``live_slots``)."""
+    fields = getattr(obs.get(LIFECYCLE), "fields", {})
+    ids, slots = fields.get("runner.live_ids"), fields.get("runner.live_slots")
+    return dict(zip(ids.values, slots.values)) if ids is not None and slots is not None else {}
+
+
+def _finding(life: _Life, at: int, alone: int, run: int) -> Finding:
     req = life.first
     return Finding(kind=fk.VALUE_MISMATCH, step=life.tokens[at][0], stage=POSTPROCESS, check="sampling",
-                   req_ids=(req.req_id,), field=FIELD, expected=f"[{at}] = {want} (as replayed alone)",
-                   actual=f"[{at}] = {got} (in the run)",
+                   req_ids=(req.req_id,), field=FIELD, expected=f"[{at}] = {alone} (as replayed alone)",
+                   actual=f"[{at}] = {run} (in the run)",
                    message=f"a request with seed {req.sampling.seed} was given another token at output {at} "
                            "in the run than alone: vLLM's Gumbel-max sampling keys each draw by the "
                            "request's seed and the token's position (gumbel_noised_argmax: \"pos and "
