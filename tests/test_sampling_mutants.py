@@ -23,7 +23,8 @@ SIGNATURES = {"grammar-mask-by-scheduler-position": ["value_mismatch", "postproc
               "prompt-logprobs-chunk-loses-its-last-row": ["value_mismatch", "postprocess",
                                                            "output.prompt_logprobs"],
               "history-length-never-advanced": ["value_mismatch", "postprocess", "req_states.all_token_ids"],
-              "logprobs-from-the-previous-row": ["value_mismatch", "postprocess", "output.logprobs"]}
+              "logprobs-from-the-previous-row": ["value_mismatch", "postprocess", "output.logprobs"],
+              "seed-stream-keyed-by-slot": ["value_mismatch", "postprocess", "sampler.seeded_tokens"]}
 
 # mutant -> (the trace that shows it, the step its first wrong row samples at, that row's request)
 FOUND_BY = {
@@ -46,6 +47,9 @@ FOUND_BY = {
     # step 0 samples plain, t and l in one batch: each row's logprobs come from the row before
     # it (plain's from l's, the last), so all three are wrong
     "logprobs-from-the-previous-row": ("sampling_logprobs.jsonl", 0, "plain,t,l"),
+    # p (top_p 0.5, seed 7) first samples at step 1 in slot 0; replayed alone (seeds.py) it
+    # samples in slot 3, the one a fresh runner hands out first: its first token differs
+    "seed-stream-keyed-by-slot": ("sampling_temperature_topk_topp.jsonl", 1, "p"),
 }
 
 
@@ -54,10 +58,10 @@ def test_the_family_is_in_the_catalogue_one_mutant_per_kind():
     assert all(BY_NAME[m.name] is m and m in CATALOGUE for m in SAMPLING)
     assert not any(m.equivalent or m.control for m in SAMPLING)
     # routing, slot reuse, penalties history, min-tokens, grammar bitmask, prompt logprobs,
-    # stored history, logprobs: one module each
+    # stored history, logprobs: one module each; seeds share routing's (states)
     assert sorted(m.module.rsplit(".", 1)[1] for m in SAMPLING) == [
         "bad_words", "logit_bias", "model_runner", "penalties", "prompt_logprob", "sampler", "states",
-        "structured_outputs"]
+        "states", "structured_outputs"]
     assert {trace for trace, _, _ in FOUND_BY.values()} <= set(TRACES)
 
 

@@ -37,8 +37,9 @@ class _UntilNew(Campaign):
         self.detected_since_child_start: float | None = None
         self.detected_examples: int | None = None
 
-    def _on_step(self, machine: Any, index: int, step: Any, obs: Any, found: list) -> list:
-        failing = super()._on_step(machine, index, step, obs, found)
+    def _judge(self, found: list, where: Any, machine: Any) -> list:
+        # every finding passes here: a step's, and the seeds check's at an example's end
+        failing = super()._judge(found, where, machine)
         if self.detected_key is None and not self.collect_all:
             for f in found:
                 if counts_as_detection(f, self.baseline):
