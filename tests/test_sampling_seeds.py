@@ -82,7 +82,8 @@ def test_a_seeded_request_gets_the_same_tokens_under_another_schedule(vllm_api, 
 
 def test_a_seed_taken_from_the_slot_breaks_the_promise(vllm_api, monkeypatch):
     """A seeded fault: each request's random stream keyed by its slot, not its seed. The
-    oracle cannot see it (every token stays inside its support); the metamorphic check does."""
+    oracle cannot see it (every token stays inside its support); the metamorphic check does,
+    here and as the replay's seeds check (each seeded request replayed alone: seeds.py)."""
     from vllm.v1.worker.gpu.sample.states import SamplingStates
 
     original = SamplingStates.add_request
@@ -94,5 +95,6 @@ def test_a_seed_taken_from_the_slot_breaks_the_promise(vllm_api, monkeypatch):
 
     monkeypatch.setattr(SamplingStates, "add_request", add_request)
     config = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=64, max_model_len=64)
-    assert replay_problems(TraceHeader(config=config), shuffled(), api=vllm_api) == []
+    problems = replay_problems(TraceHeader(config=config), shuffled(), api=vllm_api)
+    assert problems and all("sampler.seeded_tokens" in p for p in problems), problems
     assert tokens(config, shuffled(), vllm_api) != tokens(config, together(), vllm_api)
