@@ -98,7 +98,8 @@ class Campaign(StopRules, CoverageSteering, TraceReplays):
         self.recorder.record(run, machine.config.pcp_size, index + 2, step, tracker.observe(step), obs, found)
         seeds = machine.__dict__.setdefault("_seeds", SeedsRecord(machine.config)).observe(index, step, obs)
         seeds.where = Where(run, machine.config.pcp_size, elapsed_s=self._elapsed(), example=example)
-        seeds.spoilt |= bool(failing := self._judge(found, seeds.where, machine))  # it ends: no solo replay
+        # an example that ends on a finding, or sent an input violation: no solo replays
+        seeds.spoilt |= bool(failing := self._judge(found, seeds.where, machine)) or violation is not None
         return failing
 
     def _judge(self, found: list[Finding], where: Where, machine: Any) -> list[Finding]:
