@@ -25,7 +25,7 @@ from simrig.findings import findings as fk
 from simrig.findings.findings import Finding
 from simrig.observe import POSTPROCESS, StepObs
 from simrig.sampling.logits import spread_logits, spreads
-from simrig.sampling_checks.logprobs import TOL
+from simrig.sampling_checks.logprobs import TOL, _logsumexp, _one_hot
 from simrig.step import Step, synth_token
 
 FIELD = "output.prompt_logprobs"
@@ -154,17 +154,6 @@ def _row_problem(logp: np.ndarray, token: int, ids: np.ndarray, vals: np.ndarray
 def _close(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # -inf against -inf: equal
         return (a == b) | (np.abs(a - b) <= TOL * (1 + np.abs(b)))
-
-
-def _one_hot(token: int, vocab_size: int) -> np.ndarray:
-    row = np.full(vocab_size, -np.inf)
-    row[token] = 0.0
-    return row
-
-
-def _logsumexp(x: np.ndarray) -> float:
-    m = np.max(x)
-    return float(m + np.log(np.sum(np.exp(x - m))))
 
 
 def _finding(index: int, req_id: str, expected: str, actual: str, message: str, pattern: str = "") -> Finding:
