@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# SIMRIG_TEST_CPU=path: each test's CPU seconds, its own and its children's (tests/cpu_ledger.py)
+pytest_plugins = ["tests.cpu_ledger"]
+
 # `ray start` clusters (the Ray tier's session cluster, the two-node test) take token
 # authentication; Ray reads the mode once, when it is first imported, so it is set before any
 # test module imports it. The token lands in ~/.ray, where every client of the session reads it.

@@ -27,6 +27,7 @@ from typing import Any
 from simrig.errors import UsageError
 from simrig.findings.known import installed_vllm_version
 from simrig.selftest.catalogue import BY_NAME, CATALOGUE
+from simrig.supervision import zygote
 from simrig.trace_io.trace import trace_files_in
 
 BASELINE = "baseline"
@@ -107,11 +108,17 @@ def run_child(mutant: str, *, budget_s: float, seed: int, baseline: list[list[st
         result_path = Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec))
         start = time.monotonic()
+        # forked from a zygote that loaded vLLM once (simrig.supervision.zygote); where none
+        # serves, a fresh interpreter
+        proc = zygote.run("simrig.selftest.child", [str(spec_path), str(result_path)], Path(tmp), timeout_s)
         try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "simrig.selftest.child", str(spec_path), str(result_path)],
-                capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+            if proc is None:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "simrig.selftest.child", str(spec_path), str(result_path)],
+                    capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
         except subprocess.TimeoutExpired:
+            proc = zygote.Exited(None, "", "")
+        if proc.returncode is None:
             return ChildResult(mutant=mutant, error=f"child timed out after {timeout_s:.0f} s",
                                elapsed_s=time.monotonic() - start)
         if not result_path.exists() and proc.returncode < 0 and mutant != BASELINE:
