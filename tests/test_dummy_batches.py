@@ -3,8 +3,6 @@ profile rule proven able to fail: a seeded mutant is caught by a replay of a bun
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ from simrig.graph_rules.dummy_batches import (
 )
 from simrig.observe import CAPTURE, DUMMY, PREPARE, PROFILE, FieldObs, StageObs
 from simrig.step import RunnerConfig
+from tests import mutant_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=128, max_model_len=256)
@@ -131,25 +130,11 @@ def test_fields_of_features_never_enabled_hold_their_off_value():
     assert _fields(check_placeholder_fields(0, dummy)) == ["cu_num_logits_np"]
 
 
-MUTANT_REPLAY = """
-import sys
-from simrig.adapters.runner import load
-from simrig.selftest.catalogue import BY_NAME
-from simrig.vllm_runtime import mutate
-load()
-if sys.argv[1] != "-":
-    mutate.apply(BY_NAME[sys.argv[1]])
-from simrig.cli import main
-sys.exit(main(["replay", *sys.argv[2:]]))
-"""
-
-
 def _replay(tmp_path: Path, mutant: str) -> tuple[int, pd.DataFrame]:
     out = tmp_path / mutant.strip("-")
-    proc = subprocess.run([sys.executable, "-c", MUTANT_REPLAY, mutant,
-                           str(ROOT / "traces" / "samples" / "chunked_prefill.jsonl"),
+    proc = mutant_cli.run(["replay", str(ROOT / "traces" / "samples" / "chunked_prefill.jsonl"),
                            "--stages", "gather,dummy", "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=400, cwd=ROOT)
+                          None if mutant == "-" else mutant, timeout=400)
     assert (out / "classes.csv").is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc.returncode, pd.read_csv(out / "classes.csv", keep_default_na=False)
 

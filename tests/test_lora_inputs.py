@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,8 +15,8 @@ from simrig.graph_rules.lora_inputs import slot_reuses
 from simrig.harness import Harness
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 from simrig.trace_io.trace import TraceHeader, TraceWriter
+from tests import mutant_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = RunnerConfig(max_num_reqs=4, max_num_batched_tokens=64, max_model_len=128, max_loras=2)
 
 
@@ -93,19 +92,6 @@ def test_slot_reuse_is_recognised_from_the_trace_and_the_observed_slots(vllm_api
     assert seen == [("c", 1, 0), ("d", 2, 1)]
 
 
-MUTANT_REPLAY = """
-import sys
-from simrig.adapters.runner import load
-from simrig.selftest.catalogue import BY_NAME
-from simrig.vllm_runtime import mutate
-load()
-if sys.argv[1] != "-":
-    mutate.apply(BY_NAME[sys.argv[1]])
-from simrig.cli import main
-sys.exit(main(["replay", *sys.argv[2:]]))
-"""
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", ["-", "lora-stale-adapter-on-slot-reuse"])
@@ -115,9 +101,8 @@ def test_a_stale_adapter_after_slot_reuse_is_caught(tmp_path, mutant):
         for step in reuse_steps():
             writer.write(step)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-c", MUTANT_REPLAY, mutant, str(trace), "--pcp-sizes", "1",
-                           "--no-coverage", "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=400, cwd=ROOT)
+    proc = mutant_cli.run(["replay", str(trace), "--pcp-sizes", "1", "--no-coverage", "--out", str(out),
+                           "--quiet"], None if mutant == "-" else mutant, timeout=400)
     classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
     lora = classes[classes["field"].str.startswith("lora.")]
     if mutant == "-":

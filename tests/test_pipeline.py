@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 from simrig.trace_io.trace import read_trace
 from simrig.trace_io.trace_format import config_to_json
 from strategies.model import Plan, Row, SchedulerModel
+from tests import mutant_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "pp2_spec.jsonl"
@@ -122,18 +121,6 @@ def test_a_changed_pipeline_field_is_a_finding(pp_run, index, name, fn):
     assert fields & expected, [f.one_line() for f in found]
 
 
-MUTANT_REPLAY = """
-import sys
-from simrig.adapters.runner import load
-from simrig.selftest.catalogue import BY_NAME
-from simrig.vllm_runtime import mutate
-load()
-mutate.apply(BY_NAME[sys.argv[1]])
-from simrig.cli import main
-sys.exit(main(["replay", *sys.argv[2:]]))
-"""
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant, fields", [
@@ -146,9 +133,7 @@ def test_each_pp_mutant_is_found_on_the_fixture(tmp_path, mutant, fields):
     import pandas as pd
 
     out = tmp_path / mutant
-    proc = subprocess.run([sys.executable, "-c", MUTANT_REPLAY, mutant, str(FIXTURE), "--out", str(out),
-                           "--quiet", "--no-coverage"],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = mutant_cli.run(["replay", str(FIXTURE), "--out", str(out), "--quiet", "--no-coverage"], mutant)
     assert (out / "classes.csv").is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
     classes = pd.read_csv(out / "classes.csv", keep_default_na=False)
     new = classes[(classes["verdict"] == "new") & (classes["stage"] == PIPELINE)]

@@ -10,8 +10,6 @@ from __future__ import annotations
 import html
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +17,7 @@ import pytest
 
 from simrig.cli import main
 from simrig.findings.classes import verdict_line
+from tests import mutant_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 REGRESSIONS = ROOT / "traces" / "regressions"
@@ -94,25 +93,13 @@ def test_json_prints_only_the_summary(tmp_path, capsys):
     assert "replay /" in captured.err  # progress stays on stderr; stdout is the JSON alone
 
 
-MUTANT_REPLAY = """
-import sys
-from simrig.adapters.runner import load
-from simrig.selftest.catalogue import BY_NAME
-from simrig.vllm_runtime import mutate
-load()
-mutate.apply(BY_NAME["getitem-to-get"])   # an unknown id no longer raises KeyError
-from simrig.cli import main
-sys.exit(main(["replay", *sys.argv[1:]]))
-"""
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_losing_the_expected_rejection_fails_the_corpus(tmp_path):
     out = tmp_path / "rep"
-    proc = subprocess.run([sys.executable, "-c", MUTANT_REPLAY, str(REGRESSIONS), "--stages",
-                           "gather", "--out", str(out), "--quiet"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    # an unknown id no longer raises KeyError
+    proc = mutant_cli.run(["replay", str(REGRESSIONS), "--stages", "gather", "--out", str(out), "--quiet"],
+                          "getitem-to-get", timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert_report_agrees(out, 1)
     classes = pd.read_csv(out / "classes.csv", keep_default_na=False)

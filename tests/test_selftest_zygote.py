@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from simrig.selftest import mutant_runs
-from simrig.supervision import zygote
 from simrig.selftest.mutant_runs import BASELINE, run_child
+from simrig.supervision import zygote
 
 SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples"
 TRACE = SAMPLES / "sampling_temperature_topk_topp.jsonl"
@@ -72,7 +72,7 @@ def test_another_environment_gets_a_zygote_of_its_own(monkeypatch, fresh_zygote)
             self.key, self.ready, self.proc = key, True, type("P", (), {"poll": lambda self: None})()
             started.append(self)
 
-        def run(self, module, args, folder, timeout_s):
+        def run(self, module, args, folder, timeout_s, cwd):
             return zygote.Exited(0, "", "")
 
         def close(self):

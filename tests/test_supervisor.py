@@ -23,6 +23,8 @@ import pytest
 
 from simrig import lifeline
 from simrig.lifeline import wait_child
+from simrig.vllm_runtime.mutate import Mutant
+from tests import mutant_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,32 +81,22 @@ def test_the_lifeline_page_holds_step_example_and_stage():
     assert (reading.step, reading.example, reading.stage) == (3, 12, "prepare") and reading.beats == 2
 
 
-SEEDED = textwrap.dedent('''
-    import sys
-    from simrig.adapters.runner import load
-    from simrig.vllm_runtime import mutate
-    from simrig.vllm_runtime.mutate import Mutant
-    load()
-    mutate.apply(Mutant(
-        "add-requests-segfault-at-slot-3", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.add_requests",
-        "req_index = self.req_states.req_id_to_index[req_id]\\n",
-        "req_index = self.req_states.req_id_to_index[req_id]\\n"
-        "        if req_index >= 3:  # a write far past a staged-write buffer, half-way through the adds\\n"
-        "            __import__('ctypes').string_at(1)\\n",
-        "add_requests dies of SIGSEGV when it adds a request into slot 3 or above"))
-    from simrig.cli import main
-    sys.exit(main(sys.argv[1:]))
-''')
+SEEDED = Mutant(
+    "add-requests-segfault-at-slot-3", "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.add_requests",
+    "req_index = self.req_states.req_id_to_index[req_id]\n",
+    "req_index = self.req_states.req_id_to_index[req_id]\n"
+    "        if req_index >= 3:  # a write far past a staged-write buffer, half-way through the adds\n"
+    "            __import__('ctypes').string_at(1)\n",
+    "add_requests dies of SIGSEGV when it adds a request into slot 3 or above")
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_campaign_whose_worker_segfaults_writes_a_complete_report_and_exits_1(tmp_path):
     out = tmp_path / "fuzz"
-    proc = subprocess.run([sys.executable, "-c", SEEDED, "fuzz", "--max-examples", "6", "--seed", "1",
-                           "--database", "none", "--no-regressions", "--no-coverage", "--pcp-sizes", "1",
-                           "--progress", "quiet", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = mutant_cli.run(["fuzz", "--max-examples", "6", "--seed", "1", "--database", "none",
+                           "--no-regressions", "--no-coverage", "--pcp-sizes", "1", "--progress", "quiet",
+                           "--out", str(out)], SEEDED)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_status"] == 1 and summary["crashes"] >= 1 and summary["examples"] == 6
@@ -126,8 +118,7 @@ def test_a_campaign_whose_worker_segfaults_writes_a_complete_report_and_exits_1(
 def test_a_replay_whose_worker_segfaults_goes_on_with_the_next_trace(tmp_path):
     out = tmp_path / "rep"
     traces = [str(REPO / "traces" / "samples" / name) for name in ("chunked_prefill.jsonl", "two_kv_groups.jsonl")]
-    proc = subprocess.run([sys.executable, "-c", SEEDED, "replay", *traces, "--no-coverage", "--quiet",
-                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = mutant_cli.run(["replay", *traces, "--no-coverage", "--quiet", "--out", str(out)], SEEDED)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["crashes"] == 1 and summary["exit_status"] == 1

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +20,8 @@ from simrig.harness import Harness
 from simrig.observe import FieldObs, StepObs
 from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 from simrig.trace_io.trace_format import config_to_json, parse_header
+from tests import mutant_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 DBO = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=64, max_model_len=256, num_ubatches=2,
                    dbo_decode_token_threshold=2, dbo_prefill_token_threshold=6,
                    cudagraph_mode="FULL", capture_sizes=(4, 8, 16, 32, 64))
@@ -128,20 +126,20 @@ def test_a_batch_of_exactly_the_threshold_may_go_either_way():
         assert bool(below) == (n == 2)
 
 
-MUTANT_RUN = """
-import sys
-from simrig.adapters.runner import load
-from simrig.selftest.catalogue import BY_NAME
-from simrig.vllm_runtime import mutate
-load()
-if sys.argv[1] != "-":
-    mutate.apply(BY_NAME[sys.argv[1]])
-from tests.test_ubatch import DBO, dbo_steps, _check
-from simrig.harness import Harness
-h = Harness(DBO)
-steps = dbo_steps()
-print(sorted({f.field for f in _check(DBO, steps, [h.run_step(s) for s in steps])}))
-"""
+def main(mutant: str) -> int:
+    """The DBO steps' fields that disagree, printed, under ``mutant`` (``-``: none); called in a
+    process of its own (tests/mutant_cli.py), since a mutant cannot be taken back."""
+    from simrig.adapters.runner import load
+    from simrig.selftest.catalogue import BY_NAME
+    from simrig.vllm_runtime import mutate
+
+    load()
+    if mutant != "-":
+        mutate.apply(BY_NAME[mutant])
+    h = Harness(DBO)
+    steps = dbo_steps()
+    print(sorted({f.field for f in _check(DBO, steps, [h.run_step(s) for s in steps])}))
+    return 0
 
 
 @pytest.mark.vllm
@@ -149,9 +147,12 @@ print(sorted({f.field for f in _check(DBO, steps, [h.run_step(s) for s in steps]
 def test_the_catalogue_mutant_is_caught():
     out = {}
     for name in ("-", "ubatch-seq-lens-truncate-first"):
-        proc = subprocess.run([sys.executable, "-c", MUTANT_RUN, name], capture_output=True, text=True,
-                              timeout=600, cwd=ROOT)
+        proc = mutant_cli.run([], name, module="tests.test_ubatch")
         assert proc.returncode == 0, proc.stderr[-2000:]
         out[name] = proc.stdout.strip().splitlines()[-1]
     assert out["-"] == "[]"
     assert "seq_lens" in out["ubatch-seq-lens-truncate-first"]
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

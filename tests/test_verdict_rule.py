@@ -13,10 +13,6 @@ known one.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -26,8 +22,9 @@ from simrig.campaign.fuzz import Campaign, CampaignOptions, FindingClass
 from simrig.findings.classes import Where, fails_run
 from simrig.findings.findings import Finding
 from simrig.step import NewRequest, RunnerConfig, Step
+from simrig.vllm_runtime.mutate import Mutant
+from tests import mutant_cli
 
-REPO = Path(__file__).resolve().parents[1]
 SIGNATURE = ("dtype_drift", "dummy", "logits_indices", "")
 
 
@@ -63,32 +60,22 @@ def test_fails_run_is_the_new_verdict_alone():
     assert [v for v in ("new", "known", "expected") if fails_run(v)] == ["new"]
 
 
-SEEDED = textwrap.dedent('''
-    import sys
-    from simrig.adapters.runner import load
-    from simrig.vllm_runtime import mutate
-    from simrig.vllm_runtime.mutate import Mutant
-    load()
-    mutate.apply(Mutant(
-        "dummy-positions-ones-every-other", "vllm.v1.worker.gpu.input_batch", "InputBatch.make_dummy",
-        "positions = input_buffers.positions[:num_tokens].zero_()\\n",
-        "positions = input_buffers.positions[:num_tokens].zero_()\\n"
-        "    if num_reqs % 2 == 0:  # the method's body, as mutate compiles it (dedented)\\n"
-        "        positions.fill_(1)\\n",
-        "every other dummy's positions are all ones"))
-    from simrig.cli import main
-    sys.exit(main(["fuzz", *sys.argv[1:]]))
-''')
+SEEDED = Mutant(
+    "dummy-positions-ones-every-other", "vllm.v1.worker.gpu.input_batch", "InputBatch.make_dummy",
+    "positions = input_buffers.positions[:num_tokens].zero_()\n",
+    "positions = input_buffers.positions[:num_tokens].zero_()\n"
+    "    if num_reqs % 2 == 0:  # the method's body, as mutate compiles it (dedented)\n"
+    "        positions.fill_(1)\n",
+    "every other dummy's positions are all ones")
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_seeded_fault_in_a_known_field_fails_the_campaign(tmp_path):
     out = tmp_path / "fuzz"
-    proc = subprocess.run([sys.executable, "-c", SEEDED, "--max-examples", "12", "--seed", "1",
-                           "--database", "none", "--no-regressions", "--no-coverage",
-                           "--pcp-sizes", "1", "--progress", "quiet", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    proc = mutant_cli.run(["fuzz", "--max-examples", "12", "--seed", "1", "--database", "none",
+                           "--no-regressions", "--no-coverage", "--pcp-sizes", "1", "--progress", "quiet",
+                           "--out", str(out)], SEEDED)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["exit_status"] == 1 and summary["failing_classes"] >= 1

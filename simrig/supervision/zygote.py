@@ -59,8 +59,9 @@ class _Zygote:
         line = self.proc.stdout.readline()
         return json.loads(line) if line else None
 
-    def run(self, module: str, args: list[str], folder: Path, timeout_s: float) -> Exited | None:
-        request = {"module": module, "args": args,
+    def run(self, module: str, args: list[str], folder: Path, timeout_s: float,
+            cwd: str) -> Exited | None:
+        request = {"module": module, "args": args, "cwd": cwd,
                    "stdout": str(folder / "stdout.txt"), "stderr": str(folder / "stderr.txt")}
         try:
             assert self.proc.stdin is not None
@@ -93,9 +94,11 @@ class _Zygote:
 _current: _Zygote | None = None
 
 
-def run(module: str, args: list[str], folder: Path, timeout_s: float) -> Exited | None:
+def run(module: str, args: list[str], folder: Path, timeout_s: float,
+        cwd: str | Path | None = None) -> Exited | None:
     """``module.main(*args)``'s exit in a fork of this process's zygote for the current
-    environment, its stdout and stderr kept in ``folder``; None where no zygote serves."""
+    environment, run in ``cwd`` (this process's by default), its stdout and stderr kept in
+    ``folder``; None where no zygote serves."""
     global _current
     key = (sys.executable, os.getcwd(),
            tuple(sorted((k, v) for k, v in os.environ.items() if k not in _NOT_PART_OF_THE_KEY)))
@@ -108,7 +111,7 @@ def run(module: str, args: list[str], folder: Path, timeout_s: float) -> Exited 
             _current.close()
             _current = None
             return None
-    exited = _current.run(module, args, folder, timeout_s)
+    exited = _current.run(module, args, folder, timeout_s, str(cwd or os.getcwd()))
     if exited is None:
         _current.close()
         _current = None
@@ -157,6 +160,8 @@ def _run_forked(request: dict) -> None:
             os.dup2(target, fd)
             os.close(target)
         sys.stdin = open(os.devnull)
+        os.chdir(request["cwd"])
+        sys.path.insert(0, request["cwd"])  # as ``python -m`` run there finds its modules
         code = importlib.import_module(request["module"]).main(*request["args"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
