@@ -117,6 +117,8 @@ def test_two_worker_campaign_shares_one_example_database(tmp_path):
     other's was warm) may find nothing left to shrink and save nothing. So: the shards
     together saved, every shard consulted the shared database in the next campaign, and every
     shard that saved read its entries back."""
+    from simrig.findings.known import installed_vllm_version
+
     db = tmp_path / "db"
     saved: dict[str, int] = {}
     for run in (1, 2):
@@ -129,6 +131,7 @@ def test_two_worker_campaign_shares_one_example_database(tmp_path):
         shards = pd.read_csv(out / "shards.csv")
         assert shards.status.tolist() == ["done", "done"] and (shards.examples > 0).all()
         assert summary["workers"] == 2 and summary["finding_classes"] > 0
+        assert summary["vllm_version"] == installed_vllm_version()  # as the shards ran it
         assert (out / "junit.xml").read_text().count("<testcase") == summary["finding_classes"]
         if run == 1:
             saved = summary["database"]["saved_by_shard"]

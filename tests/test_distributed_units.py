@@ -138,3 +138,23 @@ def test_a_shard_whose_workers_keep_dying_before_an_example_is_given_up(tmp_path
             break
         spec = replacement
     assert got == replaced
+
+
+def test_a_sharded_campaign_states_the_release_its_shards_ran(tmp_path):
+    """The driver loads no vLLM: the summary (and so the history row, and the run it is compared
+    with) names the release and device the shards reported."""
+    from simrig.campaign.options import CampaignOptions, CampaignStats
+    from simrig.distributed.fuzz_shards import ShardedCampaign
+    from simrig.distributed.shard import ShardResult, plan_shards
+    from simrig.findings.classes import ClassTally
+
+    options = CampaignOptions(budget_s=None, max_examples=4, database=None, out_dir=tmp_path / "out",
+                              pcp_sizes=(1, 2))
+    sharded = ShardedCampaign(options, workers=2)
+    assert sharded.merged.summary()["vllm_version"] == ""  # no shard reported yet
+    for spec in plan_shards(options, 2):
+        sharded.specs[spec.name] = spec
+        sharded.results[spec.name] = ShardResult(spec.name, "w", CampaignStats(), None, None, None, [],
+                                                 ClassTally(), vllm_version="0.33.0", device="cpu (interp)")
+    summary = sharded.merged.summary()
+    assert (summary["vllm_version"], summary["device"]) == ("0.33.0", "cpu (interp)")

@@ -87,6 +87,11 @@ class MergedCampaign(Campaign):
         return reasons
 
     def summary(self) -> dict[str, Any]:
+        # the release and device the shards ran, as a one-process campaign states its own (a
+        # run is compared with the previous run of its suite on the same release)
+        results = self.sharded.results.values()
+        self.vllm_version = ",".join(sorted({r.vllm_version for r in results if r.vllm_version}))
+        self.device = ",".join(sorted({r.device for r in results if r.device}))
         s, rows = super().summary(), self.sharded.rows
         s.update(workers=self.sharded.workers, shards=len(rows),
                  lost_shards=[r.shard for r in rows if r.status == "lost"],

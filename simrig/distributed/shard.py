@@ -125,6 +125,8 @@ class ShardResult:
     tally: ClassTally  # the shard's class table (first/last place, true occurrences)
     coverage: Any = None  # arcs of vLLM's MRV2 code the shard reached (options.coverage)
     memcheck: bool = False  # the worker's kernels ran under memcheck (its registry entry installed)
+    vllm_version: str = ""  # the release the worker ran (the driver loads none)
+    device: str = ""
 
 
 def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: Any) -> ShardResult:
@@ -155,4 +157,5 @@ def run_shard(spec: ShardSpec, base: CampaignOptions, collector: Any, database: 
             frame[column] = spec.name + "/" + frame[column].astype(str)
     return ShardResult(spec.name, campaign.worker, campaign.stats, result.steps, result.findings,
                        result.contract, campaign.stats.rig_errors, campaign.tally,
-                       campaign.coverage.data() if campaign.coverage.enabled else None, memcheck_ran())
+                       campaign.coverage.data() if campaign.coverage.enabled else None, memcheck_ran(),
+                       campaign.vllm_version, campaign.device)
