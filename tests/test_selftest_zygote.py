@@ -20,7 +20,8 @@ MUTANT = "sampling-top-k-by-batch-row"  # found by a replay of TRACE (tests/test
 
 @pytest.fixture
 def fresh_zygote():
-    """No zygote left by an earlier test: this one starts its own and gives it back."""
+    """No zygote left by an earlier test, none left for the next (for the tests that stand
+    one in; the others share the process's zygote, as the slow tier's mutant runs do)."""
     zygote._close()
     zygote._current = None
     yield
@@ -29,7 +30,7 @@ def fresh_zygote():
 
 
 @pytest.mark.vllm
-def test_a_mutant_stays_in_its_run_and_one_zygote_serves_both(tmp_path, fresh_zygote):
+def test_a_mutant_stays_in_its_run_and_one_zygote_serves_both(tmp_path):
     mutated = run_child(MUTANT, budget_s=0, seed=0, baseline=[], traces=[TRACE], out_dir=tmp_path,
                         timeout_s=300)
     assert mutated.error == "" and mutated.detected, mutated
@@ -43,7 +44,7 @@ def test_a_mutant_stays_in_its_run_and_one_zygote_serves_both(tmp_path, fresh_zy
 
 
 @pytest.mark.vllm
-def test_a_run_past_its_timeout_is_killed_and_the_next_is_served(tmp_path, fresh_zygote):
+def test_a_run_past_its_timeout_is_killed_and_the_next_is_served(tmp_path):
     late = run_child(BASELINE, budget_s=120, seed=0, baseline=[], traces=[], out_dir=tmp_path,
                      timeout_s=3)
     assert late.error == "child timed out after 3 s" and late.elapsed_s < 60
@@ -54,7 +55,7 @@ def test_a_run_past_its_timeout_is_killed_and_the_next_is_served(tmp_path, fresh
 
 
 @pytest.mark.vllm
-def test_a_run_that_fails_reports_its_exit_status_and_stderr(tmp_path, fresh_zygote):
+def test_a_run_that_fails_reports_its_exit_status_and_stderr(tmp_path):
     """What a fresh interpreter's exit status and stderr said comes back through the zygote."""
     spec = tmp_path / "spec.json"
     spec.write_text("{}")  # no mutant named: child.main raises before it writes a result
