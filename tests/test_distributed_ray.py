@@ -109,24 +109,26 @@ def _report_classes(out: Path) -> pd.DataFrame:
     return f
 
 
-def test_two_worker_campaign_shares_one_example_database(tmp_path):
+def test_two_worker_campaign_shares_one_example_database(tmp_path, capsys):
     """Each shard saves the failures it shrinks into the driver's database and the next
     campaign's shards read it first (Hypothesis' reuse phase), each under its own key (its
     PCP slice). Which shard saves is timing: a shard skips a class another shard already
     shrank, so a shard whose worker started late (a fresh worker importing vLLM while the
     other's was warm) may find nothing left to shrink and save nothing. So: the shards
     together saved, every shard consulted the shared database in the next campaign, and every
-    shard that saved read its entries back."""
+    shard that saved read its entries back. Both campaigns run in this process, on the
+    session's warm workers."""
+    from simrig.cli import main
     from simrig.findings.known import installed_vllm_version
 
     db = tmp_path / "db"
     saved: dict[str, int] = {}
     for run in (1, 2):
         out = tmp_path / f"run{run}"
-        proc = _fuzz(tmp_path, "--budget", "4", "--out", str(out), "--database", str(db),
-                     "--no-regressions")
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-3000:]
+        status = main(["fuzz", "--workers", "2", "--mode", "adversarial", "--progress", "quiet",
+                       "--steps-per-example", "8", "--no-coverage", "--budget", "4", "--out", str(out),
+                       "--database", str(db), "--no-regressions"])
+        assert status == 0, capsys.readouterr().err[-3000:]
         summary = json.loads((out / "summary.json").read_text())
         shards = pd.read_csv(out / "shards.csv")
         assert shards.status.tolist() == ["done", "done"] and (shards.examples > 0).all()

@@ -132,7 +132,7 @@ def test_fields_of_features_never_enabled_hold_their_off_value():
 
 def _replay(tmp_path: Path, mutant: str) -> tuple[int, pd.DataFrame]:
     out = tmp_path / mutant.strip("-")
-    proc = mutant_cli.run(["replay", str(ROOT / "traces" / "samples" / "chunked_prefill.jsonl"),
+    proc = mutant_cli.run(["replay", "--no-coverage", str(ROOT / "traces" / "samples" / "chunked_prefill.jsonl"),
                            "--stages", "gather,dummy", "--out", str(out), "--quiet"],
                           None if mutant == "-" else mutant, timeout=400)
     assert (out / "classes.csv").is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -43,7 +43,7 @@ def test_out_that_is_a_file_is_refused(capsys, tmp_path):
 def test_adversarial_campaign_finds_the_unknown_id_key_error_class(tmp_path, capsys):
     out = tmp_path / "adv"
     # --max-examples without --budget: no clock anywhere, so the shrink always runs to the end
-    status = main(["fuzz", "--mode", "adversarial", "--max-examples", "30", "--seed", "5",
+    status = main(["fuzz", "--no-coverage", "--mode", "adversarial", "--max-examples", "30", "--seed", "5",
                    "--pcp-sizes", "1", "--stages", "gather", "--out", str(out),
                    "--database", "none", "--no-regressions", "--progress", "quiet"])
     table = pd.read_csv(out / "findings.csv", keep_default_na=False)
@@ -78,7 +78,7 @@ def test_regressions_are_replayed_first(tmp_path, capsys):
         '"source":{"kind":"shrunk","violation_steps":{"0":"unknown_id"}}}\n'
         '{"step":0,"num_scheduled_tokens":{"ghost":1}}\n')
     out = tmp_path / "o"
-    status = main(["fuzz", "--budget", "1", "--max-examples", "1", "--pcp-sizes", "1", "--stages", "gather",
+    status = main(["fuzz", "--no-coverage", "--budget", "1", "--max-examples", "1", "--pcp-sizes", "1", "--stages", "gather",
           "--regressions", str(regressions), "--out", str(out), "--database", "none",
           "--progress", "quiet"])
     summary = json.loads((out / "summary.json").read_text())
@@ -94,7 +94,7 @@ def test_regressions_are_replayed_first(tmp_path, capsys):
 def test_sigint_ends_the_campaign_with_a_report(tmp_path):
     out = tmp_path / "o"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "simrig", "fuzz", "--budget", "300", "--pcp-sizes", "1",
+        [sys.executable, "-m", "simrig", "fuzz", "--no-coverage", "--budget", "300", "--pcp-sizes", "1",
          "--stages", "gather", "--out", str(out), "--database", "none", "--no-regressions",
          "--progress", "plain"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     deadline = time.time() + 240

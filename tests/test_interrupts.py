@@ -109,7 +109,7 @@ def test_replay_ctrl_c_writes_every_step_replayed_so_far(tmp_path):
     out = tmp_path / "r"
     env = {**os.environ, "SIMRIG_HISTORY": str(tmp_path / "history")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "simrig", "replay", str(ROOT / "traces" / "recorded"),
+        [sys.executable, "-m", "simrig", "replay", "--no-coverage", str(ROOT / "traces" / "recorded"),
          "--pcp-sizes", "1,2,4", "--progress", "plain", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     for line in proc.stderr:  # a progress line after the first steps ran

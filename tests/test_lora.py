@@ -87,7 +87,7 @@ def test_a_bad_lora_value_is_one_line_and_exit_2(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(HEADER) + "\n" + json.dumps(
         {"new_requests": [{**NEW, "lora_id": 0}], "num_scheduled_tokens": {"a": 4}}) + "\n")
-    run = subprocess.run([sys.executable, "-m", "simrig", "replay", str(path), "--out", str(tmp_path / "out")],
+    run = subprocess.run([sys.executable, "-m", "simrig", "replay", "--no-coverage", str(path), "--out", str(tmp_path / "out")],
                          check=False, capture_output=True, text=True, timeout=120, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 2

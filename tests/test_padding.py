@@ -210,12 +210,12 @@ def test_replay_under_another_cudagraph_mode(vllm_api, tmp_path, capsys):
     from simrig.cli import main
 
     out = tmp_path / "rep"
-    status = main(["replay", "traces/samples/spec_decode.jsonl", "--cudagraph-mode", "full_and_piecewise",
+    status = main(["replay", "--no-coverage", "traces/samples/spec_decode.jsonl", "--cudagraph-mode", "full_and_piecewise",
                    "--out", str(out), "--quiet"])
     assert status == 0, capsys.readouterr().out
     stages = set(pd.read_parquet(out / "steps.parquet")["stage"])
     assert {"dispatch", "capture"} <= stages
-    status = main(["replay", "traces/samples/pcp2.jsonl", "--cudagraph-mode", "FULL", "--out",
+    status = main(["replay", "--no-coverage", "traces/samples/pcp2.jsonl", "--cudagraph-mode", "FULL", "--out",
                    str(tmp_path / "no"), "--quiet"])
     assert status == 2 and not (tmp_path / "no").exists()
     assert "FULL is refused with PCP" in capsys.readouterr().err

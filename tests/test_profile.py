@@ -47,7 +47,7 @@ def test_the_sampler_gets_the_gil_soon_after_each_wake_up_and_gives_the_setting_
 
 def test_a_profiled_campaign_writes_its_split(tmp_path, capsys):
     out = tmp_path / "fuzz"
-    status = main(["fuzz", "--max-examples", "3", "--seed", "1", "--database", "none",
+    status = main(["fuzz", "--no-coverage", "--max-examples", "3", "--seed", "1", "--database", "none",
                    "--no-regressions", "--pcp-sizes", "1", "--cudagraph-modes", "NONE",
                    "--profile", "--quiet", "--out", str(out)])
     assert status == 0

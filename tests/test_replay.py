@@ -221,7 +221,7 @@ def test_report_write_is_atomic_and_replaces_an_earlier_report(tmp_path, monkeyp
 def test_clean_sample_replays_to_exit_0_with_a_full_report(vllm_api, tmp_path, capsys):
     out = tmp_path / "rep"
     trace = SAMPLES / "chunked_prefill.jsonl"
-    status = main(["replay", str(trace), "--pcp-sizes", "1,2", "--out", str(out), "--quiet"])
+    status = main(["replay", "--no-coverage", str(trace), "--pcp-sizes", "1,2", "--out", str(out), "--quiet"])
     captured = capsys.readouterr()
     assert status == 0, captured.out
     assert "replayed 12 steps from 1 trace(s) (pcp sizes 1,2)" in captured.out
@@ -293,7 +293,7 @@ def test_never_added_id_is_recorded_where_the_runner_raised(vllm_api, ghost_trac
 def test_never_added_id_gives_a_key_error_finding_naming_it(vllm_api, tmp_path, capsys, ghost_trace):
     trace = ghost_trace
     out = tmp_path / "rep"
-    status = main(["replay", str(trace), "--stages", "gather,dummy", "--out", str(out), "--quiet"])
+    status = main(["replay", "--no-coverage", str(trace), "--stages", "gather,dummy", "--out", str(out), "--quiet"])
     printed = capsys.readouterr().out
     findings = pd.read_csv(out / "findings.csv", keep_default_na=False)
     key_errors = findings[findings["kind"] == "key_error"]

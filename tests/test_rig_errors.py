@@ -157,7 +157,7 @@ def test_replay_reports_a_crashing_check_and_exits_3(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(checker, "check_parity", broken_parity)
     out = tmp_path / "report"
-    status = main(["replay", "traces/samples/spec_decode.jsonl", "--stages", "gather,prepare,dummy",
+    status = main(["replay", "--no-coverage", "traces/samples/spec_decode.jsonl", "--stages", "gather,prepare,dummy",
                    "--out", str(out), "--quiet"])
     assert status == EXIT_RIG_ERROR, capsys.readouterr()
     findings = pd.read_csv(out / "findings.csv")

@@ -140,7 +140,7 @@ def test_replay_refuses_a_bad_sampling_value_in_one_line_exit_2(tmp_path):
          "num_scheduled_tokens": {"a": 4}}) + "\n")
     env = {**os.environ, "SIMRIG_HISTORY": str(tmp_path / "history"), "PYTHONWARNINGS": "ignore"}
     env.pop("SIMRIG_KNOWN", None)
-    proc = subprocess.run([sys.executable, "-m", "simrig", "replay", str(trace), "--out", str(tmp_path / "out")],
+    proc = subprocess.run([sys.executable, "-m", "simrig", "replay", "--no-coverage", str(trace), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [

@@ -339,7 +339,7 @@ def test_a_pcp_size_the_machine_cannot_hold_is_refused_before_vllm_runs(tmp_path
     reader.close()
     limit = (estimate_bytes(own) + estimate_bytes(own.replayed_as(8, None))) // 2  # PCP 1 fits, 8 not
     out = tmp_path / "rep"
-    proc = subprocess.run([sys.executable, "-m", "simrig", "replay", str(trace), "--pcp-sizes", "1,8",
+    proc = subprocess.run([sys.executable, "-m", "simrig", "replay", "--no-coverage", str(trace), "--pcp-sizes", "1,8",
                            "--out", str(out)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "SIMRIG_MEMORY_LIMIT_BYTES": str(limit)})
     lines = proc.stderr.strip().splitlines()
