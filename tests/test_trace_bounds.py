@@ -54,7 +54,7 @@ def _replay(path: Path, out: Path, *, env: dict | None = None,
     full_env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     full_env.pop(bounds.MEMORY_ENV, None)
     full_env.update(env or {})
-    return subprocess.run([*SIMRIG, "replay", str(path), "--out", str(out)], capture_output=True, text=True,
+    return subprocess.run([*SIMRIG, "replay", "--no-coverage", str(path), "--out", str(out)], capture_output=True, text=True,
                           env=full_env, timeout=120, preexec_fn=_cap(limit), cwd=out.parent)
 
 
