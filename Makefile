@@ -29,8 +29,11 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n auto --dist loadscope -m "slow and not cluster" --durations=25 $(PYTEST_ARGS)
 
+# two xdist workers, each with a session Ray of its own (tests/conftest.py: ray_cluster): a
+# Ray test waits on process starts and report writing about a third of its time, which the
+# other worker's test fills
 test-cluster: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m cluster --durations=15 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadscope -m cluster --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/simrig bench

@@ -28,7 +28,7 @@ def test_every_benchmark_item_runs_once(tmp_path) -> None:
            "--benchmark-disable", "-rfEs", f"--junitxml={junit}"]
     # once each, and small: the campaign-sized items run a few examples (their size is not asserted)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update(SIMRIG_BENCH_STEER_EXAMPLES="4", SIMRIG_BENCH_COVERAGE_EXAMPLES="1")
+    env.update(SIMRIG_BENCH_STEER_EXAMPLES="2", SIMRIG_BENCH_COVERAGE_EXAMPLES="1")
     done = subprocess.run(cmd, check=False, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     tail = done.stdout[-4000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
