@@ -53,8 +53,9 @@ def ghost_trace(tmp_path):
 
 
 # ---------------------------------------------------------------- the Ray tier
-# One Ray for the whole cluster tier, two nodes of one CPU each on this machine (the
-# multi-node path, as a cluster runs it): every command a test runs with --workers joins it
+# One Ray for each process of the cluster tier (`make test-cluster` runs two xdist workers,
+# each with its own), two nodes of one CPU each on this machine (the multi-node path, as a
+# cluster runs it): every command a test runs with --workers joins it
 # (RAY_ADDRESS) instead of starting its own, and commands run in this process share one
 # connection, so the workers that already imported vLLM take the next test's shards.
 # A test that needs workers of its own (coverage counts what a fresh process runs once) asks
