@@ -341,9 +341,12 @@ def test_a_sharded_campaign_says_memcheck_as_its_shards_ran():
 
     sharded = ShardedCampaign(CampaignOptions(max_examples=1, budget_s=None, progress="quiet"), 2)
     assert sharded.merged.summary()["memcheck"] is False  # no shard reported: nothing was checked
-    sharded.results = {"s0": SimpleNamespace(memcheck=True), "s1": SimpleNamespace(memcheck=True)}
+    def shard(memcheck: bool) -> SimpleNamespace:
+        return SimpleNamespace(memcheck=memcheck, vllm_version="0.33.0", device="cpu")
+
+    sharded.results = {"s0": shard(True), "s1": shard(True)}
     assert sharded.merged.summary()["memcheck"] is True  # the driver ran no kernel; its shards did
-    sharded.results["s1"] = SimpleNamespace(memcheck=False)
+    sharded.results["s1"] = shard(False)
     assert sharded.merged.summary()["memcheck"] is False
 
 
