@@ -38,6 +38,27 @@ def _history_in_tmp(tmp_path_factory):
 
 
 @pytest.fixture
+def seed_keyed_by_slot(monkeypatch):
+    """A seeded fault for the seeds tests: ``install()`` keys each request's random stream by
+    its slot instead of its seed (the installed vLLM's ``SamplingStates.add_request``, patched
+    for this test only; every token stays inside its support)."""
+
+    def install() -> None:
+        from vllm.v1.worker.gpu.sample.states import SamplingStates
+
+        original = SamplingStates.add_request
+
+        def add_request(self, req_idx, sampling_params):
+            needs = original(self, req_idx, sampling_params)
+            self.seeds.np[req_idx] = req_idx
+            return needs
+
+        monkeypatch.setattr(SamplingStates, "add_request", add_request)
+
+    return install
+
+
+@pytest.fixture
 def ghost_trace(tmp_path):
     """A two-step trace whose second step schedules ``ghost-7``, an id never added:
     the runner must raise KeyError naming it."""

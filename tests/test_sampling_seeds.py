@@ -80,20 +80,11 @@ def test_a_seeded_request_gets_the_same_tokens_under_another_schedule(vllm_api, 
     assert tokens(config, shuffled(), vllm_api) == want
 
 
-def test_a_seed_taken_from_the_slot_breaks_the_promise(vllm_api, monkeypatch):
+def test_a_seed_taken_from_the_slot_breaks_the_promise(vllm_api, seed_keyed_by_slot):
     """A seeded fault: each request's random stream keyed by its slot, not its seed. The
     oracle cannot see it (every token stays inside its support); the metamorphic check does,
     here and as the replay's seeds check (each seeded request replayed alone: seeds.py)."""
-    from vllm.v1.worker.gpu.sample.states import SamplingStates
-
-    original = SamplingStates.add_request
-
-    def add_request(self, req_idx, sampling_params):
-        needs = original(self, req_idx, sampling_params)
-        self.seeds.np[req_idx] = req_idx
-        return needs
-
-    monkeypatch.setattr(SamplingStates, "add_request", add_request)
+    seed_keyed_by_slot()
     config = RunnerConfig(max_num_reqs=8, max_num_batched_tokens=64, max_model_len=64)
     problems = replay_problems(TraceHeader(config=config), shuffled(), api=vllm_api)
     assert problems and all("sampler.seeded_tokens" in p for p in problems), problems

@@ -104,7 +104,7 @@ def test_a_run_ending_in_a_failed_step_is_not_replayed():
 
 
 @pytest.mark.vllm
-def test_a_stream_keyed_by_slot_is_found_by_a_replay(vllm_api, monkeypatch):
+def test_a_stream_keyed_by_slot_is_found_by_a_replay(vllm_api, seed_keyed_by_slot):
     """The real runner: two seeded requests side by side, once as vLLM keys them, once with
     each request's stream keyed by its slot (the seeded fault of the catalogue's
     seed-stream-keyed-by-slot)."""
@@ -120,15 +120,6 @@ def test_a_stream_keyed_by_slot_is_found_by_a_replay(vllm_api, monkeypatch):
                 for f in r.findings if f.field == FIELD]
 
     assert seeds_found() == []
-    from vllm.v1.worker.gpu.sample.states import SamplingStates  # the installed vLLM's, patched here
-
-    original = SamplingStates.add_request
-
-    def add_request(self, req_idx, sampling_params):
-        needs = original(self, req_idx, sampling_params)
-        self.seeds.np[req_idx] = req_idx
-        return needs
-
-    monkeypatch.setattr(SamplingStates, "add_request", add_request)
+    seed_keyed_by_slot()
     found = seeds_found()
     assert found and {f.req_ids for f in found} <= {("a",), ("b",)}
