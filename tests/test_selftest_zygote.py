@@ -109,3 +109,7 @@ def test_where_no_zygote_starts_a_fresh_interpreter_runs_the_child(monkeypatch, 
     assert ran and ran[0][1:3] == ["-m", "simrig.selftest.child"]
     assert result.error == "child exited 1: ImportError: no vllm"
     assert zygote._current is None
+
+
+def test_a_fork_exits_as_sys_exit_would_with_what_main_returned():
+    assert [zygote._exit_code(v) for v in (None, 0, 1, 3, "a message")] == [0, 0, 1, 3, 1]

@@ -150,6 +150,12 @@ def _serve(replies: IO[str]) -> int:
     return 0
 
 
+def _exit_code(value: object) -> int:
+    """What ``sys.exit(value)`` would exit with: None is 0, an int itself, anything else 1
+    (``os._exit`` takes only an int: a ``main`` returning None must not fail in the fork)."""
+    return 0 if value is None else value if isinstance(value, int) else 1
+
+
 def _run_forked(request: dict) -> None:
     code = 1
     try:
@@ -162,9 +168,9 @@ def _run_forked(request: dict) -> None:
         sys.stdin = open(os.devnull)
         os.chdir(request["cwd"])
         sys.path.insert(0, request["cwd"])  # as ``python -m`` run there finds its modules
-        code = importlib.import_module(request["module"]).main(*request["args"])
+        code = _exit_code(importlib.import_module(request["module"]).main(*request["args"]))
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = _exit_code(exc.code)
     except BaseException:
         traceback.print_exc()
     finally:
