@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from simrig.step import CUDAGRAPH_MODES, SEPARATE_DECODE_MODES, KvGroup, RunnerConfig
+from simrig.triton_interpreter.interpreter_libdevice import LIBDEVICE_MEANINGS
 from strategies._validate import check_choice, check_int, check_strategy
 
 DESCRIPTOR_MODES = ("NONE", "PIECEWISE", "FULL")  # the runtime modes a descriptor carries
@@ -65,14 +67,18 @@ def kv_group_lists(*, sliding_window: bool = True, max_window: int = 48
 
 @functools.lru_cache(maxsize=1)
 def vllm_samplers_run_here() -> bool:
-    """Whether the installed vLLM's own samplers run in Triton's CPU interpreter: not where
-    its Gumbel kernel calls libdevice (0.30.0's ``tldevice.log1p``), which the interpreter
-    does not implement. Read as text: vLLM is not imported here."""
+    """Whether the installed vLLM's own samplers run in Triton's CPU interpreter: where the
+    interpreter answers every libdevice function its Gumbel kernel calls (0.30.0's
+    ``tldevice.log1p``: ``simrig.triton_interpreter.interpreter_libdevice``). Read as text:
+    vLLM is not imported here."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return False
     gumbel = Path(list(spec.submodule_search_locations)[0]) / "v1/worker/gpu/sample/gumbel.py"
-    return gumbel.is_file() and "tldevice." not in gumbel.read_text(encoding="utf-8")
+    if not gumbel.is_file():
+        return False
+    called = set(re.findall(r"\b(?:tldevice|libdevice)\.(\w+)", gumbel.read_text(encoding="utf-8")))
+    return called <= set(LIBDEVICE_MEANINGS)
 
 
 def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),

@@ -208,19 +208,19 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @needs_triton
 @pytest.mark.vllm
-def test_cpu_mode_installs_all_sixteen_through_the_registry(vllm_api):
+def test_cpu_mode_installs_all_seventeen_through_the_registry(vllm_api):
     from simrig.triton_interpreter import patch_catalogue
     from simrig.vllm_runtime import platform
 
     if not platform.configure().is_cpu:
         pytest.skip("CUDA mode: no interpreter")
     states = {s.name: s for s in registry.patch_states()}
-    assert len(patch_catalogue.PATCHES) == 16
+    assert len(patch_catalogue.PATCHES) == 17
     assert all(states[p.name].state == INSTALLED for p in patch_catalogue.PATCHES), "\n".join(
         [registry.summary()["line"]] + [s.line() for s in registry.patch_states() if s.state != INSTALLED])
-    # SIMRIG_INTERPRETER_SPEEDUPS=0 turns each off but the two that are no speed-up
+    # SIMRIG_INTERPRETER_SPEEDUPS=0 turns each off but the three that are no speed-up
     assert [p.name for p in patch_catalogue.PATCHES if p.required] == ["range_yields_tensors",
-                                                                       "quiet_discarded_nans"]
+                                                                       "quiet_discarded_nans", "answer_libdevice"]
 
 
 @needs_triton
@@ -303,13 +303,13 @@ def test_an_unknown_triton_keeps_the_patches_off_and_a_forced_mismatch_takes_the
     probe blind to it), the check differs and every patch is taken back,
     leaving the kernel writing what Triton's own plumbing writes."""
     off = _unknown("unknown")
-    assert off["summary"] == "0 installed, 16 skipped, 0 failed"
+    assert off["summary"] == "0 installed, 17 skipped, 0 failed"
     assert all("Triton 9.9.9 is not one it is known good on" in reason for _, _, reason in off["states"])
     assert off["launch_is_tritons"] and off["same_as_plain"]
     forced = _unknown("force")
-    assert forced["summary"] == "16 installed, 0 skipped, 0 failed" and forced["same_as_plain"]
+    assert forced["summary"] == "17 installed, 0 skipped, 0 failed" and forced["same_as_plain"]
     fault = _unknown("fault")
-    assert fault["summary"] == "0 installed, 0 skipped, 17 failed"
+    assert fault["summary"] == "0 installed, 0 skipped, 18 failed"
     assert all(reason.startswith("start-up check (_compute_slot_mappings_kernel) on Triton 9.9.9: output differs")
                for _, _, reason in fault["states"])
     assert fault["same_as_plain"] and fault["store_put_back"] and fault["launch_is_tritons"]

@@ -16,7 +16,7 @@ import inspect
 import os
 from typing import Any
 
-from simrig.triton_interpreter import patch_catalogue, registry
+from simrig.triton_interpreter import interpreter_libdevice, patch_catalogue, registry
 
 MEMCHECK_ENV = "SIMRIG_MEMCHECK"
 CHECK_KERNEL = "_compute_slot_mappings_kernel"
@@ -43,6 +43,17 @@ def patches() -> list[registry.Patch]:
     if os.environ.get(MEMCHECK_ENV) == "1":
         found.append(memcheck_patch())
     return found
+
+
+def libdevice_runs(names: set[str] | frozenset[str]) -> bool:
+    """Whether kernels calling these libdevice functions run in this process: on a GPU, always;
+    in Triton's CPU interpreter, where ``answer_libdevice`` gives each its meaning."""
+    from simrig.vllm_runtime import platform  # lazy: platform imports this module
+
+    choice = platform.current()
+    if choice is not None and not choice.is_cpu:
+        return True
+    return set(names) <= interpreter_libdevice.answered()
 
 
 def memcheck_ran() -> bool:

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import zlib
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
+
+from simrig.vllm_runtime import interpreter_patches
 
 
 class SampledRows(NamedTuple):
@@ -45,11 +48,13 @@ def build_sampler(runner: Any) -> Any:
 
 
 def sampler_runs_here() -> bool:
-    """Whether the release's Gumbel kernel runs in Triton's CPU interpreter: not where it
-    calls libdevice (0.30.0's ``tldevice.log1p``), which the interpreter does not implement."""
+    """Whether the release's Gumbel kernel runs here: on a GPU always; in Triton's CPU
+    interpreter where it answers every libdevice function the kernel calls (0.30.0's
+    ``tldevice.log1p``: the ``answer_libdevice`` patch)."""
     from vllm.v1.worker.gpu.sample import gumbel  # lazy: vllm loads after platform.configure()
 
-    return "tldevice." not in inspect.getsource(gumbel)
+    called = set(re.findall(r"\b(?:tldevice|libdevice)\.(\w+)", inspect.getsource(gumbel)))
+    return interpreter_patches.libdevice_runs(called)
 
 
 class SamplerSwitch:
