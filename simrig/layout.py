@@ -18,7 +18,8 @@ FLOORS: tuple[set[str], ...] = (
      "trace_gate", "lifeline",                         # what a coverage collector traces; a worker's
                                                        # last words
      "layout"},                                        # these floors
-    {"triton_interpreter", "triton_memcheck"},         # where the kernels run on a CPU; their checker
+    {"triton_interpreter", "triton_memcheck",          # where the kernels run on a CPU; their checker;
+     "triton_libdevice"},                              # the device math the interpreter lacks
     {"vllm_runtime", "vllm_api"},                      # the vLLM that runs; what simrig drives in it
     {"vllm_parts", "vllm_sampling"},                   # vLLM's own parts made from a trace config;
                                                        # its sampler driven with each request's params

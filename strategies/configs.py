@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from simrig.step import CUDAGRAPH_MODES, SEPARATE_DECODE_MODES, KvGroup, RunnerConfig
-from simrig.triton_interpreter.interpreter_libdevice import LIBDEVICE_MEANINGS
+from simrig.triton_libdevice.libdevice import LIBDEVICE_MEANINGS
 from strategies._validate import check_choice, check_int, check_strategy
 
 DESCRIPTOR_MODES = ("NONE", "PIECEWISE", "FULL")  # the runtime modes a descriptor carries
@@ -69,7 +69,7 @@ def kv_group_lists(*, sliding_window: bool = True, max_window: int = 48
 def vllm_samplers_run_here() -> bool:
     """Whether the installed vLLM's own samplers run in Triton's CPU interpreter: where the
     interpreter answers every libdevice function its Gumbel kernel calls (0.30.0's
-    ``tldevice.log1p``: ``simrig.triton_interpreter.interpreter_libdevice``). Read as text:
+    ``tldevice.log1p``: ``simrig.triton_libdevice``). Read as text:
     vLLM is not imported here."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:

@@ -1,5 +1,5 @@
 """libdevice's ``log1p`` and ``isnan`` in Triton's interpreter (``answer_libdevice``,
-simrig/triton_interpreter/interpreter_libdevice.py): a kernel calling them runs, with the
+simrig/triton_libdevice/libdevice.py): a kernel calling them runs, with the
 functions' meanings, where Triton's interpreter alone hands back None."""
 
 from __future__ import annotations
@@ -92,15 +92,15 @@ def test_isnan_is_a_predicate():
 
 
 def test_libdevice_runs_names_only_what_the_interpreter_answers():
-    from simrig.vllm_runtime import interpreter_patches
+    from simrig.vllm_runtime import platform
 
-    assert interpreter_patches.libdevice_runs({"log1p"})
-    assert interpreter_patches.libdevice_runs({"log1p", "isnan"})
-    assert not interpreter_patches.libdevice_runs({"log1p", "erfcinv"})
+    assert platform.libdevice_runs({"log1p"})
+    assert platform.libdevice_runs({"log1p", "isnan"})
+    assert not platform.libdevice_runs({"log1p", "erfcinv"})
 
 
 def test_the_probe_holds_the_kernel_to_numpys_meaning():
-    from simrig.triton_interpreter import interpreter_libdevice
+    from simrig.triton_libdevice import libdevice as interpreter_libdevice
 
     answer = interpreter_libdevice.probe()  # installed: through a kernel
     x = np.array(interpreter_libdevice.PROBE_VALUES, dtype=np.float32)

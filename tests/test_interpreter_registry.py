@@ -208,19 +208,20 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 
 @needs_triton
 @pytest.mark.vllm
-def test_cpu_mode_installs_all_seventeen_through_the_registry(vllm_api):
+def test_cpu_mode_installs_all_sixteen_and_libdevice_through_the_registry(vllm_api):
     from simrig.triton_interpreter import patch_catalogue
     from simrig.vllm_runtime import platform
+    from simrig.vllm_runtime.interpreter_patches import libdevice_patch
 
     if not platform.configure().is_cpu:
         pytest.skip("CUDA mode: no interpreter")
     states = {s.name: s for s in registry.patch_states()}
-    assert len(patch_catalogue.PATCHES) == 17
-    assert all(states[p.name].state == INSTALLED for p in patch_catalogue.PATCHES), "\n".join(
+    assert len(patch_catalogue.PATCHES) == 16
+    assert all(states[p.name].state == INSTALLED for p in (*patch_catalogue.PATCHES, libdevice_patch())), "\n".join(
         [registry.summary()["line"]] + [s.line() for s in registry.patch_states() if s.state != INSTALLED])
     # SIMRIG_INTERPRETER_SPEEDUPS=0 turns each off but the three that are no speed-up
-    assert [p.name for p in patch_catalogue.PATCHES if p.required] == ["range_yields_tensors",
-                                                                       "quiet_discarded_nans", "answer_libdevice"]
+    assert [p.name for p in (*patch_catalogue.PATCHES, libdevice_patch()) if p.required] == [
+        "range_yields_tensors", "quiet_discarded_nans", "answer_libdevice"]
 
 
 @needs_triton

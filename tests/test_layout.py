@@ -19,7 +19,7 @@ SIMRIG = ROOT / "simrig"
 VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "vllm_sampling", "adapters")
 # The rooms of the oracle: what the real code's observations must satisfy.
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "sampling_checks", "checks")
-SUBPACKAGES = ("sampling", "trace_io", "sources", "triton_interpreter", "triton_memcheck", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
+SUBPACKAGES = ("sampling", "trace_io", "sources", "triton_interpreter", "triton_memcheck", "triton_libdevice", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
                "views", "selftest", "cli", "releases", "bisect", "repro", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
@@ -120,6 +120,9 @@ def test_only_adapters_import_vllm():
                             "simrig.report", "simrig.campaign", "simrig.selftest")),
     ("triton_memcheck", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.triton_interpreter",
                          "simrig.harness", "simrig.report", "simrig.campaign", "simrig.selftest")),
+    ("triton_libdevice", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.triton_interpreter",
+                          "simrig.triton_memcheck", "simrig.harness", "simrig.report", "simrig.campaign",
+                          "simrig.selftest")),
     ("coverage", ("vllm", *rooms(*VLLM_ROOMS), "simrig.campaign", "simrig.selftest",
                   "simrig.distributed", "simrig.cli", "simrig.report",
                   "simrig.history")),

@@ -1,6 +1,6 @@
 """What the valid sampling campaigns on 0.30.0-0.33.0 found, pinned: the shrunk trace of a
 prompt-logprobs request whose final prefill chunk carries placeholder drafts (vLLM hands out a
-row past the prompt), known on 0.31.0-0.33.0 by its precise signature and nothing else."""
+row past the prompt), known on 0.30.0-0.33.0 by its precise signature and nothing else."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ DRAFTS, NO_DRAFTS = {"num_speculative_tokens": 1}, {"num_speculative_tokens": 0}
 
 
 def test_rows_past_the_prompt_are_known_only_by_their_signature():
-    for release in ("0.31.0", "0.32.0", "0.33.0"):
+    for release in ("0.30.0", "0.31.0", "0.32.0", "0.33.0"):
         table = load_known_findings(release)
         found = table.apply(_rows("rows_past_prompt"), DRAFTS)[0]
         assert found.known and found.known_by.endswith("known-findings.json#71")
         assert not table.apply(_rows(""), DRAFTS)[0].known  # a row early or repeated: new
         assert not table.apply(_rows("rows_past_prompt"), NO_DRAFTS)[0].known  # without drafts: new
-    # 0.30.0 is not judged (its sampler does not run in the interpreter); later releases: not yet known
-    for release in ("0.30.0", "0.34.0"):
+    # releases before the MRV2 sampler's prompt logprobs, and later ones: not yet known
+    for release in ("0.29.0", "0.34.0"):
         assert not load_known_findings(release).apply(_rows("rows_past_prompt"), DRAFTS)[0].known
 
 

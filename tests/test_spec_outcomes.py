@@ -81,7 +81,7 @@ def test_a_bonus_token_in_the_wrong_column_is_a_finding():
 
 from strategies.configs import vllm_samplers_run_here  # noqa: E402
 
-# vLLM's own samplers where Triton's CPU interpreter runs them (not 0.30.0: libdevice)
+# vLLM's own samplers where Triton's CPU interpreter runs them (0.30.0's libdevice log1p: answer_libdevice)
 SAMPLERS = ["", "standard", "block"] if vllm_samplers_run_here() else [""]
 
 

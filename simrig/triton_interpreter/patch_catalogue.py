@@ -14,8 +14,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from simrig.triton_interpreter import (interpreter, interpreter_launch, interpreter_libdevice, interpreter_speed,
-                                       interpreter_types)
+from simrig.triton_interpreter import interpreter, interpreter_launch, interpreter_speed, interpreter_types
 from simrig.triton_interpreter.interpreter_speed import _state
 from simrig.triton_interpreter.registry import Patch
 
@@ -246,9 +245,6 @@ PATCHES: tuple[Patch, ...] = (
     _speed("quiet_discarded_nans", INTERP, ("interpreter_builder.create_fdiv", "interpreter_builder.create_select",
                                             "interpreter_builder.create_fsub", "GridExecutor.__call__"), interpreter.quiet_discarded_nans, _divisions,
            required="not a speed-up: no numpy warning for a 0/0 lane a tl.where discards (a GPU gives none)"),
-    _speed("answer_libdevice", interpreter_libdevice.LIBDEVICE_MODULE, tuple(interpreter_libdevice.LIBDEVICE_MEANINGS),
-           interpreter_libdevice.answer_libdevice, interpreter_libdevice.probe,
-           required="not a speed-up: vLLM's Gumbel kernel (0.30.0) and rejection sampler call libdevice's log1p"),
 )
 
 

@@ -16,7 +16,7 @@ import inspect
 import os
 from typing import Any
 
-from simrig.triton_interpreter import interpreter_libdevice, patch_catalogue, registry
+from simrig.triton_interpreter import patch_catalogue, registry
 
 MEMCHECK_ENV = "SIMRIG_MEMCHECK"
 CHECK_KERNEL = "_compute_slot_mappings_kernel"
@@ -37,23 +37,22 @@ def memcheck_patch() -> registry.Patch:
         undo=memcheck.uninstall)
 
 
+def libdevice_patch() -> registry.Patch:
+    """libdevice's ``log1p`` and ``isnan`` answered in the interpreter: required, not a speed-up."""
+    from simrig.triton_libdevice import libdevice  # lazy: only CPU mode installs it
+
+    return registry.Patch(
+        "answer_libdevice", libdevice.LIBDEVICE_MODULE, tuple(libdevice.LIBDEVICE_MEANINGS),
+        libdevice.answer_libdevice, libdevice.probe, patch_catalogue.KNOWN_GOOD,
+        required="not a speed-up: vLLM's Gumbel kernel (0.30.0) and rejection sampler call libdevice's log1p")
+
+
 def patches() -> list[registry.Patch]:
     """What CPU mode installs, in order."""
-    found = list(patch_catalogue.PATCHES)
+    found = [*patch_catalogue.PATCHES, libdevice_patch()]
     if os.environ.get(MEMCHECK_ENV) == "1":
         found.append(memcheck_patch())
     return found
-
-
-def libdevice_runs(names: set[str] | frozenset[str]) -> bool:
-    """Whether kernels calling these libdevice functions run in this process: on a GPU, always;
-    in Triton's CPU interpreter, where ``answer_libdevice`` gives each its meaning."""
-    from simrig.vllm_runtime import platform  # lazy: platform imports this module
-
-    choice = platform.current()
-    if choice is not None and not choice.is_cpu:
-        return True
-    return set(names) <= interpreter_libdevice.answered()
 
 
 def memcheck_ran() -> bool:

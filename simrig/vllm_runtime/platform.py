@@ -90,6 +90,16 @@ def configure(force_cpu: bool | None = None) -> PlatformChoice:
     return _choice
 
 
+def libdevice_runs(names: set[str] | frozenset[str]) -> bool:
+    """Whether kernels calling these libdevice functions run in this process: on a GPU, always;
+    in Triton's CPU interpreter, where ``answer_libdevice`` gives each its meaning."""
+    if _choice is not None and not _choice.is_cpu:
+        return True
+    from simrig.triton_libdevice import libdevice  # lazy: numpy, only when asked
+
+    return set(names) <= libdevice.answered()
+
+
 def apply_after_import() -> None:
     """Post-import plumbing: in CPU mode, report UVA as unavailable and install
     the interpreter patches (``interpreter_patches``)."""

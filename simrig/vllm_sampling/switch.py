@@ -23,7 +23,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
-from simrig.vllm_runtime import interpreter_patches
+from simrig.vllm_runtime import platform
 
 
 class SampledRows(NamedTuple):
@@ -54,7 +54,7 @@ def sampler_runs_here() -> bool:
     from vllm.v1.worker.gpu.sample import gumbel  # lazy: vllm loads after platform.configure()
 
     called = set(re.findall(r"\b(?:tldevice|libdevice)\.(\w+)", inspect.getsource(gumbel)))
-    return interpreter_patches.libdevice_runs(called)
+    return platform.libdevice_runs(called)
 
 
 class SamplerSwitch:
