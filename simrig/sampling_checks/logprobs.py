@@ -11,6 +11,15 @@ the logits before sampling (``GPUModelRunner.sample``: "Apply grammar bitmask ..
     column 0        the token handed to the scheduler, its logprob, its rank (1 + tokens above it)
     columns 1..K    K most likely tokens of the row, their logprobs
     present         exactly when some request of the batch asks (K = the most asked)
+
+Under drafts a request has one row per generated token: the scheduler takes request i's as
+``LogprobsLists.slice_request(i, len(new_token_ids))``, rows ``cu_num_generated_tokens[i]``
+on ("Used for slicing the logprobs in cases like speculative decoding where the number of
+generated tokens may be different for each request"). Token j of a request with k drafts was
+sampled from the logit row at position ``last - k + j``, so its row is that one's::
+
+    request g, k = 2, last = 12:   rows cu[g] + 0   cu[g] + 1   (cu[g] + 2: not handed out)
+    kept draft, then the bonus:    pos 10       pos 11
 """
 
 from __future__ import annotations
@@ -29,11 +38,11 @@ TOL = 1e-3  # float32 log-softmax against the float64 one
 
 
 def check_logprobs(index: int, seen: dict[str, Any], reqs: dict[str, Any], sampling: dict[str, int],
-                   handed: dict[str, list], vocab_size: int,
-                   grammar: dict[str, Any] | None = None) -> list[Finding]:
+                   handed: dict[str, list], vocab_size: int, grammar: dict[str, Any] | None = None,
+                   drafts: dict[str, int] | None = None) -> list[Finding]:
     """Findings about the logprobs of one step's batch (``handed``: batch order); judged only
     where vLLM's own sampler sampled it (the stand-in computes none). ``grammar``: the step's
-    allowed tokens per structured-output request."""
+    allowed tokens per structured-output request; ``drafts``: its drafts per request."""
     if not seen.get("calls"):
         return []
     lp = seen.get("logprobs")
@@ -47,28 +56,37 @@ def check_logprobs(index: int, seen: dict[str, Any], reqs: dict[str, Any], sampl
                              "logprobs are computed exactly when a request of the batch asks for them")]
         return []
     ids, vals = np.asarray(lp.logprob_token_ids), np.asarray(lp.logprobs, dtype=np.float64)
-    if getattr(lp, "cu_num_generated_tokens", None) is not None or len(ids) != len(handed):
-        return []  # rows per generated token (drafts): not judged here
+    cu = getattr(lp, "cu_num_generated_tokens", None)
     if ids.shape[1] != want_k + 1:
         return [_finding(index, tuple(handed), "output.logprobs", f"{want_k + 1} columns", f"{ids.shape[1]} columns",
                          "the batch's logprobs hold the chosen token and the most any request asks for")]
     bad = []
     for i, req_id in enumerate(handed):
-        pos, req = sampling.get(req_id), reqs.get(req_id)
-        if pos is None or req is None or not handed[req_id]:
+        last, req = sampling.get(req_id), reqs.get(req_id)
+        if last is None or req is None or not handed[req_id]:
             continue
-        raw = spread_logits(req_id, pos, vocab_size) if req.spread else _one_hot(synth_token(req_id, pos + 1), vocab_size)
-        allowed = (grammar or {}).get(req_id)
-        if allowed is not None:
-            raw = np.where(np.isin(np.arange(vocab_size), list(allowed)), raw, -np.inf)
-        logp = raw.astype(np.float64) - _logsumexp(raw.astype(np.float64))
-        if _row_problem(logp, int(handed[req_id][0]), ids[i], vals[i], int(lp.sampled_token_ranks[i])):
-            bad.append(req_id)
+        # the rows the scheduler takes (slice_request); the positions they were sampled after
+        start, k = i if cu is None else int(cu[i]), (drafts or {}).get(req_id, 0)
+        for j, token in enumerate(handed[req_id]):
+            row, pos = start + j, last - k + j
+            if not 0 <= row < len(ids) or _row_problem(_logp(req, req_id, pos, vocab_size, grammar), int(token),
+                                                       ids[row], vals[row], int(lp.sampled_token_ranks[row])):
+                bad.append(req_id)
+                break
     if bad:
         return [_finding(index, tuple(bad), "output.logprobs", "the log-softmax of each row's raw logits",
                          "other tokens, values or ranks", "a row's logprobs: the chosen token's, its rank and the "
-                         "most likely tokens', from its raw logits")]
+                         "most likely tokens', from the raw logits of the row it was sampled from")]
     return []
+
+
+def _logp(req: Any, req_id: str, pos: int, vocab_size: int, grammar: dict[str, Any] | None) -> np.ndarray:
+    """The log-softmax of the raw row at ``pos`` (grammar-masked), which the trace names."""
+    raw = spread_logits(req_id, pos, vocab_size) if req.spread else _one_hot(synth_token(req_id, pos + 1), vocab_size)
+    allowed = (grammar or {}).get(req_id)
+    if allowed is not None:
+        raw = np.where(np.isin(np.arange(vocab_size), list(allowed)), raw, -np.inf)
+    return raw.astype(np.float64) - _logsumexp(raw.astype(np.float64))
 
 
 def _row_problem(logp: np.ndarray, token: int, ids: np.ndarray, vals: np.ndarray, rank: int) -> bool:

@@ -77,7 +77,7 @@ class SamplingOracle:
         out += self._judge(index, obs, {r: p for r, p in spread.items() if r not in flagged}, handed,
                            step)
         out += check_logprobs(index, obs.sampled, self.reqs, sampling, handed, self.vocab_size,
-                              step.grammar)
+                              step.grammar, step.spec_tokens)
         for req_id in sampling:
             self.reqs[req_id].outputs.extend(int(t) for t in handed.get(req_id, ()))
         out += self._histories(index, obs.sampled.get("history") or {}, sampling)

@@ -67,6 +67,14 @@ SAMPLING: tuple[Mutant, ...] = (
            "compute_topk_scores(\n            logits.roll(1, 0),\n",
            "the logprobs are computed over the logit rows shifted by one: each request is handed "
            "the previous row's top tokens and its own token's logprob and rank in that row"),
+    # logprobs under drafts: each request's rows sliced from its batch index, not its first logit row
+    Mutant("spec-logprobs-sliced-by-request-index", "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
+           "RejectionSampler._get_logprobs_tensors",
+           "cu_num_generated_tokens = cu_num_logits_np.tolist()",
+           "cu_num_generated_tokens = list(range(len(cu_num_logits_np)))",
+           "under drafts the logprobs' request boundaries are the batch indices instead of each "
+           "request's first logit row: a request after one with drafts is handed that request's "
+           "rows (the scheduler slices with slice_request)"),
     # seeds: the Gumbel stream keyed by the slot instead of the request's seed
     Mutant("seed-stream-keyed-by-slot", f"{_SAMPLE}.states", "SamplingStates.add_request",
            "self.seeds.np[req_idx] = seed",
