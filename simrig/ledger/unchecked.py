@@ -122,7 +122,8 @@ VALUE_CHECKED: dict[tuple[str, str], str] = {
                                                  "each step it samples",
     ("postprocess", "output.logprobs"): _SAMPLING + " (logprobs.py): present exactly when a request asks, "
                                         "as wide as the most asked plus the chosen token; the chosen "
-                                        "token, its rank, the top tokens, values from the raw row",
+                                        "token, its rank, the top tokens, values from the raw row; "
+                                        "under drafts the rows the scheduler slices, one per token",
     ("postprocess", "output.prompt_logprobs"): "sampling (prompt_logprobs.py; drafts too): for a request that "
                                                "asks, one row per prompt position but the last, across "
                                                "chunks, once per admission; prompt token, rank, top "
