@@ -263,7 +263,7 @@ class Harness:
         switch = self.runner.sampler
         if hasattr(switch, "use_real"):  # vllm_sampling.switch.SamplerSwitch
             switch.use_real = bool(rows) or sampler_mode() == "always"
-        grammar = grammar_output(step, self.feed.given, self.runner.vocab_size)
+        grammar = grammar_output(step, self.feed.given, self.runner.vocab_size, self.runner.decode_query_len)
         start = time.perf_counter()
         try:
             with platform.streams_without_cuda(), platform.pcp_group(max(len(self.pcp_managers), 1)), \

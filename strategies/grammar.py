@@ -29,8 +29,10 @@ from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig
 
 def grammar_sizes(config: RunnerConfig, vocab_size: int = SYNTH_VOCAB_SIZE) -> st.SearchStrategy[int]:
     """An arriving request's allowed-set size; 0 (not structured) seven times in eight, and
-    always under speculative decoding. Shrinks towards 0."""
-    if config.num_speculative_tokens:
+    always under speculative decoding verified by the greedy stand-in (a grammar request's rows
+    must be spread, and under drafts only those vLLM's RejectionSampler verifies are; such a
+    request is made greedy, ``SchedulerModel.arrive``). Shrinks towards 0."""
+    if config.num_speculative_tokens and not config.rejection_sampler:
         return st.just(0)
     sizes = st.one_of(st.just(1), st.integers(2, 8), st.integers(vocab_size // 2, vocab_size - 1))
     return st.one_of(*[st.just(0)] * 7, sizes)

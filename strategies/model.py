@@ -45,7 +45,7 @@ tests share one definition of "valid".
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from simrig.sampling.params import SamplingSpec
 from simrig.step import SYNTH_VOCAB_SIZE, CachedUpdate, NewRequest, RunnerConfig, Step, block_groups, synth_token
@@ -132,8 +132,11 @@ class SchedulerModel:
         if not 0 <= prefix_hit < prompt_len:
             raise ValueError(f"prefix_hit {prefix_hit} must leave a token to compute")
         self._check_min_tokens(sampling, max_tokens)
-        if grammar and self.config.num_speculative_tokens:  # the trace reader refuses it
-            raise ValueError("structured output is not driven under speculative decoding")
+        if grammar and self.config.num_speculative_tokens:
+            if not self.config.rejection_sampler:  # the trace reader refuses it
+                raise ValueError("structured output under speculative decoding needs config.rejection_sampler")
+            # under drafts a grammar is driven on a greedy request's spread rows only
+            sampling = replace(sampling or SamplingSpec(), temperature=0.0)
         req_id = f"{self.id_prefix}{self._next_id}"
         self._next_id += 1
         self.reqs[req_id] = Request(req_id, prompt_len, max_tokens, num_tokens=prompt_len,

@@ -69,8 +69,20 @@ def _define_kernels() -> None:
     def hash_kernel(out_ptr, a, b):  # the wrapping uint32 multiply of vLLM's gumbel sampler
         tl.store(out_ptr, (a.to(tl.uint32) * b.to(tl.uint32)).to(tl.int64))
 
+    @triton.jit
+    def predicated_rows_kernel(out_ptr, row_of_ptr, num_rows, BLOCK: tl.constexpr):
+        # vLLM's grammar-bitmask store: a row's lanes masked by (row active) & (lane's bit) & (in
+        # the row), predicates the interpreter combines into integer 0/1 lanes
+        row = tl.load(row_of_ptr + tl.program_id(0))
+        active = row < num_rows
+        offs = tl.arange(0, BLOCK)
+        bits = ((offs[:, None] >> tl.arange(0, 2)[None, :]) & 1) == 0
+        tl.store(out_ptr + row * 4 + tl.arange(0, 2 * BLOCK) // 2, -1,
+                 mask=active & bits.reshape(2 * BLOCK) & (tl.arange(0, 2 * BLOCK) // 2 < 4))
+
     KERNELS.update(copy=copy_kernel, scalar_store=scalar_store_kernel, through_table=through_table_kernel,
-                   atomic=atomic_kernel, multiply=multiply_kernel, hash=hash_kernel)
+                   atomic=atomic_kernel, multiply=multiply_kernel, hash=hash_kernel,
+                   predicated_rows=predicated_rows_kernel)
 
 
 def _original(fn):
@@ -127,6 +139,17 @@ def test_a_masked_out_lane_past_the_end_is_no_error(checked):
     src, out = torch.arange(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
     _run("copy", (1,), src, out, 8, 8, BLOCK=16)  # lanes 8..15 masked off, load and store
     assert out.tolist() == list(range(1, 9))
+
+
+def test_a_mask_of_combined_predicates_keeps_lanes_by_truth(checked):
+    # row 2 of a 2-row table is inactive: every lane masked, its addresses past the end never
+    # counted (a mask of 0/1 integers read as lanes, not as indices into the addresses)
+    out = torch.zeros(8, dtype=torch.int32)
+    _run("predicated_rows", (3,), out, torch.tensor([0, 1, 2], dtype=torch.int32), 2, BLOCK=4)
+    assert out.tolist() == [-1, -1, -1, 0] * 2  # rows 0 and 1: each word but 3 has a clear bit
+    with pytest.raises(memcheck.KernelMemoryError, match=r"store out of bounds in predicated_rows_kernel: "
+                                                          r"out_ptr\[8\] outside \[0, 8\)"):
+        _run("predicated_rows", (1,), out, torch.tensor([2], dtype=torch.int32), 3, BLOCK=4)  # row 2 active
 
 
 def test_a_load_past_the_end_is_named(checked):

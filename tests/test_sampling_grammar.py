@@ -81,10 +81,14 @@ def test_a_bad_grammar_is_one_line_naming_its_field(tmp_path, edit, expected):
     assert _bad(tmp_path, edit).startswith(expected)
 
 
-def test_structured_output_is_refused_under_speculative_decoding(tmp_path):
+def test_structured_output_under_drafts_needs_a_greedy_request_and_vllms_verifier(tmp_path):
     problem = _bad(tmp_path, lambda s: None, {"num_speculative_tokens": 2})
-    assert problem.startswith("2: new_requests[0].structured_output: structured output is not driven under "
-                              "speculative decoding (config.num_speculative_tokens is 2)")
+    assert problem.startswith("2: new_requests[0].structured_output: structured output under speculative "
+                              "decoding (config.num_speculative_tokens is 2) needs a greedy request "
+                              "(sampling.temperature 0) verified by vLLM's rejection sampler")
+    greedy = lambda s: s["new_requests"][0].update(sampling={"temperature": 0.0})  # noqa: E731
+    assert _bad(tmp_path, greedy, {"num_speculative_tokens": 2}).startswith(
+        "2: new_requests[0].structured_output: structured output under speculative decoding")
 
 
 def test_a_released_request_loses_its_grammar(tmp_path):

@@ -35,7 +35,7 @@ def write_drafts(api: Any, runner: Any, step: Step) -> None:
         # drafts fill the last k positions of the request's query
         first = int(states.num_computed_tokens_np[idx]) + step.num_scheduled_tokens.get(req_id, 0) - k
         first_rejected = rejected_from(step, req_id)
-        ids = (spread and spread(req_id, first, k, first_rejected)) or [
+        ids = (spread and spread(req_id, first, k, first_rejected, step.grammar.get(req_id))) or [
             draft_token(req_id, first + j, j >= first_rejected) for j in range(k)]
         states.draft_tokens[idx, :k] = api.torch.tensor(ids, dtype=states.draft_tokens.dtype)
 

@@ -66,11 +66,11 @@ _NO_PP_INPUT = because("intermediate tensors come from the previous pipeline ran
                        "the first (None), a non-last rank gets the forward stand-in's zeros, which nothing "
                        "reads (docs/standins.md)", Cite(_MR, EXECUTE, '"intermediate_tensors": None,'))
 _NO_GRAMMAR_DRAFTS = because(
-    "not driven: a trace's grammar is refused under speculative decoding (a structured-output "
-    "request's rows must be spread, and under drafts every row is one-hot), so no step with drafts "
-    "has a grammar output and invalid_drafts stays None",
-    Cite("simrig/trace_io/bounds.py", "StepBounds._structured",
-         "raise ln.fail(name, \"structured output is not driven under speculative decoding \""),
+    "stays None: the rig's GrammarOutput counts every draft of a grammar request acceptable "
+    "(num_acceptable_drafts: its k, a P/D step's placeholders included), so grammar_invalid_drafts "
+    "finds no row past a request's limit",
+    Cite("simrig/vllm_sampling/bitmask.py", "grammar_output",
+         'extra = {"num_acceptable_drafts": drafts} if "num_acceptable_drafts" in names else {}'),
     Cite(_MR, "GPUModelRunner.sample", "invalid_drafts = None", {"0.30.0": None, "0.31.0": None}))
 _NO_PROMPT_LOGPROBS = Cite("simrig/vllm_sampling/sampling_params.py", "sampling_params",
                            "prompt_logprob_token_ids", absent=True)

@@ -156,7 +156,7 @@ class ReferenceModel:
         for i, req_id in enumerate(order):
             ids = self.reqs[req_id].prefill_ids
             first_draft, first_rejected = int(nc[i] + q[i] - k[i]), rejected_from(step, req_id)
-            spread = self._spread_drafts(req_id, first_draft, int(k[i]), first_rejected)
+            spread = self._spread_drafts(req_id, first_draft, int(k[i]), first_rejected, step.grammar.get(req_id))
             for p in range(int(nc[i]), int(nc[i] + q[i])):
                 positions.append(p)
                 if p >= first_draft:
@@ -175,16 +175,18 @@ class ReferenceModel:
             logits_indices=np.array(logits, dtype=np.int64), token_req=token_req,
             spread=frozenset(r for r in order if self.reqs[r].spread))
 
-    def _spread_drafts(self, req_id: str, first: int, k: int, first_rejected: int) -> list[int]:
-        """A spread request's drafts (simrig.sampling.drafts): from its prompt and the tokens it
-        was given up to ``first``; [] for any other request (the token rule's drafts)."""
+    def _spread_drafts(self, req_id: str, first: int, k: int, first_rejected: int,
+                       allowed: tuple[int, ...] | None) -> list[int]:
+        """A spread request's drafts (simrig.sampling.drafts): from its prompt, the tokens it
+        was given up to ``first`` and the step's grammar for it; [] for any other request (the
+        token rule's drafts)."""
         req = self.reqs[req_id]
         if not k or not req.spread:
             return []
         ids = [*req.prefill_ids, *(req.given.get(p, synth_token(req_id, p))
                                    for p in range(len(req.prefill_ids), first))]
         return spread_drafts(req_id, req.spec, ids[: req.prompt_len], ids[req.prompt_len: first], first, k,
-                             first_rejected, SYNTH_VOCAB_SIZE)
+                             first_rejected, SYNTH_VOCAB_SIZE, allowed)
 
     # ----------------------------------------------------------- comparison
     def global_batch(self, step: Step, order: list[str] | None) -> GlobalBatch | None:

@@ -68,7 +68,7 @@ def spreads(spec: SamplingSpec | None, num_speculative_tokens: int, structured: 
     Without drafts: a request whose spec asks for something or whose outputs follow a
     grammar (``structured``: the grammar bitmask masks its rows). Under speculative
     decoding (``num_speculative_tokens`` > 0) only a greedy request with parameters
-    (temperature 0, no grammar) verified by vLLM's own ``RejectionSampler``
+    (temperature 0, with or without a grammar) verified by vLLM's own ``RejectionSampler``
     (``Drafting.rejection_sampler`` set): its kept drafts are its processed rows' argmax
     (``simrig.sampling.drafts``), so strict verification keeps exactly the trace's drafts.
     Any other request keeps the one-hot rows there: at temperature > 0 acceptance would be
@@ -79,7 +79,7 @@ def spreads(spec: SamplingSpec | None, num_speculative_tokens: int, structured: 
     asks = spec is not None and not spec.is_default
     if num_speculative_tokens == 0:
         return structured or asks
-    return (asks and not structured and spec.temperature == 0.0
+    return (asks and spec.temperature == 0.0
             and getattr(num_speculative_tokens, "rejection_sampler", "") != "")
 
 

@@ -7,7 +7,11 @@ does not allow can never be sampled):
     sampler.grammar_mask    the processed row is -inf at every token outside the allowed set
                             (the mask landed on this request's row, not on a neighbour's)
     sampler.grammar_token   the token sampled for the row, and the one handed to the
-                            scheduler, lie inside the allowed set
+                            scheduler from it, lie inside the allowed set
+
+Under drafts every row of the request is judged (the step's set holds on each draft row and
+the bonus row); row j (position last - k + j) hands out the request's token j, and a row past
+the first rejected draft samples nothing.
 
 Inside the set, the row is the oracle's ``sampler.processed_logits``, whose reference applies
 the same mask first; the oracle leaves a row flagged here out of that comparison, so one
@@ -35,14 +39,15 @@ def check_grammar(index: int, step: Step, seen: dict[str, Any], sampling: dict[s
         return [], set()
     call = calls[-1]
     out: list[Finding] = []
-    for row, req_id, _ in seen["rows"]:
+    for row, req_id, pos in seen["rows"]:
         allowed = step.grammar.get(req_id)
         if allowed is None or req_id not in sampling or row >= len(call.sampled):
             continue
+        j = pos - sampling[req_id] + step.spec_tokens.get(req_id, 0)  # the row's index among the request's
         got = call.processed[row]
         mask = np.zeros(got.shape[0], dtype=bool)
         mask[list(allowed)] = True
-        where = f"the row of {req_id} sampled after position {sampling[req_id]}"
+        where = f"the row of {req_id} sampled after position {pos}"
         outside = np.isfinite(got) & ~mask
         if outside.any():
             t = int(np.flatnonzero(outside)[0])
@@ -50,8 +55,9 @@ def check_grammar(index: int, step: Step, seen: dict[str, Any], sampling: dict[s
                                 f"tokens its grammar allows", f"{int(outside.sum())} finite outside them "
                                 f"(token {t}: {float(got[t]):.4g})",
                                 f"{where} is masked by its own grammar bitmask row"))
-        drawn = [("sampled", int(call.sampled[row])), *(("handed to the scheduler", int(t))
-                                                         for t in list(handed.get(req_id, ()))[:1])]
+        sampled = int(call.sampled[row])
+        drawn = [*((("sampled", sampled),) if sampled >= 0 or j == 0 else ()),
+                 *(("handed to the scheduler", int(t)) for t in list(handed.get(req_id, ()))[j:j + 1])]
         bad = [(what, t) for what, t in drawn if not (0 <= t < mask.size and mask[t])]
         if bad:
             what, t = bad[0]

@@ -160,7 +160,7 @@ class SamplingOracle:
         if not k or not req.spread:
             return []
         return spread_drafts(req_id, req.spec or SamplingSpec(), req.prompt, req.outputs, last - k + 1, k,
-                             rejected_from(step, req_id), self.vocab_size)
+                             rejected_from(step, req_id), self.vocab_size, step.grammar.get(req_id))
 
     def _kept(self, index: int, sampling: dict[str, int], drafts: dict[str, list[int]], handed: dict[str, list],
               step: Step) -> list[Finding]:

@@ -211,9 +211,11 @@ class StepBounds:
         block ids                    < config.num_kv_blocks; a request's row <= blocks_per_request
         token_ids, lora_id,          fit int32 (the runner's token table, max_seq_len, LoRA ids)
           prompt_len + max_tokens
-        grammar                      names a held request admitted with structured_output; neither
-                                     under speculative decoding (the rig drives a grammar on spread
-                                     rows only, and under drafts every row is one-hot)
+        grammar                      names a held request admitted with structured_output; under
+                                     speculative decoding that request is greedy (temperature 0)
+                                     and verified by vLLM's RejectionSampler (config.rejection_sampler):
+                                     the rig drives a grammar on spread rows only, and under drafts
+                                     only such a request's rows are spread
         a line's length              <= max_line_bytes(config) (HEADER_LINE_BYTES for line 1)
 
     These hold for adversarial traces too: they break request *identity* on purpose
@@ -265,9 +267,12 @@ class StepBounds:
         self.structured.discard(req.req_id)
         if not req.structured_output:
             return
-        if self.config.num_speculative_tokens:
-            raise ln.fail(name, "structured output is not driven under speculative decoding "
-                          f"(config.num_speculative_tokens is {self.config.num_speculative_tokens})")
+        cfg = self.config
+        if cfg.num_speculative_tokens and not (cfg.rejection_sampler and req.sampling is not None
+                                               and req.sampling.temperature == 0.0):
+            raise ln.fail(name, "structured output under speculative decoding (config.num_speculative_tokens "
+                          f"is {cfg.num_speculative_tokens}) needs a greedy request (sampling.temperature 0) "
+                          "verified by vLLM's rejection sampler (config.rejection_sampler standard or block)")
         self.structured.add(req.req_id)
 
     def _new_request(self, name: str, req: NewRequest, ln: _Line) -> None:

@@ -8,9 +8,19 @@ The bitmask's meaning is vLLM's: bit j of word w set allows token 32*w + j. The 
 kernel (``_apply_grammar_bitmask_kernel``, v1/worker/gpu/structured_outputs.py) sets a logit
 to -inf where ``((packed_bitmask >> j) & 1) == 0``, and the scheduler's all-permissive row is
 ``_full_mask = torch.tensor(-1, dtype=torch.int32)`` (v1/structured_output/__init__.py), every
-bit set. A grammar is driven only without drafts (the reader refuses it under speculative
-decoding), so each request has one logit row and one bitmask row in every release 0.30-0.33
-(0.33's mask stride and 0.30-0.32's grammar mapping both give one then).
+bit set.
+
+Under drafts (a greedy request verified by vLLM's RejectionSampler: the reader refuses any
+other) the trace states one allowed set per request and step, and it holds on every logit row
+of the request: each draft row and the bonus row. How many bitmask rows a request owns is the
+release's layout, as its scheduler fills them:
+
+    0.30-0.32   one per logit row: k drafts + 1 (``_build_grammar_mapping`` maps them in order)
+    0.33        ``mask_stride`` (1 + num_speculative_tokens) each, rows past k + 1 unread
+
+``num_acceptable_drafts`` (0.32+: "how many leading drafts the bitmask constrained") is each
+request's k: the rig's grammar constrains every draft it is handed, a P/D step's placeholder
+drafts included (vLLM's scheduler counts none there; the trace's rejections hold either way).
 """
 
 from __future__ import annotations
@@ -57,9 +67,18 @@ def structured_outputs_worker(runner: Any, device: Any) -> Any:
         return StructuredOutputsWorker(**{k: v for k, v in wanted.items() if k in params})
 
 
-def grammar_output(step: Step, spread: Collection[str], vocab_size: int) -> Any:
+def rows_per_request_strided() -> bool:
+    """Whether the installed worker reads ``mask_stride`` bitmask rows per grammar request
+    (0.33) rather than one per logit row (0.30-0.32's ``_build_grammar_mapping``)."""
+    from vllm.v1.worker.gpu import structured_outputs  # lazy: vllm loads after platform.configure()
+
+    return not hasattr(structured_outputs, "_build_grammar_mapping")
+
+
+def grammar_output(step: Step, spread: Collection[str], vocab_size: int, mask_stride: int = 1) -> Any:
     """The step's ``GrammarOutput`` for its grammar requests whose rows are spread (None when
-    none is: a request under ``SIMRIG_SAMPLER=stand-in`` keeps one-hot rows and no mask)."""
+    none is: a request under ``SIMRIG_SAMPLER=stand-in`` keeps one-hot rows and no mask);
+    ``mask_stride``: 1 + num_speculative_tokens."""
     listed = [(req_id, ids) for req_id, ids in step.grammar.items() if req_id in spread]
     if not listed:
         return None
@@ -74,5 +93,9 @@ def grammar_output(step: Step, spread: Collection[str], vocab_size: int) -> Any:
         raise VllmApiError("vllm.v1.core.sched.output", "GrammarOutput", __version__,
                            f"has no field {missing[0]}, so a trace's grammar cannot be handed to the "
                            f"runner (its fields: {', '.join(names)})")
+    drafts = [step.spec_tokens.get(req_id, 0) for req_id, _ in listed]
+    strided = mask_stride > 1 and rows_per_request_strided()
+    rows = [ids for (_, ids), k in zip(listed, drafts) for _ in range(mask_stride if strided else k + 1)]
+    extra = {"num_acceptable_drafts": drafts} if "num_acceptable_drafts" in names else {}
     return GrammarOutput(structured_output_request_ids=[req_id for req_id, _ in listed],
-                         grammar_bitmask=pack_bitmask([ids for _, ids in listed], vocab_size))
+                         grammar_bitmask=pack_bitmask(rows, vocab_size), **extra)

@@ -81,10 +81,12 @@ class SpreadDrafts:
             else:
                 self.reqs.pop(req.req_id, None)
 
-    def __call__(self, req_id: str, first: int, num_drafts: int, first_rejected: int) -> list[int] | None:
-        """The draft ids of ``req_id`` from position ``first`` (None: not spread)."""
+    def __call__(self, req_id: str, first: int, num_drafts: int, first_rejected: int,
+                 allowed: tuple[int, ...] | None = None) -> list[int] | None:
+        """The draft ids of ``req_id`` from position ``first`` (None: not spread); ``allowed``:
+        the verifying step's grammar for it."""
         if req_id not in self.feed.given or req_id not in self.reqs:
             return None
         spec, prompt = self.reqs[req_id]
         return spread_drafts(req_id, spec, prompt, self.feed.given[req_id], first, num_drafts, first_rejected,
-                             self.vocab_size)
+                             self.vocab_size, allowed)
