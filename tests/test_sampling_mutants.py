@@ -18,6 +18,7 @@ TRACES = ("sampling_temperature_topk_topp.jsonl", "sampling_penalties.jsonl",
           "sampling_bias_badwords_mintokens.jsonl", "sampling_grammar.jsonl",
           "sampling_prompt_logprobs.jsonl", "sampling_logprobs.jsonl")
 SPEC_TRACE = "sampling_spec_decode.jsonl"  # replayed clean by tests/test_sampling_spec.py
+GRAMMAR_SPEC_TRACE = "sampling_grammar_spec_decode.jsonl"  # and this one by tests/test_sampling_grammar_spec.py
 SIGNATURE = ["value_mismatch", "postprocess", "sampler.processed_logits"]
 # a mutant whose first wrong row shows in another field than the processed logits
 SIGNATURES = {"grammar-mask-by-scheduler-position": ["value_mismatch", "postprocess", "sampler.grammar_mask"],
@@ -26,6 +27,7 @@ SIGNATURES = {"grammar-mask-by-scheduler-position": ["value_mismatch", "postproc
               "history-length-never-advanced": ["value_mismatch", "postprocess", "req_states.all_token_ids"],
               "logprobs-from-the-previous-row": ["value_mismatch", "postprocess", "output.logprobs"],
               "spec-logprobs-sliced-by-request-index": ["value_mismatch", "postprocess", "output.logprobs"],
+              "grammar-mask-drafts-on-first-row": ["value_mismatch", "postprocess", "num_sampled"],
               "seed-stream-keyed-by-slot": ["value_mismatch", "postprocess", "sampler.seeded_tokens"]}
 
 # mutant -> (the trace that shows it, the step its first wrong row samples at, that row's request)
@@ -52,6 +54,9 @@ FOUND_BY = {
     # step 1 verifies g's two drafts (rows 0-2), then s's two (rows 3-5) and plain (row 6): sliced
     # from their batch indices, s and plain are handed rows 1 and 2, g's
     "spec-logprobs-sliced-by-request-index": (SPEC_TRACE, 1, "s,plain"),
+    # step 1 verifies b's two drafts, both kept: its draft rows unmasked, their argmax lies outside
+    # b's five tokens and the first draft is rejected (the spec-decode outcome sees it first)
+    "grammar-mask-drafts-on-first-row": (GRAMMAR_SPEC_TRACE, 1, "b"),
     # p (top_p 0.5, seed 7) first samples at step 1 in slot 0; replayed alone (seeds.py) it
     # samples in slot 3, the one a fresh runner hands out first: its first token differs
     "seed-stream-keyed-by-slot": ("sampling_temperature_topk_topp.jsonl", 1, "p"),
@@ -63,11 +68,12 @@ def test_the_family_is_in_the_catalogue_one_mutant_per_kind():
     assert all(BY_NAME[m.name] is m and m in CATALOGUE for m in SAMPLING)
     assert not any(m.equivalent or m.control for m in SAMPLING)
     # routing, slot reuse, penalties history, min-tokens, grammar bitmask, prompt logprobs,
-    # stored history, logprobs, logprobs under drafts: one module each; seeds share routing's (states)
+    # stored history, logprobs, logprobs under drafts: one module each; seeds share routing's (states),
+    # the grammar under drafts the grammar's (structured_outputs)
     assert sorted(m.module.rsplit(".", 1)[1] for m in SAMPLING) == [
         "bad_words", "logit_bias", "model_runner", "penalties", "prompt_logprob", "rejection_sampler", "sampler",
-        "states", "states", "structured_outputs"]
-    assert {trace for trace, _, _ in FOUND_BY.values()} <= {*TRACES, SPEC_TRACE}
+        "states", "states", "structured_outputs", "structured_outputs"]
+    assert {trace for trace, _, _ in FOUND_BY.values()} <= {*TRACES, SPEC_TRACE, GRAMMAR_SPEC_TRACE}
 
 
 @pytest.mark.vllm

@@ -23,8 +23,10 @@ def test_under_drafts_only_greedy_requests_verified_by_vllms_sampler_are_spread(
     assert spreads(GREEDY, vllm_verifier) and spreads(SamplingSpec(temperature=0.0), Drafting(1, "block"))
     assert not spreads(GREEDY, stand_in) and not spreads(GREEDY, 2)  # the greedy stand-in verifier
     assert not spreads(SamplingSpec(temperature=0.8, seed=7), vllm_verifier)  # acceptance: the sampler's
-    assert not spreads(None, vllm_verifier) and not spreads(SamplingSpec(temperature=0.0), vllm_verifier,
-                                                            structured=True)
+    assert not spreads(None, vllm_verifier)
+    # a grammar request too, when greedy and verified by vLLM (its drafts follow its grammar)
+    assert spreads(SamplingSpec(temperature=0.0), vllm_verifier, structured=True)
+    assert not spreads(SamplingSpec(temperature=0.0), stand_in, structured=True)
     assert spreads(SamplingSpec(temperature=0.8), Drafting(0, "")) and spreads(SamplingSpec(top_k=5), 0)
 
 

@@ -53,6 +53,14 @@ SAMPLING: tuple[Mutant, ...] = (
            "a bitmask row is mapped to the logit row at the request's position in the scheduler's "
            "list instead of its batch row: where the batch order differs, a grammar masks a "
            "neighbour's row and leaves its own request unconstrained"),
+    # structured output under drafts: every bitmask row of a request lands on its first logit row
+    Mutant("grammar-mask-drafts-on-first-row", "vllm.v1.worker.gpu.structured_outputs",
+           "StructuredOutputsWorker.apply_grammar_bitmask",
+           "req_id_to_idx[req_id] * self.mask_stride + position",
+           "req_id_to_idx[req_id] * self.mask_stride",
+           "a grammar request's bitmask rows for its drafts and bonus token all land on its first "
+           "logit row: the rows verifying its drafts go unmasked, and a token its grammar forbids "
+           "can be kept or sampled there"),
     # stored history: the length after sampling written to a copy, never to the runner's state
     Mutant("history-length-never-advanced", "vllm.v1.worker.gpu.model_runner",
            "GPUModelRunner.postprocess_sampled",
