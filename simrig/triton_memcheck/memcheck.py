@@ -166,9 +166,7 @@ def _check(ptrs: Any, mask: Any, op: str) -> None:
         return
     addrs = ptrs.data
     if mask is not None:
-        keep = mask.data
-        if keep.dtype != np.bool_:  # an int1 mask the interpreter holds as integers (a bitwise
-            keep = keep != 0        # & of predicates): lanes by truth, never indices
+        keep = mask.data if mask.data.dtype == np.bool_ else mask.data != 0  # 0/1 lanes: by truth, not index
         if keep.shape != addrs.shape:
             keep = np.broadcast_to(keep, addrs.shape)
         if not keep.all():
