@@ -14,7 +14,7 @@ from simrig.step import CachedUpdate, NewRequest, RunnerConfig, Step
 
 CONFIG = RunnerConfig(max_num_reqs=4, max_num_batched_tokens=64, max_model_len=128)
 SCHEDULE_ROWS = ("sampled slot reuse", "seed at another batch position", "seeded resumption",
-                 "prompt logprobs over chunks", "grammar out of batch order")
+                 "prompt logprobs over chunks", "grammar out of batch order", "grammar under drafts")
 
 
 def _drawn(steps: list) -> list[list[str]]:
@@ -98,6 +98,14 @@ def test_grammar_out_of_batch_order_is_a_grammar_listed_otherwise_than_the_runne
         step(["b", "a"])])] == [False, False, False, True, True]
 
 
+def test_grammar_under_drafts_is_a_grammar_request_verifying_drafts():
+    def step(spec: dict) -> Step:
+        return Step(num_scheduled_tokens={"a": 3, "b": 1}, spec_tokens=spec, grammar={"a": (0,)})
+    assert ["grammar under drafts" in d for d in _drawn([
+        step({}), step({"b": 2}), step({"a": 2}), Step(num_scheduled_tokens={"a": 3}, spec_tokens={"a": 2})])] == [
+        False, False, True, False]
+
+
 def _campaign(out, examples: int) -> dict[str, dict[str, str]]:
     from simrig.cli.dispatch import main  # the command line end to end, as a nightly job runs it
 
@@ -108,10 +116,11 @@ def _campaign(out, examples: int) -> dict[str, dict[str, str]]:
 
 def test_a_short_valid_campaign_draws_every_family_and_schedule_early(tmp_path):
     # Pinned at seed 0 (8 examples, about 17 s on two shared CPU cores, most of it start-up): every
-    # row but the seeded resumption (see the slow test) is drawn by then
+    # row but the seeded resumption (see the slow test) and a grammar under drafts (a config with
+    # drafts verified by vLLM's RejectionSampler and a grammar request) is drawn by then
     rows = _campaign(tmp_path / "fuzz", 8)
     for name, _, _ in ROWS:
-        if name != "seeded resumption":
+        if name not in ("seeded resumption", "grammar under drafts"):
             assert int(rows[name]["examples"]) > 0 and float(rows[name]["first drawn (s)"]) < 60.0, name
     axes = json.loads((tmp_path / "fuzz" / "summary.json").read_text())["axes"]
     assert axes["sampling: bad words"]["examples"] == int(rows["sampling: bad words"]["examples"])

@@ -71,10 +71,11 @@ def test_no_reason_rests_on_the_stand_in_sampler_and_what_is_not_handed_on_says_
     scores = ROWS[("the scheduler's output", "prompt_token_id_logprobs_dict")]
     assert scores.reason.startswith("not driven")
     assert any(c.file == "simrig/vllm_sampling/sampling_params.py" and c.absent for c in scores.evidence)
-    # a grammar is driven without drafts (judged by the grammar rule and the reference's mask
-    # stage); under drafts the reader refuses it, so the rejection sampler's invalid drafts are not
+    # a grammar is driven with and without drafts (judged by the grammar rule and the reference's
+    # mask stage); the rig counts every draft acceptable, so the rejection sampler's invalid drafts
+    # are not driven
     assert {"postprocess.sampler.grammar_mask", "postprocess.sampler.processed_logits"} <= set(
         ROWS[("sample", "grammar_output")].judged_by)
     drafts = ROWS[("the rejection sampler", "invalid_drafts")]
     assert drafts.reason.startswith("not driven")
-    assert any(c.file == "simrig/trace_io/bounds.py" for c in drafts.evidence)
+    assert any(c.file == "simrig/vllm_sampling/bitmask.py" for c in drafts.evidence)

@@ -66,9 +66,9 @@ _NO_PP_INPUT = because("intermediate tensors come from the previous pipeline ran
                        "the first (None), a non-last rank gets the forward stand-in's zeros, which nothing "
                        "reads (docs/standins.md)", Cite(_MR, EXECUTE, '"intermediate_tensors": None,'))
 _NO_GRAMMAR_DRAFTS = because(
-    "stays None: the rig's GrammarOutput counts every draft of a grammar request acceptable "
+    "not driven: the rig's GrammarOutput counts every draft of a grammar request acceptable "
     "(num_acceptable_drafts: its k, a P/D step's placeholders included), so grammar_invalid_drafts "
-    "finds no row past a request's limit",
+    "finds no row past a request's limit and invalid_drafts stays None",
     Cite("simrig/vllm_sampling/bitmask.py", "grammar_output",
          'extra = {"num_acceptable_drafts": drafts} if "num_acceptable_drafts" in names else {}'),
     Cite(_MR, "GPUModelRunner.sample", "invalid_drafts = None", {"0.30.0": None, "0.31.0": None}))

@@ -125,4 +125,6 @@ ROWS: tuple[tuple[str, str, Test], ...] = (
      SamplingAxisState.prompt_logprobs_chunked),
     ("grammar out of batch order", "a step listing its grammar requests in another order than the runner's batch",
      lambda st, step, rows: grammar_out_of_order(step, rows)),
+    ("grammar under drafts", "a grammar request verifying drafts: its set masks each draft row",
+     lambda st, step, rows: any(step.spec_tokens.get(r, 0) > 0 for r in getattr(step, "grammar", None) or ())),
 )
