@@ -25,7 +25,7 @@ def test_doctor_passes_here():
     assert "all entry points usable" in proc.stdout
     assert proc.stdout.count("ok  ") >= 15
     if "(cpu-interpreter)" in proc.stdout:  # each interpreter patch and its state
-        assert "interpreter patches (Triton " in proc.stdout and "16 installed, 0 skipped, 0 failed" in proc.stdout
+        assert "interpreter patches (Triton " in proc.stdout and "17 installed, 0 skipped, 0 failed" in proc.stdout
         assert "  installed sample_traced_launches" in proc.stdout
 
 

@@ -9,13 +9,9 @@ does not allow can never be sampled):
     sampler.grammar_token   the token sampled for the row, and the one handed to the
                             scheduler from it, lie inside the allowed set
 
-Under drafts every row of the request is judged (the step's set holds on each draft row and
-the bonus row); row j (position last - k + j) hands out the request's token j, and a row past
-the first rejected draft samples nothing.
-
-Inside the set, the row is the oracle's ``sampler.processed_logits``, whose reference applies
-the same mask first; the oracle leaves a row flagged here out of that comparison, so one
-misplaced mask is one finding per row, not two.
+Inside the set, the row is the oracle's ``sampler.processed_logits`` (a row flagged here is
+left out of it: one misplaced mask, one finding per row). Under drafts every row of the
+request is judged; row j hands out the request's token j (none past the first rejection).
 """
 
 from __future__ import annotations

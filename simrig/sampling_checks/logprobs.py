@@ -2,24 +2,14 @@
 
 ``SamplingParams.logprobs``: "number of log probabilities to return per output token ...
 the result includes the log probabilities of the specified number of most likely tokens,
-as well as the chosen tokens" (-1: the whole vocabulary). One row per logit row, as wide
-as the most any request of the batch asks (plus the chosen token). Under ``raw_logprobs``
-(the default) the values are the log-softmax of the row's raw logits, which the trace names
-(spread or one-hot rows); a structured-output request's row masked, as the runner masks
-the logits before sampling (``GPUModelRunner.sample``: "Apply grammar bitmask ..."):
+as well as the chosen tokens" (-1: the whole vocabulary). Values: the log-softmax of the raw
+row the trace names (``raw_logprobs``), grammar-masked as the runner masks it:
 
     column 0        the token handed to the scheduler, its logprob, its rank (1 + tokens above it)
-    columns 1..K    K most likely tokens of the row, their logprobs
-    present         exactly when some request of the batch asks (K = the most asked)
+    columns 1..K    K most likely tokens of the row, their logprobs (K: the most the batch asks)
 
-Under drafts a request has one row per generated token: the scheduler takes request i's as
-``LogprobsLists.slice_request(i, len(new_token_ids))``, rows ``cu_num_generated_tokens[i]``
-on ("Used for slicing the logprobs in cases like speculative decoding where the number of
-generated tokens may be different for each request"). Token j of a request with k drafts was
-sampled from the logit row at position ``last - k + j``, so its row is that one's::
-
-    request g, k = 2, last = 12:   rows cu[g] + 0   cu[g] + 1   (cu[g] + 2: not handed out)
-    kept draft, then the bonus:    pos 10       pos 11
+One row per generated token: request i's from ``cu_num_generated_tokens[i]`` under drafts
+(``LogprobsLists.slice_request``), token j's from position ``last - k + j`` (docs/sampling.md).
 """
 
 from __future__ import annotations

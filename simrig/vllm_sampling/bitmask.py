@@ -4,23 +4,11 @@
       -> GrammarOutput(structured_output_request_ids=["r3", "r1"],
                        grammar_bitmask=int32 [2, ceil(vocab / 32)])   one row per request, same order
 
-The bitmask's meaning is vLLM's: bit j of word w set allows token 32*w + j. The runner's
-kernel (``_apply_grammar_bitmask_kernel``, v1/worker/gpu/structured_outputs.py) sets a logit
-to -inf where ``((packed_bitmask >> j) & 1) == 0``, and the scheduler's all-permissive row is
-``_full_mask = torch.tensor(-1, dtype=torch.int32)`` (v1/structured_output/__init__.py), every
-bit set.
-
-Under drafts (a greedy request verified by vLLM's RejectionSampler: the reader refuses any
-other) the trace states one allowed set per request and step, and it holds on every logit row
-of the request: each draft row and the bonus row. How many bitmask rows a request owns is the
-release's layout, as its scheduler fills them:
-
-    0.30-0.32   one per logit row: k drafts + 1 (``_build_grammar_mapping`` maps them in order)
-    0.33        ``mask_stride`` (1 + num_speculative_tokens) each, rows past k + 1 unread
-
-``num_acceptable_drafts`` (0.32+: "how many leading drafts the bitmask constrained") is each
-request's k: the rig's grammar constrains every draft it is handed, a P/D step's placeholder
-drafts included (vLLM's scheduler counts none there; the trace's rejections hold either way).
+The bitmask's meaning is vLLM's: bit j of word w set allows token 32*w + j (its kernel masks
+a token whose bit is 0; the scheduler's all-permissive row is -1). Under drafts the step's set
+holds on every logit row of the request, in the release's layout: one bitmask row per logit
+row (k + 1) on 0.30-0.32, ``mask_stride`` rows per request on 0.33; ``num_acceptable_drafts``
+(0.32+) is each request's k (docs/sampling.md, "Under speculative decoding").
 """
 
 from __future__ import annotations
