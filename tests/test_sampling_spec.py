@@ -80,7 +80,8 @@ def test_the_bundled_trace_keeps_the_traces_drafts_through_vllms_rejection_sampl
     seen = {}
     for replayed in run_steps(header, enumerate(steps), api=vllm_api):
         o = replayed.observation
-        assert not o.errors and not [f for f in replayed.findings if fails_run(verdict_of(f))]
+        assert not o.errors, [(e.stage, e.error) for e in o.errors]
+        assert not [f for f in replayed.findings if fails_run(verdict_of(f))], replayed.findings
         handed = handed_to_scheduler(o)
         seen[o.index] = {r: handed[r] for r in ("g", "h") if r in handed and o.index in PINNED}
         if o.index == 2:  # every row of g (the drafts' and the bonus row) judged from vLLM's verifier
