@@ -369,6 +369,12 @@ class Step:
         """Scheduled request ids, in the scheduler's order."""
         return list(self.num_scheduled_tokens)
 
+    def placeholder_drafts(self) -> set[str]:
+        """Requests whose drafts this step the scheduler made up: sent as new (a P/D remote KV
+        load, a resume with all but one token cached), no drafter has proposed for them; vLLM's
+        scheduler pads them with -1 ("Pad new decode requests to uniform spec decoding size")."""
+        return {r.req_id for r in self.new_requests if self.spec_tokens.get(r.req_id, 0) > 0}
+
     def num_accepted(self, req_id: str) -> int:
         """Tokens of ``req_id`` that count as computed once this step is done.
 

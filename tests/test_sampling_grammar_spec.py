@@ -35,13 +35,14 @@ def test_kept_drafts_lie_inside_the_grammar_and_are_its_best_tokens():
 SETS = {(1, "a"): set(range(0, 64, 2)), (1, "b"): {7, 300, 1201, 2048, 4001},
         (2, "a"): {1, 3, 5, 7, 9, 11, 13, 15, 2999, 3001}, (2, "b"): {300},
         (4, "a"): set(range(0, 64, 2)), (4, "c"): {40, 41, 42, 43, 44}, (5, "a"): {100, 200, 300},
-        (5, "c"): {41, 42}}
+        (5, "c"): {41, 42}, (4, "d"): {5, 6, 7}, (5, "d"): {11, 13}}
 # tokens handed out per the trace: kept drafts + 1 (step 1: a keeps 1 of 2, b both; step 4: a, c none)
-COUNTS = {(1, "a"): 2, (1, "b"): 3, (2, "a"): 3, (2, "b"): 2, (4, "a"): 1, (4, "c"): 1, (5, "a"): 3, (5, "c"): 3}
+COUNTS = {(1, "a"): 2, (1, "b"): 3, (2, "a"): 3, (2, "b"): 2, (4, "a"): 1, (4, "c"): 1, (5, "a"): 3, (5, "c"): 3,
+          (4, "d"): 1, (5, "d"): 1}  # d: its two placeholder drafts rejected, then a plain decode
 
 
 @pytest.mark.vllm
-def test_the_bundled_trace_keeps_every_grammar_requests_tokens_inside_its_set(vllm_api):
+def test_the_bundled_trace_keeps_every_grammar_requests_tokens_inside_its_set(vllm_api, monkeypatch):
     from simrig.findings.classes import fails_run, verdict_of
     from simrig.observe import handed_to_scheduler
     from simrig.replay import run_steps
@@ -49,15 +50,41 @@ def test_the_bundled_trace_keeps_every_grammar_requests_tokens_inside_its_set(vl
 
     header, steps = read_trace(TRACE)
     assert header.config.rejection_sampler == "standard" and header.config.num_speculative_tokens == 2
+    invalid = _record_invalid_drafts(monkeypatch)
     handed_out = {}
     for replayed in run_steps(header, enumerate(steps), api=vllm_api):
         o = replayed.observation
         assert not o.errors and not [f for f in replayed.findings if fails_run(verdict_of(f))], replayed.findings
         handed = handed_to_scheduler(o)
-        handed_out.update({(o.index, r): handed[r] for r in ("a", "b", "c") if (o.index, r) in SETS})
+        handed_out.update({(o.index, r): handed[r] for r in ("a", "b", "c", "d") if (o.index, r) in SETS})
         if o.index == 1:  # every row of each grammar request judged: 1 + its drafts
             rows = [r for _, r, _ in o.sampled["rows"]]
             assert rows.count("a") == 3 and rows.count("b") == 3
     assert {key: len(tokens) for key, tokens in handed_out.items()} == COUNTS
     assert all(set(tokens) <= SETS[key] for key, tokens in handed_out.items()), handed_out
     assert handed_out[(2, "b")] == [300, 300]  # its one allowed token, kept as a draft and sampled after
+    if invalid is not None:  # 0.32+: the placeholder rows of d, and only they, are invalid drafts
+        assert [n for n, rows in invalid] == [4], invalid  # the one step with placeholders
+        assert invalid[0][1] == 2  # d's two rows after its first
+
+
+def _record_invalid_drafts(monkeypatch) -> list | None:
+    """Each non-None ``grammar_invalid_drafts`` answer as (call number, rows marked); None where
+    the release has no such function (0.30-0.31)."""
+    from vllm.v1.worker.gpu import model_runner
+
+    real = getattr(model_runner, "grammar_invalid_drafts", None)
+    if real is None:
+        return None
+    seen: list = []
+    calls = iter(range(10_000))
+
+    def recorded(*args, **kwargs):
+        out = real(*args, **kwargs)
+        n = next(calls)
+        if out is not None:
+            seen.append((n, int(out.sum())))
+        return out
+
+    monkeypatch.setattr(model_runner, "grammar_invalid_drafts", recorded)
+    return seen

@@ -65,13 +65,6 @@ _NO_EMBEDS = because("text-only models: no multimodal or prompt-embeds inputs, s
 _NO_PP_INPUT = because("intermediate tensors come from the previous pipeline rank: the last rank is driven as "
                        "the first (None), a non-last rank gets the forward stand-in's zeros, which nothing "
                        "reads (docs/standins.md)", Cite(_MR, EXECUTE, '"intermediate_tensors": None,'))
-_NO_GRAMMAR_DRAFTS = because(
-    "not driven: the rig's GrammarOutput counts every draft of a grammar request acceptable "
-    "(num_acceptable_drafts: its k, a P/D step's placeholders included), so grammar_invalid_drafts "
-    "finds no row past a request's limit and invalid_drafts stays None",
-    Cite("simrig/vllm_sampling/bitmask.py", "grammar_output",
-         'extra = {"num_acceptable_drafts": drafts} if "num_acceptable_drafts" in names else {}'),
-    Cite(_MR, "GPUModelRunner.sample", "invalid_drafts = None", {"0.30.0": None, "0.31.0": None}))
 _NO_PROMPT_LOGPROBS = Cite("simrig/vllm_sampling/sampling_params.py", "sampling_params",
                            "prompt_logprob_token_ids", absent=True)
 _COMPILED = because("skip_compiled is set only for encoder-decoder models with encoder inputs, which "
@@ -216,7 +209,9 @@ ROWS: dict[tuple[str, str], CallRow] = {
         "only greedy requests' rows are spread, and greedy verification reads no draft probabilities",
         Cite("simrig/adapters/sampling.py", "DrafterStandIn", "draft_logits = None"), _STANDIN_VERIFIER,
         _ONE_HOT_UNDER_DRAFTS),
-    ("the rejection sampler", "invalid_drafts"): _NO_GRAMMAR_DRAFTS,
+    # a P/D step's placeholder drafts of a grammar request (none acceptable): those rows rejected
+    ("the rejection sampler", "invalid_drafts"): judged("postprocess.num_sampled",
+                                                        "postprocess.output.sampled_token_ids"),
     # -- what the sampled tokens write back, and what the scheduler receives ---------------
     ("the state write-back", "input_batch.idx_mapping"): judged("prepare.idx_mapping"),
     ("the state write-back", "sampler_output.sampled_token_ids"): judged(*_SAMPLED),

@@ -33,13 +33,15 @@ def check_grammar(index: int, step: Step, seen: dict[str, Any], sampling: dict[s
     calls = seen.get("calls") or []
     if not step.grammar or not calls:
         return [], set()
-    call = calls[-1]
+    call, made_up = calls[-1], step.placeholder_drafts()
     out: list[Finding] = []
     for row, req_id, pos in seen["rows"]:
         allowed = step.grammar.get(req_id)
         if allowed is None or req_id not in sampling or row >= len(call.sampled):
             continue
         j = pos - sampling[req_id] + step.spec_tokens.get(req_id, 0)  # the row's index among the request's
+        if j > 0 and req_id in made_up:
+            continue  # after a placeholder draft (-1) the scheduler's row allows every token
         got = call.processed[row]
         mask = np.zeros(got.shape[0], dtype=bool)
         mask[list(allowed)] = True

@@ -110,6 +110,7 @@ class SamplingOracle:
             return []
         call = seen["calls"][-1]
         drafts = {r: self._drafts(r, pos, step) for r, pos in sampling.items()}
+        made_up = step.placeholder_drafts()
         out: list[Finding] = []
         for row, req_id, pos in seen["rows"]:
             last = sampling.get(req_id)
@@ -118,7 +119,9 @@ class SamplingOracle:
             req, j = self.reqs[req_id], pos - last + len(drafts[req_id])  # j: the row's draft index
             if j < 0 or pos < req.prefill_len - 1:
                 continue  # a row inside the prompt (a P/D step's placeholder drafts): not judged
-            spec, allowed = req.spec or SamplingSpec(), step.grammar.get(req_id)
+            # rows after a placeholder draft (-1) carry the scheduler's permissive mask
+            spec = req.spec or SamplingSpec()
+            allowed = None if j > 0 and req_id in made_up else step.grammar.get(req_id)
             logits = spread_logits(req_id, pos, self.vocab_size)
             history = [*req.outputs, *drafts[req_id][:j]]  # vLLM counts the step's earlier drafts
             want = expected_row(spec, logits, req.prompt, history, allowed)

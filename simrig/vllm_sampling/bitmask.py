@@ -8,7 +8,8 @@ The bitmask's meaning is vLLM's: bit j of word w set allows token 32*w + j (its 
 a token whose bit is 0; the scheduler's all-permissive row is -1). Under drafts the step's set
 holds on every logit row of the request, in the release's layout: one bitmask row per logit
 row (k + 1) on 0.30-0.32, ``mask_stride`` rows per request on 0.33; ``num_acceptable_drafts``
-(0.32+) is each request's k (docs/sampling.md, "Under speculative decoding").
+(0.32+) is each request's k. Placeholder drafts (-1) are filled as vLLM's scheduler fills them:
+rows after the first permissive, none acceptable (docs/sampling.md, "Under speculative decoding").
 """
 
 from __future__ import annotations
@@ -82,8 +83,12 @@ def grammar_output(step: Step, spread: Collection[str], vocab_size: int, mask_st
                            f"has no field {missing[0]}, so a trace's grammar cannot be handed to the "
                            f"runner (its fields: {', '.join(names)})")
     drafts = [step.spec_tokens.get(req_id, 0) for req_id, _ in listed]
+    made_up = step.placeholder_drafts()  # after a -1 the scheduler's grammar constrains nothing
+    permissive = range(vocab_size)  # every bit set: the scheduler's _full_mask
     strided = mask_stride > 1 and rows_per_request_strided()
-    rows = [ids for (_, ids), k in zip(listed, drafts) for _ in range(mask_stride if strided else k + 1)]
-    extra = {"num_acceptable_drafts": drafts} if "num_acceptable_drafts" in names else {}
+    rows = [ids if j == 0 or req_id not in made_up else permissive
+            for (req_id, ids), k in zip(listed, drafts) for j in range(mask_stride if strided else k + 1)]
+    acceptable = [0 if req_id in made_up else k for (req_id, _), k in zip(listed, drafts)]
+    extra = {"num_acceptable_drafts": acceptable} if "num_acceptable_drafts" in names else {}
     return GrammarOutput(structured_output_request_ids=[req_id for req_id, _ in listed],
                          grammar_bitmask=pack_bitmask(rows, vocab_size), **extra)
