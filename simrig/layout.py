@@ -32,7 +32,8 @@ FLOORS: tuple[set[str], ...] = (
     {"replay"},                                        # the one replay loop
     {"campaign", "releases"},                          # fuzz campaigns; two vLLMs side by side
     {"supervision"},                                   # work that may kill its process, forked
-    {"distributed", "bisect"},                         # Ray workers; where a finding class began
+    {"distributed", "bisect",                          # Ray workers; where a finding class began;
+     "repro_sampling"},                                # a sampling class's standalone file
     {"selftest", "repro", "replay_run"},               # seeded regressions; a finding as a pytest
                                                        # file; one replay command's run
     {"cli"},                                           # the command line: dispatch, every parser

@@ -20,7 +20,7 @@ VLLM_ROOMS = ("vllm_runtime", "vllm_api", "vllm_parts", "vllm_sampling", "adapte
 # The rooms of the oracle: what the real code's observations must satisfy.
 ORACLE_ROOMS = ("findings", "ledger", "reference", "partition", "graph_rules", "sampling_checks", "checks")
 SUBPACKAGES = ("sampling", "trace_io", "sources", "triton_interpreter", "triton_memcheck", "triton_libdevice", *VLLM_ROOMS, *ORACLE_ROOMS, "report", "history", "campaign",
-               "views", "selftest", "cli", "releases", "bisect", "repro", "bench", "distributed",
+               "views", "selftest", "cli", "releases", "bisect", "repro", "repro_sampling", "bench", "distributed",
                "coverage", "supervision")
 # What stays directly in simrig/: the step model, harness, observations,
 # progress, errors, Ctrl-C handling, the machine's memory and replay driver.
@@ -110,6 +110,8 @@ def test_only_adapters_import_vllm():
                 "simrig.campaign", "simrig.repro", "simrig.distributed")),
     ("repro", ("vllm", *rooms(*VLLM_ROOMS), "simrig.selftest", "simrig.cli",
                "simrig.campaign", "simrig.releases", "simrig.distributed")),
+    ("repro_sampling", ("vllm", *rooms(*VLLM_ROOMS), "simrig.selftest", "simrig.cli", "simrig.campaign",
+                        "simrig.releases", "simrig.distributed", "simrig.repro", "simrig.bisect")),
     # the suites run in their own pytest process
     ("bench", ("vllm", *rooms(*VLLM_ROOMS), *rooms(*ORACLE_ROOMS), "simrig.report", "simrig.history",
                "simrig.selftest", "simrig.cli", "simrig.campaign",

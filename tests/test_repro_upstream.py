@@ -163,6 +163,43 @@ def test_a_top_p_class_it_cannot_state_is_one_line_and_exit_2(tmp_path, capsys, 
     assert len(err) == 1 and says in err[0], err
 
 
+PROMPT_ROWS = "value_mismatch:postprocess:output.prompt_logprobs"
+SPEC = {**SMALL, "max_model_len": 64, "num_speculative_tokens": 2}
+
+
+def _prompt_logprobs_steps(computed: int, drafts: int) -> list[dict]:
+    return [{"new_requests": [{"id": "r0", "prompt_len": 12, "num_computed_tokens": computed, "max_tokens": 4,
+                               "sampling": {"prompt_logprobs": 1}}],
+             "num_scheduled_tokens": {"r0": 12 - computed + drafts}, **(
+                 {"spec_tokens": {"r0": drafts}, "rejected": {"r0": drafts}} if drafts else {})}]
+
+
+def test_the_prompt_logprobs_file_imports_no_simrig_and_calls_vllms_worker(tmp_path):
+    out = tmp_path / "test_pl.py"
+    trace = _trace(tmp_path / "pl.jsonl", SPEC, _prompt_logprobs_steps(11, 2))
+    assert main(["repro", str(trace), "--class", PROMPT_ROWS, "--pytest", str(out)]) == 0
+    text = out.read_text()
+    tree = ast.parse(text)
+    roots = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert roots == {"inspect", "os", "types", "numpy", "torch", "vllm"}
+    request = re.sub(r"\s+", " ", text.split("REQUEST = ", 1)[1].split("}", 1)[0])
+    assert request == "{'id': 'r0', 'prompt_len': 12, 'num_computed_tokens': 11, 'placeholder_drafts': 2, " \
+                      "'prompt_logprobs': 1"
+    assert "out = worker.compute_prompt_logprobs(" in text and "assert rows == due" in text
+
+
+@pytest.mark.parametrize("computed, drafts, says", [
+    (4, 0, "sends no request asking prompt logprobs with placeholder drafts"),  # no drafts at all
+    (11, 0, "sends no request asking prompt logprobs with placeholder drafts"),
+])
+def test_a_prompt_logprobs_class_it_cannot_state_is_one_line_and_exit_2(tmp_path, capsys, computed, drafts, says):
+    trace = _trace(tmp_path / "pl.jsonl", SPEC, _prompt_logprobs_steps(computed, drafts))
+    assert main(["repro", str(trace), "--class", PROMPT_ROWS, "--pytest", str(tmp_path / "test_pl.py")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
 # ------------------------------------------------------------------ reports/upstream
 def _open_bugs() -> dict[int, str]:
     """Entries the triage table judges a bug, that cover 0.33.0: entry -> the row's finding."""

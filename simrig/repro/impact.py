@@ -133,4 +133,10 @@ IMPACT: dict[str, Impact] = {
         "pytorch` keeps 1, and the sampler draws from that row (`vllm/v1/worker/gpu/sample/sampler.py:347-351`, "
         "`Sampler._sample_random`: `processed_logits = apply_top_k_top_p(...) ... sampled = gumbel_sample(processed_logits,`). "
         "On CUDA: top-p-only rows of batches over 64 rows; on other devices every top-p-only row."),
+    "value_mismatch:postprocess:output.prompt_logprobs": Impact(
+        True, "a request asking prompt logprobs gets extra rows scored past its prompt under speculative decoding",
+        "The reproducer shows it: `compute_prompt_logprobs` hands out 1 row where 0 are due (prompt 22, 21 computed, 1 "
+        "padded draft). The scheduler passes the rows on to the request's output, longer than its prompt: "
+        "`vllm/v1/core/sched/scheduler.py:2507`, `Scheduler.update_from_output`: `prompt_logprobs_tensors = "
+        "prompt_logprobs_dict.get(req_id)`."),
 }

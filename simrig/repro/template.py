@@ -7,7 +7,7 @@
     PROPERTY    the drive (execute_model per step; profile_run, capture_model, _dummy_run where
                 the class lives) and the assertion
 The file imports only vLLM, torch, numpy, pytest and the standard library (no simrig); it adapts
-to the installed release by looking at signatures. (A top-p class: top_p_file.py instead.)
+to the installed release by looking at signatures. (A sampling class: simrig/repro_sampling/ instead.)
 '''
 
 from simrig.repro.cpu_runner import RUNNER

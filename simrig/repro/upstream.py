@@ -134,6 +134,20 @@ FINDINGS: dict[str, Upstream] = {
         "shift by the row's true maximum (online softmax, as the split pipeline's `_topp_sb_stats_kernel` does)",
         "hands the request's logit row, as the trace names it, to `apply_top_k_top_p`, which `Sampler.sample` "
         "calls (65 copies on CUDA, past the split pipeline's 64 rows; on CPU in Triton's interpreter):"),
+    "value_mismatch:postprocess:output.prompt_logprobs": Upstream(
+        "Prompt logprobs past the prompt when a final prefill chunk carries placeholder drafts", (71,),
+        "vllm/v1/worker/gpu/sample/prompt_logprob.py:191-192 (`PromptLogprobsWorker.compute_prompt_logprobs`: "
+        "`if not req_is_prompt_chunked: end_idx -= 1`), with vllm/v1/core/sched/scheduler.py:1308-1330 (\"Pad new "
+        "decode requests to uniform spec decoding size\": `num_new_tokens = padded_num_tokens`)",
+        "vllm/sampling_params.py:350-351, `SamplingParams.prompt_logprobs`: \"Number of log probabilities to return "
+        "per prompt token.\" A prompt of L tokens has L - 1 rows. The worker drops one row from a final chunk, "
+        "assuming its last query token is the prompt's last; a request sent with one prompt token left (a remote KV "
+        "load, a prefix-cache hit) is padded to 1 + K tokens of placeholder drafts, so K rows past the prompt are "
+        "handed out.",
+        "end the rows at the prompt's last position: `end_idx = start_idx + min(end_idx - start_idx - 1, "
+        "prompt_len - 1 - num_computed_prefill_tokens)`",
+        "hands `PromptLogprobsWorker.compute_prompt_logprobs` the request's final chunk as the scheduler sends it, "
+        "the prompt's last token and K placeholder rows (an `InputBatch`'s fields the worker reads):"),
 }
 
 
