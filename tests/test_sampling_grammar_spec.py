@@ -88,3 +88,18 @@ def _record_invalid_drafts(monkeypatch) -> list | None:
 
     monkeypatch.setattr(model_runner, "grammar_invalid_drafts", recorded)
     return seen
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("fixture", ["placeholder_row_penalties.jsonl", "placeholder_row_min_tokens.jsonl"])
+def test_a_row_after_a_placeholder_draft_is_not_judged(fixture):
+    """Two traces the shrinker wrote when the oracle judged those rows (penalties counting the
+    placeholder as a token, min_tokens not counting its position): vLLM computes such a row with
+    the placeholder as a position without a token, and never samples from it."""
+    from pathlib import Path
+
+    from simrig.replay import replay_trace  # lazy: imports vLLM
+
+    result = replay_trace(Path(__file__).resolve().parent / "fixtures" / fixture)
+    assert set(result.findings["verdict"]) <= {"known"}
+    assert result.findings[result.findings["check"] == "sampling"].empty

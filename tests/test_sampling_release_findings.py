@@ -48,38 +48,3 @@ def test_the_shrunk_campaign_trace_replays_to_the_known_class_only():
     assert rows.iloc[0]["known_by"].endswith("known-findings.json#71")
     assert set(result.findings["verdict"]) <= {"known"}
 
-
-PLACEHOLDERS = Path(__file__).resolve().parent / "fixtures" / "placeholder_drafts_in_penalties.jsonl"
-
-
-def _processed(pattern: str) -> list[fk.Finding]:
-    return [fk.Finding(kind=fk.VALUE_MISMATCH, step=10, stage="postprocess", check="sampling",
-                       field="sampler.processed_logits", expected="value: token 1153 expected -0.858413",
-                       actual="-2.22483", extra={"pattern": pattern} if pattern else {})]
-
-
-def test_placeholder_drafts_counted_are_known_on_0_30_only_by_their_signature():
-    table = load_known_findings("0.30.0")
-    found = table.apply(_processed("placeholder_drafts_counted"), DRAFTS)[0]
-    assert found.known and found.known_by.endswith("known-findings.json#72")
-    assert not table.apply(_processed(""), DRAFTS)[0].known  # another wrong row: new
-    assert not table.apply(_processed("placeholder_drafts_counted"), NO_DRAFTS)[0].known
-    for release in ("0.31.0", "0.32.0", "0.33.0"):  # fixed in 0.31.0
-        assert not load_known_findings(release).apply(_processed("placeholder_drafts_counted"), DRAFTS)[0].known
-
-
-@pytest.mark.vllm
-def test_the_placeholder_trace_replays_to_the_known_class_only_where_it_shows():
-    """A P/D step of a greedy grammar request with penalties (r5 at step 10, one placeholder
-    draft): the row after it is judged without the placeholder in its history."""
-    from vllm import __version__
-
-    from simrig.replay import replay_trace  # lazy: imports vLLM
-
-    result = replay_trace(PLACEHOLDERS)
-    rows = result.findings[result.findings["field"] == "sampler.processed_logits"]
-    if __version__ == "0.30.0":
-        assert len(rows) == 1 and rows.iloc[0]["known_by"].endswith("known-findings.json#72")
-    else:
-        assert rows.empty
-    assert set(result.findings["verdict"]) <= {"known"}

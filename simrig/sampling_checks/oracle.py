@@ -35,7 +35,6 @@ from simrig.step import SYNTH_VOCAB_SIZE, RunnerConfig, Step, rejected_from
 
 ATOL, RTOL = 1e-3, 1e-4  # float32 kernels against the float64 reference
 TOP_P_CUT, NO_TOP_P_CUT = "the top-p cut", "none: the row before top-p kept whole"
-PLACEHOLDERS_COUNTED = "placeholder_drafts_counted"  # penalties or bad words read a P/D step's made-up drafts
 
 
 @dataclass
@@ -118,16 +117,13 @@ class SamplingOracle:
             if last is None or row >= len(call.sampled) or not self.reqs[req_id].spread:
                 continue
             req, j = self.reqs[req_id], pos - last + len(drafts[req_id])  # j: the row's draft index
-            if j < 0 or pos < req.prefill_len - 1:
-                continue  # a row inside the prompt (a P/D step's placeholder drafts): not judged
-            # rows after a placeholder draft (-1) carry the scheduler's permissive mask
-            spec = req.spec or SamplingSpec()
-            allowed = None if j > 0 and req_id in made_up else step.grammar.get(req_id)
+            if j < 0 or pos < req.prefill_len - 1 or (j > 0 and req_id in made_up):
+                # a row inside the prompt, or after a P/D step's placeholder draft: never sampled
+                # from (a placeholder is "set to -1 so that the rejection kernels reject them")
+                continue
+            spec, allowed = req.spec or SamplingSpec(), step.grammar.get(req_id)
             logits = spread_logits(req_id, pos, self.vocab_size)
-            # the step's earlier drafts count as the request's tokens, but not placeholders (-1), which
-            # no drafter proposed (gather_draft_sampled: "Draft rows of requests that have not yet
-            # sampled past their prefill are set to -1")
-            history = [*req.outputs, *([] if req_id in made_up else drafts[req_id][:j])]
+            history = [*req.outputs, *drafts[req_id][:j]]  # vLLM counts the step's earlier drafts
             want = expected_row(spec, logits, req.prompt, history, allowed)
             got = call.processed[row].astype(np.float64)
             problem = _row_problem(want, got)
@@ -139,12 +135,8 @@ class SamplingOracle:
                                    actual=NO_TOP_P_CUT, message=f"the row sampled after position {pos}: top-p "
                                    f"{spec.top_p:.4g} cut nothing ({problem})"))
             elif problem:
-                found = _finding(index, req_id, "sampler.processed_logits", problem,
-                                 f"the row sampled after position {pos} under {_families(spec, allowed)}")
-                if j > 0 and req_id in made_up and not _row_problem(expected_row(
-                        spec, logits, req.prompt, [*req.outputs, *drafts[req_id][:j]], allowed), got):
-                    found.extra["pattern"] = PLACEHOLDERS_COUNTED  # as if the placeholders were its tokens
-                out.append(found)
+                out.append(_finding(index, req_id, "sampler.processed_logits", problem,
+                                    f"the row sampled after position {pos} under {_families(spec, allowed)}"))
             token = int(call.sampled[row])
             if token < 0 and j > 0:
                 continue  # a row past the first rejected draft: nothing sampled from it
