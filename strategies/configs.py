@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -17,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from simrig.step import CUDAGRAPH_MODES, SEPARATE_DECODE_MODES, KvGroup, RunnerConfig
-from simrig.triton_libdevice.libdevice import LIBDEVICE_MEANINGS
+from simrig.triton_libdevice.libdevice import LIBDEVICE_MEANINGS, called_in
 from strategies._validate import check_choice, check_int, check_strategy
 
 DESCRIPTOR_MODES = ("NONE", "PIECEWISE", "FULL")  # the runtime modes a descriptor carries
@@ -77,8 +76,7 @@ def vllm_samplers_run_here() -> bool:
     gumbel = Path(list(spec.submodule_search_locations)[0]) / "v1/worker/gpu/sample/gumbel.py"
     if not gumbel.is_file():
         return False
-    called = set(re.findall(r"\b(?:tldevice|libdevice)\.(\w+)", gumbel.read_text(encoding="utf-8")))
-    return called <= set(LIBDEVICE_MEANINGS)
+    return called_in(gumbel.read_text(encoding="utf-8")) <= set(LIBDEVICE_MEANINGS)
 
 
 def runner_configs(*, max_num_reqs: st.SearchStrategy[int] = st.integers(1, 8),

@@ -25,10 +25,13 @@ from simrig.bisect.search import ClassKey
 from simrig.errors import UsageError
 from simrig.findings.classes import standalone_property
 from simrig.reference.contract import CONTRACT
-from simrig.repro_sampling import prompt_logprobs_file, top_p_file
 from simrig.repro.template import assemble
+from simrig.repro_sampling import prompt_logprobs_file, top_p_file
 from simrig.step import SYNTH_VOCAB_SIZE
 from simrig.trace_io.trace import TraceError, read_trace
+
+# a sampling class's file: vLLM's own function on the request's rows, no runner
+SAMPLING_FILES = {m.CLASS: m for m in (top_p_file, prompt_logprobs_file)}
 
 # Each property in the words of the vLLM code that gives it its meaning.
 MEANING = {
@@ -175,9 +178,8 @@ def render(trace: Path, key: ClassKey) -> str:
         header, steps = read_trace(trace)
     except TraceError as exc:
         raise UsageError(str(exc)) from None
-    for sampling in (top_p_file, prompt_logprobs_file):  # a sampling class: vLLM's function, no runner
-        if key.text == sampling.CLASS:
-            return sampling.render(trace.name, steps, test_name(key), SYNTH_VOCAB_SIZE)
+    if key.text in SAMPLING_FILES:
+        return SAMPLING_FILES[key.text].render(trace.name, steps, test_name(key), SYNTH_VOCAB_SIZE)
     if header.adversarial and key.kind not in ("key_error", "exception", "silent_acceptance") \
             and not key.field.startswith("attn.block_tables."):
         raise UsageError(f"{trace}: an adversarial trace reproduces only key_error/exception classes "
@@ -234,7 +236,7 @@ def write_and_check(out: Path, trace: Path, key: ClassKey, text: str, python: st
         raise UsageError(f"--check: pytest could not run the file on {where} (exit {status}): "
                          f"{tail.splitlines()[-1] if tail else ''}")
     # a loud rejection shows when its file passes; a silent acceptance when it fails
-    loud = key.text not in (top_p_file.CLASS, prompt_logprobs_file.CLASS) and key.kind != "silent_acceptance" and class_literal(
+    loud = key.text not in SAMPLING_FILES and key.kind != "silent_acceptance" and class_literal(
         key, read_trace(trace)[0])["property"] == "raises"
     shows = (status == 1) != loud  # a loud rejection shows when its test passes
     verb = "passes" if status == 0 else "FAILS"

@@ -11,6 +11,7 @@ interpreter's numpy-backed tensor in the operand's own dtype. No kernel body is 
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,11 @@ def answer_libdevice() -> bool:
     for name in LIBDEVICE_MEANINGS:
         setattr(module, name, _elementwise(name))
     return True
+
+
+def called_in(source: str) -> set[str]:
+    """The libdevice functions a kernel module's source calls (as ``tldevice.f`` or ``libdevice.f``)."""
+    return set(re.findall(r"\b(?:tldevice|libdevice)\.(\w+)", source))
 
 
 def answered() -> frozenset[str]:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import re
 import zlib
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
+from simrig.triton_libdevice.libdevice import called_in
 from simrig.vllm_runtime import platform
 
 
@@ -53,8 +53,7 @@ def sampler_runs_here() -> bool:
     ``tldevice.log1p``: the ``answer_libdevice`` patch)."""
     from vllm.v1.worker.gpu.sample import gumbel  # lazy: vllm loads after platform.configure()
 
-    called = set(re.findall(r"\b(?:tldevice|libdevice)\.(\w+)", inspect.getsource(gumbel)))
-    return platform.libdevice_runs(called)
+    return platform.libdevice_runs(called_in(inspect.getsource(gumbel)))
 
 
 class SamplerSwitch:
