@@ -18,11 +18,14 @@ kernel = torch = None  # set by _triton, once the platform is chosen
 @pytest.fixture(autouse=True, scope="module")
 def _triton():
     global kernel, torch
+    from simrig.triton_interpreter import registry
     from simrig.vllm_runtime import interpreter_patches, platform
 
     if not platform.configure().is_cpu:
         pytest.skip("CUDA mode: libdevice is the device's own")
-    interpreter_patches.install()  # as CPU mode does once vLLM is imported; each patch once a process
+    # this patch alone, as CPU mode installs it: never memcheck or the rest of the catalogue,
+    # which a later test in this process must find as its own run leaves them
+    registry.apply(interpreter_patches.libdevice_patch())
     import torch as torch_module
     import triton
     import triton.language as tl
