@@ -18,6 +18,7 @@ from simrig import harness as harness_module
 from simrig import observe as obs
 from simrig.coverage import collect
 from simrig.step import RunnerConfig
+from simrig.triton_memcheck import memcheck
 from simrig.vllm_runtime import mutate
 
 DEFAULT_CAPACITY = 8
@@ -40,7 +41,10 @@ class RunnerPool:
 
     @staticmethod
     def _key(config: RunnerConfig, stages: frozenset[str], api: Any) -> tuple:
-        return (config, stages, id(api), mutate.generation)
+        # memcheck learns the tensors behind vLLM's pointer tables (block tables) as vLLM
+        # takes their data_ptr(): a runner built before memcheck went in would read them as
+        # out of bounds, so it is never handed to a checked run
+        return (config, stages, id(api), mutate.generation, memcheck.installed())
 
     def acquire(self, config: RunnerConfig, stages: Iterable[str] = obs.OPTIONAL_STAGES,
                 api: Any = None) -> Any:

@@ -132,3 +132,26 @@ def test_capacity_bounds_the_idle_runners(vllm_api):
     assert pool.acquire(configs[1], api=vllm_api) is harnesses[1]  # the least recently used went
     with pytest.raises(ValueError, match="capacity"):
         RunnerPool(capacity=-1)
+
+
+def test_a_runner_built_before_memcheck_is_never_handed_to_a_checked_run(vllm_api):
+    """memcheck knows a pointer table's tensors only from data_ptr() calls it saw: a
+    runner kept from before it went in would show its block tables out of bounds."""
+    from simrig.triton_memcheck import memcheck
+
+    was_installed = memcheck.installed()
+    if was_installed:
+        memcheck.uninstall()
+    try:
+        pool, unchecked, steps = kept_runner("spec_decode.jsonl", vllm_api)
+        assert pool.release(unchecked)
+        assert memcheck.install()
+        checked = pool.acquire(unchecked.config, api=vllm_api)
+        assert checked is not unchecked and pool.stats()["reused"] == 0
+        for step in steps:
+            errors = [(st.stage, st.error.message) for st in checked.run_step(step).stages if st.error]
+            assert errors == []
+    finally:
+        memcheck.uninstall()
+        if was_installed:
+            memcheck.install()
