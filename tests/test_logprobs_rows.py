@@ -73,3 +73,17 @@ def test_without_drafts_request_i_reads_row_i():
     assert check_logprobs(0, seen, reqs, {"b": 5, "c": 8}, handed, VOCAB) == []
     seen["logprobs"] = _lists(rows[::-1], None)
     assert [f.req_ids for f in check_logprobs(0, seen, reqs, {"b": 5, "c": 8}, handed, VOCAB)] == [("b", "c")]
+
+
+def test_a_grammar_masks_the_rows_it_reached_and_no_other():
+    """A spread request's grammar reached the runner: its row is judged masked (one allowed
+    token: logprob 0, rank 1). A request with one-hot rows (SIMRIG_SAMPLER=stand-in) is
+    handed no bitmask, so its row is judged unmasked, whatever the trace's set."""
+    token = synth_token("b", 6)
+    grammar = {"b": {(token + 1) % VOCAB}, "s": {7}}  # b's one-hot token lies outside its set
+    reqs = {"b": _req(1), "s": SimpleNamespace(spec=SamplingSpec(logprobs=1), spread=True)}
+    seen = {"calls": [object()], "logprobs": _lists([_row(token), _row(7)], None)}
+    handed, last = {"b": [token], "s": [7]}, {"b": 5, "s": 9}
+    assert check_logprobs(0, seen, reqs, last, handed, VOCAB, grammar) == []
+    grammar["s"] = {7, 8}  # a second allowed token takes mass from 7: its logprob is below 0
+    assert [f.req_ids for f in check_logprobs(0, seen, reqs, last, handed, VOCAB, grammar)] == [("s",)]

@@ -285,3 +285,17 @@ def test_drawn_grammars_come_out_of_batch_order_with_single_and_large_sets():
                      phases=[Phase.generate])
     for predicate in (out_of_batch_order, sized(1, 1), sized(2048, 4095)):
         assert predicate(find(_runs(), predicate, settings=quick))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode", ["stand-in", "parameters"])
+def test_a_grammar_request_asking_logprobs_replays_clean_under_either_sampler(monkeypatch, mode):
+    """The trace the shrinker wrote when the logprobs check masked a grammar the runner was never
+    handed (SIMRIG_SAMPLER=stand-in: one-hot rows, no bitmask): `r0` asks every logprob and
+    allows one token its one-hot row does not hold."""
+    from simrig.replay import replay_trace  # lazy: imports vLLM
+
+    monkeypatch.setenv(SAMPLER_ENV, mode)
+    result = replay_trace(RIG / "tests" / "fixtures" / "standin_grammar_logprobs.jsonl")
+    assert set(result.findings["verdict"]) <= {"known"}
+    assert result.findings[result.findings["check"] == "sampling"].empty

@@ -71,9 +71,11 @@ def check_logprobs(index: int, seen: dict[str, Any], reqs: dict[str, Any], sampl
 
 
 def _logp(req: Any, req_id: str, pos: int, vocab_size: int, grammar: dict[str, Any] | None) -> np.ndarray:
-    """The log-softmax of the raw row at ``pos`` (grammar-masked), which the trace names."""
+    """The log-softmax of the raw row at ``pos``, which the trace names; grammar-masked where the
+    grammar reached the runner (a spread request's: one-hot rows get no mask, as under
+    ``SIMRIG_SAMPLER=stand-in``, where no grammar is handed on)."""
     raw = spread_logits(req_id, pos, vocab_size) if req.spread else _one_hot(synth_token(req_id, pos + 1), vocab_size)
-    allowed = (grammar or {}).get(req_id)
+    allowed = (grammar or {}).get(req_id) if req.spread else None
     if allowed is not None:
         raw = np.where(np.isin(np.arange(vocab_size), list(allowed)), raw, -np.inf)
     return raw.astype(np.float64) - _logsumexp(raw.astype(np.float64))
