@@ -188,6 +188,22 @@ def test_a_pointer_loaded_from_a_table_is_checked_against_the_tensor_it_points_t
         _run("through_table", (1,), table, 9, BLOCK=16)
 
 
+def test_a_view_whose_pointer_was_taken_later_does_not_hide_its_table(checked):
+    """A short-lived view at the table's address (its first row) has its data_ptr taken after
+    the table's: the pointer still resolves to the table's storage once the view is gone."""
+    import gc
+
+    target = torch.zeros(8, dtype=torch.int32)
+    address = target.data_ptr()
+    table = torch.tensor([address], dtype=torch.uint64)
+    view = target[:2]
+    assert view.data_ptr() == address  # taken last, after the table was built
+    del view
+    gc.collect()
+    _run("through_table", (1,), table, 8, BLOCK=16)
+    assert target.tolist() == list(range(8))
+
+
 def test_atomics_are_checked(checked):
     out = torch.zeros(4, dtype=torch.int32)
     _run("atomic", (1,), out, 4, BLOCK=8)

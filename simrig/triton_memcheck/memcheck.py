@@ -190,7 +190,7 @@ def _resolve(launch: _Launch, addr: int) -> None:
     if addr <= 0 or launch.holds(addr, addr + 1):  # null (an absent optional tensor), or an argument
         return
     ref = _pointed.get(addr)
-    candidates = [ref] if ref is not None else list(_pointed.values())
+    candidates = [ref] if ref is not None and ref() is not None else list(_pointed.values())
     for ref in candidates:
         tensor = ref()
         if tensor is None:
@@ -219,7 +219,7 @@ def _table_name(launch: _Launch, addr: int) -> str:
 def _note_pointer(tensor: Any, addr: int) -> None:
     global _prune_at
     if _launch is None and addr:  # inside a launch it is Triton passing an argument
-        _pointed[addr] = weakref.ref(tensor)
+        _pointed[addr] = weakref.ref(tensor if tensor._base is None else tensor._base)  # a view may die first
         if len(_pointed) > _prune_at:
             for key in [k for k, r in _pointed.items() if r() is None]:
                 del _pointed[key]
