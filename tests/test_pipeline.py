@@ -159,3 +159,17 @@ def test_a_reused_pp_runner_observes_exactly_what_a_fresh_one_does(vllm_api):
     again = pool.acquire(header.config, api=vllm_api)
     assert again is first
     assert observed(again, steps) == fresh
+
+
+@pytest.mark.vllm
+def test_a_held_request_readmitted_under_pp_and_pcp_is_no_new_class():
+    """The adversarial campaign's shrunk trace (kept verbatim): `r0` admitted again while held,
+    its final prefill's only sample at its length cap, PP 2 with PCP 2. On 0.30.0-0.31.0 the
+    non-last rank receives a broadcast the last rank never sent, a known entry of the runner
+    check (the exception comes at a violation step); on 0.32.0+ nothing is raised."""
+    from simrig.replay import replay_trace  # lazy: imports vLLM
+
+    result = replay_trace(ROOT / "tests" / "fixtures" / "pp_pcp_readmitted_broadcast.jsonl")
+    assert set(result.findings["verdict"]) <= {"known", "expected"}
+    raised = result.findings[result.findings["exception_type"] == "PipelineBroadcastError"]
+    assert all(by.endswith("known-findings.json#73") for by in raised["known_by"])

@@ -209,3 +209,27 @@ def test_dcp_peer_check():
     peer = StageObs("partition", rank=0, dcp_rank=1, fields={"seq_lens": NOT_A_FIELD})
     base = StageObs("partition", rank=0, fields={"seq_lens": arr([1], np.int32)})
     only_rig_error(check_dcp_peers(7, StepObs(index=7, stages=[base, peer])), "pcp")
+
+
+def test_an_exception_at_a_violation_step_is_judged_against_the_known_entries():
+    """The runner check reports what vLLM raised at an adversarial step (here `a` admitted
+    twice); a known entry of that check and exact text explains it, as an entry of
+    runner_errors explains one on valid input. Another text stays new."""
+    from simrig.findings.known import KnownFinding
+    from simrig.observe import ErrorObs
+
+    text = "PP rank 0 receives a broadcast the last rank never sent this step"
+    entry = KnownFinding(kind=fk.EXCEPTION, stage="pipeline", field="", check="runner", explanation="known",
+                         versions=">=0.0.0", actual=f"PipelineBroadcastError: {text}")
+
+    def runner_findings(message: str) -> list:
+        checker = Checker(RunnerConfig(), known=KnownFindings([entry], "0.31.0"), adversarial=True)
+        admit = Step(new_requests=[NewRequest("a", 2)], num_scheduled_tokens={"a": 2})
+        check_step(checker, [], 0, admit, StepObs(0), None, "t")
+        raised = StepObs(1, stages=[StageObs("pipeline", rank=0, error=ErrorObs("PipelineBroadcastError", message,
+                                                                                  ("a",)))])
+        found = check_step(checker, [], 1, admit, raised, "duplicate_new", "t")
+        return [(f.actual, f.known) for f in found if f.check == "runner"]
+
+    assert runner_findings(text) == [(f"PipelineBroadcastError: {text}", True)]
+    assert runner_findings("another text") == [("PipelineBroadcastError: another text", False)]
