@@ -327,8 +327,6 @@ def check_step(checker: Checker, extra_checks: Sequence[ExtraCheck], index: int,
         except Exception as exc:  # noqa: BLE001 -- an extra check's bug is a finding
             name = getattr(check, "__name__", type(check).__name__)
             found.append(fk.rig_error(exc, step=index, check=f"extra:{name}", trace=trace))
-    # judged against the known entries as the Checker's own findings are (a known vLLM bug
-    # reached at an adversarial step is reported here, by the runner check)
     found += checker.known.apply(runner_error_findings(index, step, obs, found, trace), checker.context)
     if violation is not None:
         found += silent_acceptance_finding(index, step, obs, violation, found, trace)
@@ -364,15 +362,14 @@ def is_loud_rejection(finding: Finding) -> bool:
 @fk.guarded("runner")
 def runner_error_findings(index: int, step: Step, obs: StepObs, reported: list[Finding],
                           trace: str = "") -> list[Finding]:
-    """A finding for every exception the checks did not already report, so no
-    runner failure is ever dropped (kind key_error or exception)."""
+    """A finding for every exception no check reported (kind key_error or exception, actual as
+    runner_errors states it, judged as known by check_step), so no runner failure is ever dropped."""
     covered = {(f.stage, f.rank, f.exception_type) for f in reported}
     out = []
     for stage in obs.errors:
         err = stage.error
         if (stage.stage, stage.rank, err.type) in covered:
             continue
-        # actual as runner_errors states it, so a known entry's precise signature reads the same
         out.append(Finding(kind=fk.KEY_ERROR if err.type == "KeyError" else fk.EXCEPTION,
                            step=index, stage=stage.stage, check="runner", rank=stage.rank,
                            req_ids=tuple(err.req_ids), actual=f"{err.type}: {err.message}",
